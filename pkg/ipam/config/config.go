@@ -1,0 +1,558 @@
+// Package config parses and validates the IPAM configuration of village-ipam
+// from the full network configuration a runtime (or the calling main plugin)
+// writes to the plugin's stdin.
+//
+// The keys and their meaning follow the reference host-local IPAM plugin:
+// "subnet"/"rangeStart"/"rangeEnd"/"gateway" (the single-range form),
+// "ranges" (a list of range sets, one address is handed out per set, which is
+// how dual stack is configured), "routes", "dataDir", "resolvConf", and the
+// requested addresses from runtimeConfig.ips, args.cni.ips and CNI_ARGS IP=.
+// Village adds a "store" block that selects where allocations are kept.
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// DefaultDataDir is where the disk store keeps its files when ipam.dataDir is
+// empty; it is host-local's default, so both plugins share allocations.
+const DefaultDataDir = "/var/lib/cni/networks"
+
+// Store types accepted in ipam.store.type.
+const (
+	StoreDisk = "disk"
+	StoreEtcd = "etcd"
+)
+
+// DefaultEtcdPrefix is the key prefix the etcd store uses when
+// ipam.store.prefix is empty.
+const DefaultEtcdPrefix = "/village"
+
+// Config is the validated IPAM configuration of one invocation.
+type Config struct {
+	// Name is the network name (the top-level "name"); it names the disk
+	// store's directory, so it is validated as a single path component.
+	Name string
+	// CNIVersion is the top-level "cniVersion" ("0.1.0" when absent).
+	CNIVersion string
+	// Type is ipam.type.
+	Type string
+	// RangeSets are the range sets in order: the legacy single range first,
+	// runtimeConfig.ipRanges before ipam.ranges (host-local's order). One
+	// address is allocated from each set.
+	RangeSets []RangeSet
+	// Routes are copied into the ADD result.
+	Routes []*types.Route
+	// DataDir is the disk store's root (DefaultDataDir when empty).
+	DataDir string
+	// ResolvConf is a resolv.conf-style file whose contents become the
+	// result's DNS section; empty means no DNS.
+	ResolvConf string
+	// RequestedIPs are the addresses the runtime asked for, from CNI_ARGS IP=,
+	// args.cni.ips and runtimeConfig.ips, in that order, without duplicates.
+	// Each must be granted or ADD fails.
+	RequestedIPs []netip.Addr
+	// Store selects the allocation store.
+	Store StoreConfig
+	// ValidAttachments is the GC list (cni.dev/valid-attachments, or the
+	// older cni.dev/attachments when the former is absent).
+	ValidAttachments []Attachment
+}
+
+// Attachment is one entry of the GC valid-attachments list.
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
+}
+
+// StoreConfig is ipam.store.
+type StoreConfig struct {
+	Type      string   `json:"type"`
+	Endpoints []string `json:"endpoints"`
+	Prefix    string   `json:"prefix"`
+	CAFile    string   `json:"caFile"`
+	CertFile  string   `json:"certFile"`
+	KeyFile   string   `json:"keyFile"`
+	NodeName  string   `json:"nodeName"`
+}
+
+// RangeSet is a list of ranges of one address family; an allocation takes one
+// address from any of them.
+type RangeSet []Range
+
+// Range is one allocatable range inside a subnet. After Parse every field is
+// set: RangeStart defaults to the subnet's first address after the network
+// address, RangeEnd to the last address (IPv4: the one before broadcast), and
+// Gateway to the first address after the network address.
+type Range struct {
+	Subnet     netip.Prefix
+	RangeStart netip.Addr
+	RangeEnd   netip.Addr
+	Gateway    netip.Addr
+}
+
+// String is "start-end", the way error messages name a range.
+func (r Range) String() string { return r.RangeStart.String() + "-" + r.RangeEnd.String() }
+
+// Contains reports whether a lies in [RangeStart, RangeEnd] (and therefore in
+// the subnet).
+func (r Range) Contains(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.BitLen() == r.RangeStart.BitLen() && r.Subnet.Contains(a) &&
+		a.Compare(r.RangeStart) >= 0 && a.Compare(r.RangeEnd) <= 0
+}
+
+// Allocatable reports whether a is in the range and may be handed out: it is
+// not the gateway, not the network address and (IPv4) not the broadcast
+// address.
+func (r Range) Allocatable(a netip.Addr) bool {
+	a = a.Unmap()
+	return r.Contains(a) && a != r.Gateway && !IsNetworkAddr(r.Subnet, a) && !IsBroadcastAddr(r.Subnet, a)
+}
+
+// Overlaps reports whether the address intervals of r and o intersect.
+func (r Range) Overlaps(o Range) bool {
+	if r.RangeStart.BitLen() != o.RangeStart.BitLen() {
+		return false
+	}
+	return r.RangeStart.Compare(o.RangeEnd) <= 0 && o.RangeStart.Compare(r.RangeEnd) <= 0
+}
+
+// Family is 4 or 6.
+func (s RangeSet) Family() int {
+	if len(s) == 0 || s[0].Subnet.Addr().Is4() {
+		return 4
+	}
+	return 6
+}
+
+// RangeFor returns the index of the range of s holding a, or -1.
+func (s RangeSet) RangeFor(a netip.Addr) int {
+	for i, r := range s {
+		if r.Contains(a) {
+			return i
+		}
+	}
+	return -1
+}
+
+// String lists the set's ranges, comma separated.
+func (s RangeSet) String() string {
+	parts := make([]string, len(s))
+	for i, r := range s {
+		parts[i] = r.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// IsNetworkAddr reports whether a is p's network address.
+func IsNetworkAddr(p netip.Prefix, a netip.Addr) bool { return a == p.Masked().Addr() }
+
+// IsBroadcastAddr reports whether a is the broadcast address of the IPv4
+// prefix p (IPv6 has none).
+func IsBroadcastAddr(p netip.Prefix, a netip.Addr) bool {
+	return p.Addr().Is4() && a == LastAddr(p)
+}
+
+// LastAddr is the highest address of p.
+func LastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	bits := p.Bits()
+	for i := range b {
+		for j := 0; j < 8; j++ {
+			if i*8+j >= bits {
+				b[i] |= 0x80 >> j
+			}
+		}
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// Error is a configuration error; Field names the offending key, e.g.
+// "ipam.ranges[0][1].rangeStart".
+type Error struct {
+	Field string
+	Err   error
+}
+
+func (e *Error) Error() string {
+	if e.Field == "" {
+		return e.Err.Error()
+	}
+	return e.Field + ": " + e.Err.Error()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func fieldErr(field, format string, a ...any) error {
+	return &Error{Field: field, Err: fmt.Errorf(format, a...)}
+}
+
+// ErrDecode marks errors where stdin (or a value in it) is not the JSON the
+// plugin expects.
+var ErrDecode = errors.New("cannot decode network configuration")
+
+type rawRange struct {
+	Subnet     string `json:"subnet"`
+	RangeStart string `json:"rangeStart"`
+	RangeEnd   string `json:"rangeEnd"`
+	Gateway    string `json:"gateway"`
+}
+
+type rawIPAM struct {
+	rawRange
+	Type       string         `json:"type"`
+	Routes     []*types.Route `json:"routes"`
+	DataDir    string         `json:"dataDir"`
+	ResolvConf string         `json:"resolvConf"`
+	Ranges     [][]rawRange   `json:"ranges"`
+	Store      *StoreConfig   `json:"store"`
+}
+
+type rawNet struct {
+	Name          string   `json:"name"`
+	CNIVersion    string   `json:"cniVersion"`
+	IPAM          *rawIPAM `json:"ipam"`
+	RuntimeConfig struct {
+		IPRanges [][]rawRange `json:"ipRanges"`
+		IPs      []string     `json:"ips"`
+	} `json:"runtimeConfig"`
+	Args *struct {
+		CNI *struct {
+			IPs []string `json:"ips"`
+		} `json:"cni"`
+	} `json:"args"`
+	ValidAttachments []Attachment `json:"cni.dev/valid-attachments"`
+	Attachments      []Attachment `json:"cni.dev/attachments"`
+}
+
+// envArgs is the part of CNI_ARGS village-ipam reads.
+type envArgs struct {
+	types.CommonArgs
+	IP addrArg `json:"ip,omitempty"`
+}
+
+// addrArg accepts an address or an address with prefix length ("10.1.0.5" or
+// "10.1.0.5/24"); only the address is kept.
+type addrArg struct{ netip.Addr }
+
+func (a *addrArg) UnmarshalText(b []byte) error {
+	addr, err := parseAddrOrCIDR(string(b))
+	if err != nil {
+		return err
+	}
+	a.Addr = addr
+	return nil
+}
+
+func parseAddrOrCIDR(s string) (netip.Addr, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("%q is not an IP address: %w", s, err)
+		}
+		return p.Addr().Unmap(), nil
+	}
+	return parseAddr(s)
+}
+
+func parseAddr(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%q is not an IP address", s)
+	}
+	if a.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("%q has an IPv6 zone; zones are not allowed", s)
+	}
+	return a.Unmap(), nil
+}
+
+// Parse reads the full network configuration (stdin of the plugin) and the
+// CNI_ARGS string, and returns the validated IPAM configuration. Errors are
+// *Error naming the field, or wrap ErrDecode when stdin is not valid JSON.
+func Parse(stdin []byte, cniArgs string) (*Config, error) {
+	var n rawNet
+	if err := json.Unmarshal(stdin, &n); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDecode, err)
+	}
+	if err := validateName(n.Name); err != nil {
+		return nil, err
+	}
+	if n.IPAM == nil {
+		return nil, fieldErr("ipam", "missing; village-ipam needs an \"ipam\" object with \"ranges\" or \"subnet\"")
+	}
+	c := &Config{
+		Name:       n.Name,
+		CNIVersion: n.CNIVersion,
+		Type:       n.IPAM.Type,
+		Routes:     n.IPAM.Routes,
+		DataDir:    n.IPAM.DataDir,
+		ResolvConf: n.IPAM.ResolvConf,
+	}
+	if c.CNIVersion == "" {
+		c.CNIVersion = "0.1.0"
+	}
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	for i, r := range c.Routes {
+		if r == nil {
+			return nil, fieldErr(fmt.Sprintf("ipam.routes[%d]", i), "null route")
+		}
+	}
+	if err := c.parseRequested(&n, cniArgs); err != nil {
+		return nil, err
+	}
+	if err := c.parseRanges(&n); err != nil {
+		return nil, err
+	}
+	st, err := parseStore(n.IPAM.Store)
+	if err != nil {
+		return nil, err
+	}
+	c.Store = st
+	c.ValidAttachments = n.ValidAttachments
+	if n.ValidAttachments == nil {
+		c.ValidAttachments = n.Attachments
+	}
+	return c, nil
+}
+
+// validateName checks the network name the way the CNI spec defines it; it
+// becomes a directory name, so it must be one safe path component.
+func validateName(name string) error {
+	if name == "" {
+		return fieldErr("name", "missing network name")
+	}
+	if len(name) > 200 {
+		return fieldErr("name", "network name longer than 200 characters")
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if i > 0 {
+			ok = ok || c == '_' || c == '.' || c == '-'
+		}
+		if !ok {
+			return fieldErr("name", "network name %q must start with a letter or digit and contain only letters, digits, '_', '.' and '-'", name)
+		}
+	}
+	return nil
+}
+
+func (c *Config) parseRequested(n *rawNet, cniArgs string) error {
+	seen := map[netip.Addr]bool{}
+	add := func(a netip.Addr) {
+		if !seen[a] {
+			seen[a] = true
+			c.RequestedIPs = append(c.RequestedIPs, a)
+		}
+	}
+	if cniArgs != "" {
+		var e envArgs
+		if err := types.LoadArgs(cniArgs, &e); err != nil {
+			return fieldErr("CNI_ARGS", "%w", err)
+		}
+		if e.IP.IsValid() {
+			add(e.IP.Addr)
+		}
+	}
+	if n.Args != nil && n.Args.CNI != nil {
+		for i, s := range n.Args.CNI.IPs {
+			a, err := parseAddrOrCIDR(s)
+			if err != nil {
+				return fieldErr(fmt.Sprintf("args.cni.ips[%d]", i), "%w", err)
+			}
+			add(a)
+		}
+	}
+	for i, s := range n.RuntimeConfig.IPs {
+		a, err := parseAddrOrCIDR(s)
+		if err != nil {
+			return fieldErr(fmt.Sprintf("runtimeConfig.ips[%d]", i), "%w", err)
+		}
+		add(a)
+	}
+	return nil
+}
+
+func (c *Config) parseRanges(n *rawNet) error {
+	type src struct {
+		field string
+		raw   []rawRange
+	}
+	var sets []src
+	for i, s := range n.RuntimeConfig.IPRanges {
+		sets = append(sets, src{fmt.Sprintf("runtimeConfig.ipRanges[%d]", i), s})
+	}
+	if n.IPAM.Subnet != "" {
+		sets = append(sets, src{"ipam", []rawRange{n.IPAM.rawRange}})
+	} else if n.IPAM.RangeStart != "" || n.IPAM.RangeEnd != "" || n.IPAM.Gateway != "" {
+		return fieldErr("ipam.subnet", "missing, but rangeStart/rangeEnd/gateway are set; give the subnet they belong to")
+	}
+	for i, s := range n.IPAM.Ranges {
+		sets = append(sets, src{fmt.Sprintf("ipam.ranges[%d]", i), s})
+	}
+	if len(sets) == 0 {
+		return fieldErr("ipam.ranges", "no address range configured; set ipam.ranges (e.g. [[{\"subnet\": \"10.22.0.0/16\"}]]) or ipam.subnet")
+	}
+	var v4, v6 int
+	for _, s := range sets {
+		rs, err := parseRangeSet(s.field, s.raw)
+		if err != nil {
+			return err
+		}
+		for j, prev := range c.RangeSets {
+			if overlapsSet(prev, rs) {
+				return fieldErr(s.field, "range set %s overlaps range set %d (%s); range sets must not share addresses", rs, j, prev)
+			}
+		}
+		c.RangeSets = append(c.RangeSets, rs)
+		if rs.Family() == 4 {
+			v4++
+		} else {
+			v6++
+		}
+	}
+	if v4 > 1 || v6 > 1 {
+		if ok, err := version.GreaterThanOrEqualTo(c.CNIVersion, "0.3.0"); err == nil && !ok {
+			return fieldErr("cniVersion", "%s allows only one address per family, but %d IPv4 and %d IPv6 range sets are configured; use cniVersion 0.3.0 or later", c.CNIVersion, v4, v6)
+		}
+	}
+	return nil
+}
+
+func overlapsSet(a, b RangeSet) bool {
+	for _, r := range a {
+		for _, o := range b {
+			if r.Overlaps(o) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func parseRangeSet(field string, raw []rawRange) (RangeSet, error) {
+	if len(raw) == 0 {
+		return nil, fieldErr(field, "empty range set; give at least one {\"subnet\": ...}")
+	}
+	var rs RangeSet
+	for j, rr := range raw {
+		f := field
+		if field != "ipam" {
+			f = fmt.Sprintf("%s[%d]", field, j)
+		}
+		r, err := parseRange(f, rr)
+		if err != nil {
+			return nil, err
+		}
+		if j > 0 && r.Subnet.Addr().BitLen() != rs[0].Subnet.Addr().BitLen() {
+			return nil, fieldErr(f+".subnet", "%s mixes address families with %s in the same range set; put IPv4 and IPv6 in separate range sets", r.Subnet, rs[0].Subnet)
+		}
+		for k, prev := range rs {
+			if prev.Overlaps(r) {
+				return nil, fieldErr(f, "range %s overlaps range %d (%s) of the same set", r, k, prev)
+			}
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
+}
+
+func parseRange(field string, rr rawRange) (Range, error) {
+	var r Range
+	if rr.Subnet == "" {
+		return r, fieldErr(field+".subnet", "missing")
+	}
+	p, err := netip.ParsePrefix(rr.Subnet)
+	if err != nil {
+		return r, fieldErr(field+".subnet", "%q is not a CIDR (want e.g. 10.22.0.0/16 or fd00::/64): %w", rr.Subnet, err)
+	}
+	if p.Addr().Is4In6() {
+		return r, fieldErr(field+".subnet", "%q is an IPv4-mapped IPv6 prefix; write the IPv4 subnet", rr.Subnet)
+	}
+	if p.Bits() > p.Addr().BitLen()-2 {
+		return r, fieldErr(field+".subnet", "%s is too small to allocate from; use at most /30 for IPv4 and /126 for IPv6", p)
+	}
+	if p != p.Masked() {
+		return r, fieldErr(field+".subnet", "%s has host bits set; the network address is %s", p, p.Masked())
+	}
+	r.Subnet = p
+	parseIn := func(key, s string, def netip.Addr) (netip.Addr, error) {
+		if s == "" {
+			return def, nil
+		}
+		a, err := parseAddr(s)
+		if err != nil {
+			return a, fieldErr(field+"."+key, "%w", err)
+		}
+		if !p.Contains(a) {
+			return a, fieldErr(field+"."+key, "%s is not in subnet %s", a, p)
+		}
+		return a, nil
+	}
+	first := p.Addr().Next()
+	last := LastAddr(p)
+	if p.Addr().Is4() {
+		last = last.Prev()
+	}
+	if r.Gateway, err = parseIn("gateway", rr.Gateway, first); err != nil {
+		return r, err
+	}
+	if r.RangeStart, err = parseIn("rangeStart", rr.RangeStart, first); err != nil {
+		return r, err
+	}
+	if r.RangeEnd, err = parseIn("rangeEnd", rr.RangeEnd, last); err != nil {
+		return r, err
+	}
+	if r.RangeStart.Compare(r.RangeEnd) > 0 {
+		return r, fieldErr(field+".rangeStart", "%s is after rangeEnd %s", r.RangeStart, r.RangeEnd)
+	}
+	return r, nil
+}
+
+func parseStore(s *StoreConfig) (StoreConfig, error) {
+	if s == nil {
+		return StoreConfig{Type: StoreDisk}, nil
+	}
+	out := *s
+	switch out.Type {
+	case "", StoreDisk:
+		out.Type = StoreDisk
+		if len(out.Endpoints) > 0 {
+			return out, fieldErr("ipam.store.endpoints", "only used with store type %q, but the type is %q", StoreEtcd, StoreDisk)
+		}
+	case StoreEtcd:
+		if len(out.Endpoints) == 0 {
+			return out, fieldErr("ipam.store.endpoints", "missing; the etcd store needs at least one endpoint like \"https://10.0.0.1:2379\"")
+		}
+		for i, e := range out.Endpoints {
+			u, err := url.Parse(e)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return out, fieldErr(fmt.Sprintf("ipam.store.endpoints[%d]", i), "%q is not an http:// or https:// URL with a host", e)
+			}
+		}
+		if (out.CertFile == "") != (out.KeyFile == "") {
+			return out, fieldErr("ipam.store.certFile", "certFile and keyFile must be given together")
+		}
+		if out.Prefix == "" {
+			out.Prefix = DefaultEtcdPrefix
+		}
+		if !strings.HasPrefix(out.Prefix, "/") {
+			return out, fieldErr("ipam.store.prefix", "%q must start with '/'", out.Prefix)
+		}
+	default:
+		return out, fieldErr("ipam.store.type", "unknown store type %q; use %q or %q", out.Type, StoreDisk, StoreEtcd)
+	}
+	return out, nil
+}
