@@ -1,0 +1,123 @@
+// Package store defines the interface village-ipam keeps its allocations
+// behind, so the allocator works the same over the node-local disk store
+// (host-local's format) and a cluster-wide store such as etcd.
+//
+// Every mutation is atomic on its own: Claim is "reserve if free", Release
+// removes an address only when the caller owns it. A store that needs mutual
+// exclusion across processes for multi-step operations (the disk store, whose
+// round-robin marker and index are plain files) does it in Lock; a store whose
+// single operations are already transactional makes Lock a no-op.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"unicode"
+)
+
+// Owner identifies the attachment an address is allocated to. An empty IfName
+// appears only in records written by very old host-local versions, which kept
+// the container ID alone.
+type Owner struct {
+	ContainerID string
+	IfName      string
+}
+
+func (o Owner) String() string { return fmt.Sprintf("container %q interface %q", o.ContainerID, o.IfName) }
+
+// Allocation is one reserved address.
+type Allocation struct {
+	IP    netip.Addr
+	Owner Owner
+}
+
+// Claim asks for one address.
+type Claim struct {
+	IP    netip.Addr
+	Owner Owner
+	// RangeSet is the index of the range set IP comes from; on success the
+	// store remembers IP as that set's last reserved address (round-robin).
+	RangeSet int
+}
+
+// Store keeps the allocations of one network.
+type Store interface {
+	// Lock takes the store-wide lock and returns the function that releases
+	// it. Callers hold it around every multi-step operation (an ADD, a DEL, a
+	// GC). Stores without such a lock return a no-op unlock. A lock that
+	// cannot be taken in time yields an error wrapping ErrBusy.
+	Lock(ctx context.Context) (unlock func() error, err error)
+	// Claim reserves c.IP for c.Owner if no one holds it. It reports false,
+	// with no error, when the address is taken (by anyone, the caller too).
+	Claim(ctx context.Context, c Claim) (bool, error)
+	// Release frees ip if it is held by owner; it reports whether it did.
+	// An address held by someone else is left alone.
+	Release(ctx context.Context, ip netip.Addr, owner Owner) (bool, error)
+	// ListByOwner returns the addresses held by owner.
+	ListByOwner(ctx context.Context, owner Owner) ([]netip.Addr, error)
+	// List returns every allocation of the network.
+	List(ctx context.Context) ([]Allocation, error)
+	// LastReserved returns the address last claimed from range set
+	// rangeSet, or the zero Addr when none is recorded.
+	LastReserved(ctx context.Context, rangeSet int) (netip.Addr, error)
+	// GC releases every allocation whose owner is not in valid and returns
+	// what it released. It keeps going after a failure and returns the
+	// errors joined.
+	GC(ctx context.Context, valid []Owner) ([]Allocation, error)
+	// Close releases the store's resources (not its allocations).
+	Close() error
+}
+
+// ErrBusy is wrapped by errors of a store whose lock is held by someone else
+// for longer than the store waits; the operation may be retried.
+var ErrBusy = errors.New("store busy")
+
+// ValidateOwner checks that a container ID and interface name are safe to
+// record: the container ID as the CNI spec defines it
+// (^[A-Za-z0-9][A-Za-z0-9_.-]*$), the interface name as Linux accepts it
+// (1-15 bytes, not "." or "..", no '/', ':', whitespace or control bytes).
+func ValidateOwner(o Owner) error {
+	if err := ValidateContainerID(o.ContainerID); err != nil {
+		return err
+	}
+	return ValidateIfName(o.IfName)
+}
+
+// ValidateContainerID checks a container ID (see ValidateOwner).
+func ValidateContainerID(id string) error {
+	if id == "" {
+		return errors.New("empty container ID")
+	}
+	if len(id) > 1024 {
+		return fmt.Errorf("container ID %.20q... is longer than 1024 bytes", id)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if i > 0 {
+			ok = ok || c == '_' || c == '.' || c == '-'
+		}
+		if !ok {
+			return fmt.Errorf("container ID %q: must start with a letter or digit and contain only letters, digits, '_', '.' and '-'", id)
+		}
+	}
+	return nil
+}
+
+// ValidateIfName checks an interface name (see ValidateOwner).
+func ValidateIfName(name string) error {
+	if name == "" || len(name) > 15 {
+		return fmt.Errorf("interface name %q: must be 1 to 15 bytes long", name)
+	}
+	if name == "." || name == ".." {
+		return fmt.Errorf("interface name %q is not allowed", name)
+	}
+	for _, r := range name {
+		if r == '/' || r == ':' || unicode.IsSpace(r) || unicode.IsControl(r) || r == unicode.ReplacementChar {
+			return fmt.Errorf("interface name %q: must not contain '/', ':', whitespace or control characters", name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,30 @@
+package store
+
+import "testing"
+
+func TestValidateOwner(t *testing.T) {
+	for _, tc := range []struct {
+		o  Owner
+		ok bool
+	}{
+		{Owner{"abc123", "eth0"}, true},
+		{Owner{"a_b.c-d", "net1"}, true},
+		{Owner{"", "eth0"}, false},
+		{Owner{"../x", "eth0"}, false},
+		{Owner{"a/b", "eth0"}, false},
+		{Owner{".a", "eth0"}, false},
+		{Owner{"a\r\nb", "eth0"}, false},
+		{Owner{"abc", ""}, false},
+		{Owner{"abc", "eth/0"}, false},
+		{Owner{"abc", "eth:0"}, false},
+		{Owner{"abc", "eth 0"}, false},
+		{Owner{"abc", "eth\r\n"}, false},
+		{Owner{"abc", ".."}, false},
+		{Owner{"abc", "a234567890123456"}, false},
+		{Owner{"abc", "a\x00"}, false},
+	} {
+		if err := ValidateOwner(tc.o); (err == nil) != tc.ok {
+			t.Errorf("ValidateOwner(%q) = %v, want ok=%v", tc.o, err, tc.ok)
+		}
+	}
+}
