@@ -1,0 +1,214 @@
+// Package netconf parses and validates the configuration of the `village`
+// main plugin: the reference bridge plugin's keys with the same meaning, plus
+// Village's own (clusterCIDR, macvlan, backend, logging). Everything that
+// later becomes a link name, a path or an iptables argument is validated here,
+// so the rest of the plugin can trust a *NetConf.
+package netconf
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// DefaultBridge is the bridge used when the config names none.
+const DefaultBridge = "village0"
+
+// MaxConfigSize bounds what the plugin will parse; a conflist entry is a few
+// kilobytes, so anything near this is hostile or broken.
+const MaxConfigSize = 1 << 20
+
+// NetConf is one `village` entry of a conflist.
+type NetConf struct {
+	types.PluginConf
+
+	Bridge       string `json:"bridge"`
+	IsGateway    bool   `json:"isGateway"`
+	IsDefaultGW  bool   `json:"isDefaultGateway"`
+	ForceAddress bool   `json:"forceAddress"`
+	IPMasq       bool   `json:"ipMasq"`
+	MTU          int    `json:"mtu"`
+	// HairpinMode defaults to true in Village (the reference defaults to
+	// false): a pod reaching itself through a Service VIP needs it.
+	HairpinMode *bool `json:"hairpinMode,omitempty"`
+	PromiscMode bool  `json:"promiscMode"`
+	Vlan        int   `json:"vlan"`
+
+	// ClusterCIDR is the whole pod network; masquerade skips traffic that
+	// stays inside it. Empty: the pod subnet itself.
+	ClusterCIDR string `json:"clusterCIDR,omitempty"`
+
+	// Sections owned by other parts of Village, kept raw here and parsed by
+	// the package that implements them.
+	Macvlan json.RawMessage `json:"macvlan,omitempty"`
+	Backend json.RawMessage `json:"backend,omitempty"`
+
+	LogFile  string `json:"logFile,omitempty"`
+	LogLevel string `json:"logLevel,omitempty"`
+
+	RuntimeConfig struct {
+		Mac string `json:"mac,omitempty"`
+	} `json:"runtimeConfig,omitempty"`
+	Args *struct {
+		CNI *struct {
+			Mac string `json:"mac,omitempty"`
+		} `json:"cni,omitempty"`
+	} `json:"args,omitempty"`
+
+	// Derived by Parse.
+	Hairpin    bool             `json:"-"`
+	ClusterNet *net.IPNet       `json:"-"`
+	MAC        net.HardwareAddr `json:"-"`
+	IPAMType   string           `json:"-"`
+	HasIPAM    bool             `json:"-"`
+}
+
+// EnvArgs are the CNI_ARGS keys Village understands. IP belongs to IPAM and
+// the K8S_* keys are what kubelet and CRI runtimes send; listing them keeps
+// an ADD from failing when IgnoreUnknown is not set.
+type EnvArgs struct {
+	types.CommonArgs
+	MAC                        types.UnmarshallableString
+	IP                         types.UnmarshallableString
+	K8S_POD_NAMESPACE          types.UnmarshallableString //nolint:revive // names fixed by kubelet
+	K8S_POD_NAME               types.UnmarshallableString //nolint:revive
+	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive
+	K8S_POD_UID                types.UnmarshallableString //nolint:revive
+}
+
+// Error is a config error: it maps to CNI code 7 (invalid network config).
+func Error(format string, a ...any) *types.Error {
+	return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(format, a...), "")
+}
+
+// Parse decodes and validates stdin; envArgs is CNI_ARGS. The returned error
+// is always a *types.Error with the right code.
+func Parse(stdin []byte, envArgs string) (*NetConf, error) {
+	if len(stdin) > MaxConfigSize {
+		return nil, Error("config is %d bytes, more than the %d a plugin config may have", len(stdin), MaxConfigSize)
+	}
+	conf := &NetConf{}
+	if err := json.Unmarshal(stdin, conf); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("failed to parse network config: %v", err), "")
+	}
+	if conf.CNIVersion == "" {
+		conf.CNIVersion = "0.1.0"
+	}
+	if conf.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("failed to parse prevResult: %v", err), "")
+		}
+	}
+	if err := conf.validate(envArgs); err != nil {
+		return nil, err
+	}
+	return conf, nil
+}
+
+func (c *NetConf) validate(envArgs string) *types.Error {
+	if c.Name == "" {
+		return types.NewError(types.ErrInvalidNetworkConfig, "missing network name", "")
+	}
+	if err := utils.ValidateNetworkName(c.Name); err != nil {
+		return err
+	}
+	if c.Bridge == "" {
+		c.Bridge = DefaultBridge
+	}
+	if err := utils.ValidateInterfaceName(c.Bridge); err != nil {
+		return Error("invalid \"bridge\" %q: %s", c.Bridge, err.Msg)
+	}
+	if c.MTU < 0 || c.MTU > 65535 {
+		return Error("invalid \"mtu\" %d: must be 0 (automatic) or 68-65535", c.MTU)
+	}
+	if c.MTU != 0 && c.MTU < 68 {
+		return Error("invalid \"mtu\" %d: must be 0 (automatic) or 68-65535", c.MTU)
+	}
+	if c.Vlan < 0 || c.Vlan > 4094 {
+		return Error("invalid \"vlan\" %d: must be 0 (none) or 1-4094", c.Vlan)
+	}
+	c.Hairpin = !c.PromiscMode
+	if c.HairpinMode != nil {
+		c.Hairpin = *c.HairpinMode
+		if c.Hairpin && c.PromiscMode {
+			return Error("cannot set both \"hairpinMode\" and \"promiscMode\": hairpin on the port and a promiscuous bridge do the same job, pick one")
+		}
+	}
+	if c.ClusterCIDR != "" {
+		ip, n, err := net.ParseCIDR(c.ClusterCIDR)
+		if err != nil {
+			return Error("invalid \"clusterCIDR\" %q: %v", c.ClusterCIDR, err)
+		}
+		if !ip.Equal(n.IP) {
+			return Error("invalid \"clusterCIDR\" %q: host bits set, did you mean %s?", c.ClusterCIDR, n)
+		}
+		c.ClusterNet = n
+	}
+	if err := c.validateLog(); err != nil {
+		return err
+	}
+	c.IPAMType = c.IPAM.Type
+	c.HasIPAM = c.IPAMType != ""
+	if c.HasIPAM {
+		if err := ValidatePluginType(c.IPAMType); err != nil {
+			return Error("invalid \"ipam.type\": %v", err)
+		}
+	}
+	return c.parseMAC(envArgs)
+}
+
+func (c *NetConf) validateLog() *types.Error {
+	if c.LogFile != "" && !strings.HasPrefix(c.LogFile, "/") {
+		return Error("invalid \"logFile\" %q: must be an absolute path", c.LogFile)
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "", "debug", "info", "warn", "error":
+	default:
+		return Error("invalid \"logLevel\" %q: one of debug, info, warn, error", c.LogLevel)
+	}
+	return nil
+}
+
+// parseMAC picks the container MAC the way the reference bridge does:
+// runtimeConfig.mac, else args.cni.mac, else CNI_ARGS MAC=.
+func (c *NetConf) parseMAC(envArgs string) *types.Error {
+	mac, from := c.RuntimeConfig.Mac, "runtimeConfig.mac"
+	if mac == "" && c.Args != nil && c.Args.CNI != nil {
+		mac, from = c.Args.CNI.Mac, "args.cni.mac"
+	}
+	if envArgs != "" {
+		e := EnvArgs{}
+		if err := types.LoadArgs(envArgs, &e); err != nil {
+			return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("invalid CNI_ARGS: %v", err), "")
+		}
+		if mac == "" && e.MAC != "" {
+			mac, from = string(e.MAC), "CNI_ARGS MAC"
+		}
+	}
+	if mac == "" {
+		return nil
+	}
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		return Error("invalid %s %q: want a 6-byte MAC like 0a:58:0a:f4:01:05", from, mac)
+	}
+	if hw[0]&1 == 1 {
+		return Error("invalid %s %q: a multicast MAC cannot be an interface address", from, mac)
+	}
+	c.MAC = hw
+	return nil
+}
+
+// ValidatePluginType checks a plugin type that will be looked up in CNI_PATH:
+// a bare file name, never a path.
+func ValidatePluginType(t string) error {
+	if t == "" || t == "." || t == ".." || strings.ContainsAny(t, "/\\\x00") || len(t) > 255 {
+		return fmt.Errorf("%q is not a plugin name (a file name in CNI_PATH)", t)
+	}
+	return nil
+}

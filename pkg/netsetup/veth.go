@@ -1,0 +1,289 @@
+package netsetup
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Pod is an open handle on a pod's network namespace. All container-side
+// work goes through its netlink handle, so no OS thread has to switch
+// namespaces.
+type Pod struct {
+	Path string
+	ns   ns.NetNS
+	h    *netlink.Handle
+}
+
+// OpenPod opens the namespace at path. It refuses the plugin's own namespace
+// (configuring the host as a pod would break the node) and anything that is
+// not a network namespace (ns.NSPathNotExistErr / ns.NSPathNotNSErr).
+func OpenPod(path string) (*Pod, error) {
+	n, err := ns.GetNS(path)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open netns %q: %w", path, err)
+	}
+	self, err := netns.Get()
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("failed to open the plugin's own netns: %w", err)
+	}
+	same := self.Equal(netns.NsHandle(n.Fd()))
+	self.Close()
+	if same {
+		n.Close()
+		return nil, ErrHostNetNS
+	}
+	nh, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()))
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("failed to open netlink in netns %q: %w", path, err)
+	}
+	return &Pod{Path: path, ns: n, h: nh}, nil
+}
+
+// NS is the pod namespace, for work that must run inside it.
+func (p *Pod) NS() ns.NetNS { return p.ns }
+
+// ErrHostNetNS is returned when CNI_NETNS names the plugin's own namespace.
+var ErrHostNetNS = errors.New("CNI_NETNS is the plugin's own network namespace: refusing to configure the host as a pod")
+
+// Close releases the namespace handle.
+func (p *Pod) Close() {
+	if p == nil {
+		return
+	}
+	p.h.Close()
+	p.ns.Close()
+}
+
+// Handle is the netlink handle inside the pod.
+func (p *Pod) Handle() *netlink.Handle { return p.h }
+
+// LinkByName finds a link inside the pod; (nil, nil) when it is absent.
+func (p *Pod) LinkByName(name string) (netlink.Link, error) {
+	l, err := netlinksafe.Handle{Handle: p.h}.LinkByName(name)
+	if isNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("failed to look up %q in netns %q: %w", name, p.Path, err)
+	}
+	return l, nil
+}
+
+// HostVethName is the node-side name of a pod's veth: "veth" and 8 hex
+// digits derived from the attachment, so DEL and a retried ADD find the same
+// link without any state file.
+func HostVethName(containerID, ifName string) string {
+	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
+	return "veth" + hex.EncodeToString(sum[:4])
+}
+
+// ownerAlias tags the pod end of a veth with the container that owns it, so
+// a repeated ADD can tell its own interface from a stranger's.
+func ownerAlias(containerID string) string {
+	if len(containerID) > 200 {
+		sum := sha256.Sum256([]byte(containerID))
+		containerID = "#" + hex.EncodeToString(sum[:])
+	}
+	return "village/" + containerID
+}
+
+// Veth is the pair that connects a pod to the bridge.
+type Veth struct {
+	ContainerID string
+	IfName      string // inside the pod
+	Pod         *Pod
+	Bridge      netlink.Link
+	MTU         int
+	MAC         net.HardwareAddr // nil: kernel-chosen
+	Hairpin     bool
+	Vlan        int
+}
+
+// VethLinks is what EnsureVeth made or found.
+type VethLinks struct {
+	Host, Pod netlink.Link
+	Created   bool // false when a repeated ADD found its own pair
+}
+
+// EnsureVeth creates the pair (the pod end named v.IfName directly inside the
+// pod, the host end attached to the bridge and up), or returns the pair a
+// previous ADD for the same container made. An interface of that name that
+// belongs to someone else is an error.
+func EnsureVeth(v Veth) (*VethLinks, error) {
+	hostName := HostVethName(v.ContainerID, v.IfName)
+	existing, err := v.Pod.LinkByName(v.IfName)
+	if err != nil {
+		return nil, err
+	}
+	if existing != nil {
+		return v.adopt(existing, hostName)
+	}
+	// A host end with our deterministic name but no pod end is debris of an
+	// interrupted ADD whose pod end was moved or renamed: it is ours, remove it.
+	if stale, err := netlinksafe.LinkByName(hostName); err == nil {
+		if err := netlink.LinkDel(stale); err != nil && !isNotFound(err) {
+			return nil, fmt.Errorf("failed to remove stale host veth %q: %w", hostName, err)
+		}
+	}
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = hostName
+	attrs.MTU = v.MTU
+	attrs.MasterIndex = v.Bridge.Attrs().Index
+	attrs.Flags = net.FlagUp
+	veth := &netlink.Veth{
+		LinkAttrs:        attrs,
+		PeerName:         v.IfName,
+		PeerNamespace:    netlink.NsFd(int(v.Pod.ns.Fd())),
+		PeerHardwareAddr: v.MAC,
+	}
+	if v.MTU > 0 {
+		veth.PeerMTU = uint32(v.MTU)
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, syscall.EEXIST) {
+			return nil, fmt.Errorf("failed to create veth %q for %q in netns %q: a link of that name already exists: %w", hostName, v.IfName, v.Pod.Path, err)
+		}
+		return nil, fmt.Errorf("failed to create veth pair %q <-> %q in netns %q: %w", hostName, v.IfName, v.Pod.Path, err)
+	}
+	links := &VethLinks{Created: true}
+	if links.Host, err = netlinksafe.LinkByName(hostName); err != nil {
+		_ = netlink.LinkDel(veth)
+		return nil, fmt.Errorf("failed to read back host veth %q: %w", hostName, err)
+	}
+	if err := v.finish(links); err != nil {
+		_ = netlink.LinkDel(links.Host)
+		return nil, err
+	}
+	return links, nil
+}
+
+// adopt accepts an existing pod interface when a previous ADD of this very
+// container made it.
+func (v Veth) adopt(l netlink.Link, hostName string) (*VethLinks, error) {
+	if _, ok := l.(*netlink.Veth); !ok || l.Attrs().Alias != ownerAlias(v.ContainerID) {
+		return nil, fmt.Errorf("interface %q already exists in netns %q and was not made for container %q: choose another CNI_IFNAME or remove it", v.IfName, v.Pod.Path, v.ContainerID)
+	}
+	host, err := netlinksafe.LinkByName(hostName)
+	if err != nil {
+		return nil, fmt.Errorf("pod interface %q exists but its host end %q does not: %w", v.IfName, hostName, err)
+	}
+	links := &VethLinks{Host: host, Pod: l}
+	return links, v.finish(links)
+}
+
+// finish sets what creation could not: the owner tag, hairpin, VLAN, and
+// (for an adopted pair) the bridge attachment.
+func (v Veth) finish(links *VethLinks) error {
+	hostName := links.Host.Attrs().Name
+	if links.Host.Attrs().MasterIndex != v.Bridge.Attrs().Index {
+		if err := netlink.LinkSetMasterByIndex(links.Host, v.Bridge.Attrs().Index); err != nil {
+			return fmt.Errorf("failed to attach %q to bridge %q: %w", hostName, v.Bridge.Attrs().Name, err)
+		}
+	}
+	if v.Hairpin {
+		if err := netlink.LinkSetHairpin(links.Host, true); err != nil {
+			return fmt.Errorf("failed to set hairpin mode on %q: %w", hostName, err)
+		}
+	}
+	if v.Vlan > 0 {
+		if err := netlink.BridgeVlanAdd(links.Host, uint16(v.Vlan), true, true, false, true); err != nil {
+			return fmt.Errorf("failed to put %q in VLAN %d: %w", hostName, v.Vlan, err)
+		}
+	}
+	if links.Pod == nil {
+		l, err := v.Pod.LinkByName(v.IfName)
+		if err != nil || l == nil {
+			return fmt.Errorf("pod interface %q vanished from netns %q: %w", v.IfName, v.Pod.Path, err)
+		}
+		if err := v.Pod.h.LinkSetAlias(l, ownerAlias(v.ContainerID)); err != nil {
+			return fmt.Errorf("failed to tag %q in netns %q: %w", v.IfName, v.Pod.Path, err)
+		}
+		links.Pod = l
+	}
+	return nil
+}
+
+// PodAddr is one address for the pod interface.
+type PodAddr struct {
+	Addr *net.IPNet // address with the subnet's mask
+}
+
+// PodRoute is one route inside the pod; GW nil means on-link.
+type PodRoute struct {
+	Dst *net.IPNet
+	GW  net.IP
+	MTU int
+}
+
+// PodIface is the full container-side configuration of one interface.
+type PodIface struct {
+	Link   netlink.Link
+	Addrs  []PodAddr
+	Routes []PodRoute
+}
+
+// ConfigurePod puts addresses on the pod interface (IPv6 without DAD),
+// brings it up, and adds its routes. Repeats are harmless.
+func (p *Pod) ConfigurePod(c PodIface) error {
+	name := c.Link.Attrs().Name
+	for _, a := range c.Addrs {
+		addr := &netlink.Addr{IPNet: a.Addr, Flags: nodadFlag(a.Addr.IP)}
+		if err := p.h.AddrAdd(c.Link, addr); err != nil && !errors.Is(err, syscall.EEXIST) {
+			return fmt.Errorf("failed to add %s to %q in netns %q: %w", a.Addr, name, p.Path, err)
+		}
+	}
+	if c.Link.Attrs().Flags&net.FlagUp == 0 {
+		if err := p.h.LinkSetUp(c.Link); err != nil {
+			return fmt.Errorf("failed to set %q up in netns %q: %w", name, p.Path, err)
+		}
+	}
+	for _, r := range c.Routes {
+		route := &netlink.Route{LinkIndex: c.Link.Attrs().Index, Dst: r.Dst, Gw: r.GW, MTU: r.MTU}
+		if r.GW == nil {
+			route.Scope = netlink.SCOPE_LINK
+		}
+		if err := p.h.RouteAdd(route); err != nil && !errors.Is(err, syscall.EEXIST) {
+			return fmt.Errorf("failed to add route %s via %v dev %q in netns %q: %w", r.Dst, r.GW, name, p.Path, err)
+		}
+	}
+	return nil
+}
+
+// DeleteLink removes the named link from the pod; a missing link is fine.
+func (p *Pod) DeleteLink(name string) error {
+	l, err := p.LinkByName(name)
+	if err != nil || l == nil {
+		return err
+	}
+	if err := p.h.LinkDel(l); err != nil && !isNotFound(err) {
+		return fmt.Errorf("failed to delete %q in netns %q: %w", name, p.Path, err)
+	}
+	return nil
+}
+
+// DeleteHostLink removes a node-side link by name; a missing link is fine.
+func DeleteHostLink(name string) error {
+	l, err := netlinksafe.LinkByName(name)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("failed to look up %q: %w", name, err)
+	}
+	if err := netlink.LinkDel(l); err != nil && !isNotFound(err) && !strings.Contains(err.Error(), "no such device") {
+		return fmt.Errorf("failed to delete %q: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,312 @@
+package village
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ip"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/village-cni/village/pkg/cleanup"
+	"github.com/village-cni/village/pkg/masq"
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/netsetup"
+)
+
+// Add is the CNI ADD verb.
+func Add(args *skel.CmdArgs) (err error) {
+	conf, err := netconf.Parse(args.StdinData, args.Args)
+	if err != nil {
+		return err
+	}
+	if !conf.HasIPAM {
+		return netconf.Error("\"ipam\" with a \"type\" is required: village needs addresses for the pod")
+	}
+	pod, err := openPod(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer pod.Close()
+
+	var undo cleanup.Stack
+	defer undo.RunIfFailed(&err)
+
+	a := &adder{conf: conf, args: args, pod: pod, undo: &undo}
+	result, err := a.run()
+	if err != nil {
+		return err
+	}
+	return types.PrintResult(result, conf.CNIVersion)
+}
+
+// openPod opens CNI_NETNS for ADD/CHECK and maps failures to CNI codes.
+func openPod(path string) (*netsetup.Pod, error) {
+	pod, err := netsetup.OpenPod(path)
+	switch {
+	case errors.Is(err, netsetup.ErrHostNetNS):
+		return nil, types.NewError(types.ErrInvalidNetNS, err.Error(), "")
+	case err != nil:
+		var notNS ns.NSPathNotNSErr
+		var notExist ns.NSPathNotExistErr
+		if errors.As(err, &notNS) || errors.As(err, &notExist) {
+			return nil, invalidNetNS(fmt.Sprintf("CNI_NETNS %q is not a network namespace", path), err)
+		}
+		return nil, err
+	}
+	return pod, nil
+}
+
+// adder carries the state of one ADD between its steps.
+type adder struct {
+	conf *netconf.NetConf
+	args *skel.CmdArgs
+	pod  *netsetup.Pod
+	undo *cleanup.Stack
+
+	bridge *netlink.Bridge
+	veth   *netsetup.VethLinks
+	result *current.Result
+}
+
+func (a *adder) run() (*current.Result, error) {
+	steps := []func() error{a.ensureBridge, a.allocate, a.ensureVeth, a.configurePod, a.configureHost}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	return a.result, nil
+}
+
+func (a *adder) ensureBridge() error {
+	br, err := netsetup.EnsureBridge(netsetup.Bridge{
+		Name:          a.conf.Bridge,
+		MTU:           a.conf.MTU,
+		Promisc:       a.conf.PromiscMode,
+		VlanFiltering: a.conf.Vlan > 0,
+	})
+	if err != nil {
+		return err
+	}
+	a.bridge = br
+	return nil
+}
+
+func (a *adder) ipam() ipamCall {
+	return ipamCall{Type: a.conf.IPAMType, Args: a.args, IfName: a.args.IfName, Conf: a.args.StdinData}
+}
+
+func (a *adder) allocate() error {
+	ctx, cancel := ipamTimeout()
+	defer cancel()
+	call := a.ipam()
+	res, err := call.Add(ctx)
+	if err != nil {
+		return err
+	}
+	a.undo.Push(fmt.Sprintf("release addresses of %q through IPAM %q", a.args.IfName, call.Type), func() error {
+		ctx, cancel := ipamTimeout()
+		defer cancel()
+		return call.Del(ctx)
+	})
+	a.result = res
+	a.fillGateways()
+	return nil
+}
+
+// fillGateways gives every address the gateway the reference bridge would
+// (the subnet's first address when IPAM names none and isGateway is set)
+// and adds the default routes isDefaultGateway asks for.
+func (a *adder) fillGateways() {
+	isGW := a.conf.IsGateway || a.conf.IsDefaultGW
+	for _, ipc := range a.result.IPs {
+		if ipc.Gateway == nil && isGW {
+			ipc.Gateway = ip.NextIP(ip.Network(&ipc.Address).IP)
+		}
+	}
+	if !a.conf.IsDefaultGW {
+		return
+	}
+	for _, ipc := range a.result.IPs {
+		if ipc.Gateway == nil {
+			continue
+		}
+		dst := &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
+		if ipc.Address.IP.To4() == nil {
+			dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+		}
+		if !hasRoute(a.result.Routes, dst) {
+			a.result.Routes = append(a.result.Routes, &types.Route{Dst: *dst, GW: ipc.Gateway})
+		}
+	}
+}
+
+func hasRoute(routes []*types.Route, dst *net.IPNet) bool {
+	for _, r := range routes {
+		if r.Dst.String() == dst.String() {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *adder) ensureVeth() error {
+	links, err := netsetup.EnsureVeth(netsetup.Veth{
+		ContainerID: a.args.ContainerID,
+		IfName:      a.args.IfName,
+		Pod:         a.pod,
+		Bridge:      a.bridge,
+		MTU:         a.conf.MTU,
+		MAC:         a.conf.MAC,
+		Hairpin:     a.conf.Hairpin,
+		Vlan:        a.conf.Vlan,
+	})
+	if err != nil {
+		return err
+	}
+	a.veth = links
+	if links.Created {
+		hostName := links.Host.Attrs().Name
+		a.undo.Push(fmt.Sprintf("delete veth %q", hostName), func() error {
+			return netsetup.DeleteHostLink(hostName)
+		})
+	}
+	a.result.Interfaces = []*current.Interface{
+		{Name: a.bridge.Attrs().Name, Mac: a.bridge.Attrs().HardwareAddr.String()},
+		{Name: links.Host.Attrs().Name, Mac: links.Host.Attrs().HardwareAddr.String()},
+		{Name: a.args.IfName, Mac: links.Pod.Attrs().HardwareAddr.String(), Mtu: links.Pod.Attrs().MTU, Sandbox: a.args.Netns},
+	}
+	for _, ipc := range a.result.IPs {
+		ipc.Interface = current.Int(2)
+	}
+	return nil
+}
+
+func (a *adder) configurePod() error {
+	return a.pod.ConfigurePod(podIface(a.veth.Pod, a.result, a.result.IPs))
+}
+
+// podIface turns IPAM's answer into the pod-side configuration of one
+// interface: its addresses, and the result's routes via the gateway of the
+// route's family.
+func podIface(link netlink.Link, res *current.Result, ips []*current.IPConfig) netsetup.PodIface {
+	c := netsetup.PodIface{Link: link}
+	gw := map[bool]net.IP{}
+	for _, ipc := range ips {
+		addr := ipc.Address
+		c.Addrs = append(c.Addrs, netsetup.PodAddr{Addr: &addr})
+		v4 := ipc.Address.IP.To4() != nil
+		if gw[v4] == nil && ipc.Gateway != nil {
+			gw[v4] = ipc.Gateway
+		}
+	}
+	for _, r := range res.Routes {
+		dst := r.Dst
+		v4 := dst.IP.To4() != nil
+		if _, ok := familyHas(ips, v4); !ok {
+			continue
+		}
+		via := r.GW
+		if via == nil {
+			via = gw[v4]
+		}
+		mtu := 0
+		if r.MTU != 0 {
+			mtu = r.MTU
+		}
+		c.Routes = append(c.Routes, netsetup.PodRoute{Dst: &dst, GW: via, MTU: mtu})
+	}
+	return c
+}
+
+func familyHas(ips []*current.IPConfig, v4 bool) (*current.IPConfig, bool) {
+	for _, ipc := range ips {
+		if (ipc.Address.IP.To4() != nil) == v4 {
+			return ipc, true
+		}
+	}
+	return nil, false
+}
+
+// configureHost ensures the node side: gateway addresses on the bridge, IP
+// forwarding, and the network's masquerade rule set.
+func (a *adder) configureHost() error {
+	var addrs []net.IP
+	for _, ipc := range a.result.IPs {
+		addrs = append(addrs, ipc.Address.IP)
+		if ipc.Gateway == nil || !(a.conf.IsGateway || a.conf.IsDefaultGW) {
+			continue
+		}
+		gw := &net.IPNet{IP: ipc.Gateway, Mask: ipc.Address.Mask}
+		if err := netsetup.EnsureGateway(a.bridge, netsetup.GatewaySpec{Addr: gw, Force: a.conf.ForceAddress}); err != nil {
+			return err
+		}
+	}
+	if a.conf.IsGateway || a.conf.IsDefaultGW || a.conf.IPMasq {
+		if err := netsetup.EnableForwarding(addrs); err != nil {
+			return err
+		}
+	}
+	if a.conf.IPMasq {
+		return ensureMasq(a.bridge, masqSpec(a.conf, a.result.IPs))
+	}
+	return nil
+}
+
+func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
+	s := masq.Spec{Network: conf.Name}
+	for _, ipc := range ips {
+		s.PodSubnets = append(s.PodSubnets, ip.Network(&ipc.Address))
+	}
+	if conf.ClusterNet != nil {
+		s.Cluster = []*net.IPNet{conf.ClusterNet}
+	}
+	return s
+}
+
+// ensureMasq runs iptables only when the bridge does not already carry the
+// stamp of this exact rule set. The stamp lives on the bridge (its ifalias)
+// so it is per node namespace and disappears with the bridge; rules flushed
+// by hand are found by CHECK and restored by villaged.
+func ensureMasq(br *netlink.Bridge, spec masq.Spec) error {
+	stamp := spec.Stamp()
+	alias := br.Attrs().Alias
+	if hasStamp(alias, stamp) {
+		return nil
+	}
+	if err := masq.Ensure(spec); err != nil {
+		return err
+	}
+	next := addStamp(alias, stamp)
+	if err := netlink.LinkSetAlias(br, next); err != nil {
+		return fmt.Errorf("failed to record masquerade stamp on bridge %q: %w", br.Attrs().Name, err)
+	}
+	return nil
+}
+
+const stampPrefix = "village:"
+
+func hasStamp(alias, stamp string) bool {
+	if !strings.HasPrefix(alias, stampPrefix) {
+		return false
+	}
+	for _, s := range strings.Split(strings.TrimPrefix(alias, stampPrefix), ",") {
+		if s == stamp {
+			return true
+		}
+	}
+	return false
+}
+
+func addStamp(alias, stamp string) string {
+	if !strings.HasPrefix(alias, stampPrefix) || len(alias)+len(stamp) > 240 {
+		return stampPrefix + stamp
+	}
+	return alias + "," + stamp
+}

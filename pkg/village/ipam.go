@@ -1,0 +1,107 @@
+package village
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+// ipamCall execs the IPAM plugin for one interface. The main plugin runs it
+// once for eth0 and (with a macvlan section) once more for the LAN
+// interface, each with its own CNI_IFNAME and ipam block, so the two
+// allocations are separate records.
+type ipamCall struct {
+	Type   string
+	Args   *skel.CmdArgs
+	IfName string // CNI_IFNAME for the IPAM plugin
+	Conf   []byte // full stdin, with the ipam block this call is about
+}
+
+func (c ipamCall) path() (string, error) {
+	paths := filepath.SplitList(c.Args.Path)
+	p, err := invoke.FindInPath(c.Type, paths)
+	if err != nil {
+		return "", types.NewError(types.ErrInvalidNetworkConfig,
+			fmt.Sprintf("IPAM plugin %q not found in CNI_PATH %q: install it next to village or fix \"ipam.type\"", c.Type, c.Args.Path), err.Error())
+	}
+	return p, nil
+}
+
+func (c ipamCall) args(verb string) *invoke.Args {
+	return &invoke.Args{
+		Command:       verb,
+		ContainerID:   c.Args.ContainerID,
+		NetNS:         c.Args.Netns,
+		IfName:        c.IfName,
+		PluginArgs:    nil,
+		PluginArgsStr: c.Args.Args,
+		Path:          c.Args.Path,
+	}
+}
+
+func (c ipamCall) Add(ctx context.Context) (*current.Result, error) {
+	p, err := c.path()
+	if err != nil {
+		return nil, err
+	}
+	r, err := invoke.ExecPluginWithResult(ctx, p, c.Conf, c.args("ADD"), nil)
+	if err != nil {
+		return nil, wrapIPAM(c.Type, "ADD", err)
+	}
+	res, err := current.NewResultFromResult(r)
+	if err != nil {
+		return nil, fmt.Errorf("IPAM plugin %q returned a result village cannot read: %w", c.Type, err)
+	}
+	if len(res.IPs) == 0 {
+		return nil, fmt.Errorf("IPAM plugin %q returned no IP address for %q", c.Type, c.IfName)
+	}
+	return res, nil
+}
+
+func (c ipamCall) run(ctx context.Context, verb string) error {
+	p, err := c.path()
+	if err != nil {
+		return err
+	}
+	if err := invoke.ExecPluginWithoutResult(ctx, p, c.Conf, c.args(verb), nil); err != nil {
+		return wrapIPAM(c.Type, verb, err)
+	}
+	return nil
+}
+
+func (c ipamCall) Del(ctx context.Context) error    { return c.run(ctx, "DEL") }
+func (c ipamCall) Check(ctx context.Context) error  { return c.run(ctx, "CHECK") }
+func (c ipamCall) Status(ctx context.Context) error { return c.run(ctx, "STATUS") }
+func (c ipamCall) GC(ctx context.Context) error     { return c.run(ctx, "GC") }
+
+// wrapIPAM keeps the IPAM plugin's CNI error code (11 try again, 50 not
+// available, …) and says which plugin and verb it came from.
+func wrapIPAM(typ, verb string, err error) error {
+	if e, ok := err.(*types.Error); ok {
+		return types.NewError(e.Code, fmt.Sprintf("IPAM plugin %q %s: %s", typ, verb, e.Msg), e.Details)
+	}
+	return fmt.Errorf("IPAM plugin %q %s: %w", typ, verb, err)
+}
+
+// withIPAM returns stdin with its "ipam" key replaced by block: how the
+// macvlan interface gets its own pool.
+func withIPAM(stdin []byte, block json.RawMessage) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &m); err != nil {
+		return nil, err
+	}
+	m["ipam"] = block
+	return json.Marshal(m)
+}
+
+func ipamTimeout() (context.Context, context.CancelFunc) {
+	// The runtime has its own deadline; this one only guarantees that a hung
+	// IPAM plugin cannot hold a pod's ADD forever.
+	return context.WithTimeout(context.Background(), ipamDeadline)
+}

@@ -1,0 +1,35 @@
+// Package village implements the CNI verbs of the `village` main plugin:
+// each pod gets CNI_IFNAME (eth0) as one end of a veth pair whose other end
+// is a port of the node bridge that holds the pod subnet's gateway.
+//
+// ADD is a sequence of idempotent ensure steps (bridge, IPAM, veth, pod
+// addresses and routes, gateway, forwarding, masquerade), each pushing its
+// undo on a cleanup stack so that a failure part-way leaves nothing behind.
+// The second and later pods on a node find the bridge, gateway and
+// masquerade already in place and pay only for their own veth.
+package village
+
+import (
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+const ipamDeadline = 2 * time.Minute
+
+// Funcs are the verbs for skel.PluginMainFuncs.
+func Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: Add, Del: Del, Check: Check, Status: Status, GC: GC}
+}
+
+func invalidNetNS(msg string, err error) error {
+	return types.NewError(types.ErrInvalidEnvironmentVariables, msg, errString(err))
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
