@@ -1,0 +1,75 @@
+// Package overlay reconciles the kernel state that carries pod traffic
+// between Village nodes: one VXLAN device per network, and per peer node a
+// route for each of its pod subnets plus, for VXLAN, one neighbour entry and
+// one FDB entry.
+//
+// # Packet paths
+//
+// host-gw. A pod on node A sends to a pod on node B; A's routing table has
+//
+//	10.244.2.0/24 via 192.168.77.12 dev eth0 proto 86
+//
+// so the packet leaves unchanged on the underlay, addressed (at L2) to B's
+// underlay MAC, and B forwards it to its pod bridge. It only works when B's
+// underlay address is on one of A's underlay subnets (same L2 segment), and
+// when the pod subnet and B's underlay address are of the same family.
+//
+// vxlan. A's routing table has
+//
+//	10.244.2.0/24 via 10.244.2.0 dev village.1 onlink proto 86
+//
+// The gateway is B's VTEP address, by convention the network address of B's
+// pod subnet (B carries it as a /32 or /128 on its own village.1, as flannel
+// does). A permanent neighbour entry resolves that address to B's VTEP MAC
+//
+//	10.244.2.0 lladdr 0e:76:c0:a8:4d:0c dev village.1 PERMANENT
+//
+// and a permanent FDB entry tells the VXLAN driver where that MAC lives
+//
+//	0e:76:c0:a8:4d:0c dev village.1 dst 192.168.77.12 self permanent
+//
+// so the inner Ethernet frame is wrapped in UDP (port 4789 by default, VNI 1)
+// to B's underlay address. B's village.1 has exactly that MAC (every node
+// derives it the same way from its own underlay address, see [DeriveMAC]),
+// decapsulates, and routes the inner packet to its pod bridge. Learning is
+// off and there is no flood entry: nothing is resolved at run time, every
+// entry is written by this package. The device MTU is the underlay MTU less
+// 50 (IPv4 underlay) or 70 (IPv6 underlay); pods should use the same MTU
+// ([Report.MTU]).
+//
+// auto picks host-gw for a peer whose underlay address is on the underlay's
+// L2 subnet and the pod subnet is of the same family, and vxlan otherwise.
+//
+// IPv4 and IPv6 pod subnets and underlays go through the same code: an
+// address family only changes the VTEP address length, the MTU overhead and
+// the kernel's default route metric.
+//
+// # What is owned
+//
+//   - routes in the main table carrying protocol [RouteProtocol] (86, 'V'),
+//     except those on another network's VXLAN device (village.<other vni>);
+//     routes of any other protocol are never changed or deleted, and a
+//     foreign route sitting exactly where a peer route would go is reported
+//     as a conflict (ErrConflict) rather than replaced;
+//   - the device village.<vni>, its addresses, and every permanent neighbour
+//     and FDB entry on it.
+//
+// # Reconciling and repairing drift
+//
+// The Reconciler keeps no state between calls: every [Reconciler.Set]
+// computes the desired objects from (self, peers), reads what the kernel has
+// with one dump per kind (routes per family, neighbours, FDB), and applies the
+// difference: additions and replacements first (FDB and neighbours before
+// the routes that use them), then deletions of what is no longer wanted.
+// Nothing is written when nothing differs, so Set is cheap enough for every
+// CNI ADD and CHECK, and a hand-deleted route, neighbour or FDB entry is put
+// back by the next Set. [Reconciler.Status] runs exactly the same
+// computation without writing and returns the changes Set would make.
+// [Reconciler.Teardown] removes everything owned.
+//
+// Errors never stop the pass: each failed object is reported in
+// [Report.Failed] and in the returned error (errors.Join of %w-wrapped
+// errors that name the object and its peer), and everything else is still
+// applied. A peer whose plan is invalid (host-gw to an off-subnet peer, a
+// duplicate pod subnet) has its existing kernel objects left alone.
+package overlay

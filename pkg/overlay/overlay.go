@@ -1,0 +1,183 @@
+package overlay
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// RouteProtocol marks the routes this package owns (86, ASCII 'V'; unused by
+// iproute2's rt_protos and by the common routing daemons).
+const RouteProtocol netlink.RouteProtocol = 0x56
+
+const (
+	// DefaultVNI is the VXLAN network identifier when Config.VNI is 0.
+	DefaultVNI = 1
+	// DefaultPort is the VXLAN UDP port when Config.Port is 0 (IANA's).
+	DefaultPort = 4789
+	// DevicePrefix starts the name of every VXLAN device: village.<vni>.
+	DevicePrefix = "village."
+
+	overhead4 = 50 // outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14
+	overhead6 = 70 // outer IPv6 40 + the same 30
+)
+
+// Mode is the backend carrying traffic to peers.
+type Mode string
+
+// The backends.
+const (
+	ModeNone   Mode = "none"    // single node: nothing to peers; Set removes what is owned
+	ModeVXLAN  Mode = "vxlan"   // every peer over the VXLAN device
+	ModeHostGW Mode = "host-gw" // every peer routed via its underlay address
+	ModeAuto   Mode = "auto"    // host-gw on the underlay's L2 subnet, vxlan otherwise
+)
+
+// Sentinel errors, matched with errors.Is on what Set and Status return.
+var (
+	ErrConfig    = errors.New("invalid overlay configuration")
+	ErrOffSubnet = errors.New("peer is not on the underlay's subnet (host-gw needs one L2 segment; use auto or vxlan)")
+	ErrFamily    = errors.New("address families do not match")
+	ErrConflict  = errors.New("conflicting object")
+)
+
+// Node is one node of the cluster as the overlay sees it.
+type Node struct {
+	Name     string
+	IP       net.IP       // underlay address
+	PodCIDRs []*net.IPNet // the node's pod subnets (IPv4 and/or IPv6)
+	// VtepMAC is the MAC of the node's VXLAN device; nil means DeriveMAC(IP).
+	VtepMAC net.HardwareAddr
+}
+
+// Config selects the backend and the VXLAN parameters.
+type Config struct {
+	Mode     Mode
+	Underlay string // interface name; "" = the interface of the default route
+	VNI      int    // 0 = DefaultVNI
+	Port     int    // 0 = DefaultPort
+	MTU      int    // VXLAN device MTU; 0 = underlay MTU less the VXLAN overhead
+	// NetNS is the path of the network namespace to manage ("" = the
+	// namespace of the thread calling New). Sockets are bound to it once, so
+	// the Reconciler can be used from any goroutine.
+	NetNS string
+}
+
+func (c Config) normalize() (Config, error) {
+	switch c.Mode {
+	case ModeNone, ModeVXLAN, ModeHostGW, ModeAuto:
+	case "":
+		c.Mode = ModeNone
+	default:
+		return c, fmt.Errorf("%w: mode %q (want none, vxlan, host-gw or auto)", ErrConfig, c.Mode)
+	}
+	if c.VNI == 0 {
+		c.VNI = DefaultVNI
+	}
+	if c.Port == 0 {
+		c.Port = DefaultPort
+	}
+	switch {
+	case c.VNI < 1 || c.VNI > 1<<24-1:
+		return c, fmt.Errorf("%w: vni %d (want 1..16777215)", ErrConfig, c.VNI)
+	case c.Port < 1 || c.Port > 65535:
+		return c, fmt.Errorf("%w: port %d (want 1..65535)", ErrConfig, c.Port)
+	case c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535):
+		return c, fmt.Errorf("%w: mtu %d (want 0 for automatic, or 68..65535)", ErrConfig, c.MTU)
+	case len(DeviceName(c.VNI)) >= unix.IFNAMSIZ:
+		return c, fmt.Errorf("%w: device name %s is too long", ErrConfig, DeviceName(c.VNI))
+	}
+	return c, nil
+}
+
+// DeviceName is the VXLAN device of a VNI: village.<vni>.
+func DeviceName(vni int) string { return DevicePrefix + strconv.Itoa(vni) }
+
+// DeriveMAC is the VTEP MAC of a node with underlay address ip: 0e:76
+// (locally administered, unicast) followed by the IPv4 address, or by the
+// first four bytes of the SHA-256 of an IPv6 address. Every node computes
+// every peer's MAC the same way, so nothing needs to be exchanged.
+func DeriveMAC(ip net.IP) net.HardwareAddr {
+	tail := ip.To4()
+	if tail == nil {
+		sum := sha256.Sum256(ip.To16())
+		tail = sum[:4]
+	}
+	return append(net.HardwareAddr{0x0e, 0x76}, tail...)
+}
+
+// Overhead is the VXLAN encapsulation overhead over an underlay address of
+// underlayIP's family: 50 bytes for IPv4, 70 for IPv6.
+func Overhead(underlayIP net.IP) int {
+	if underlayIP.To4() != nil {
+		return overhead4
+	}
+	return overhead6
+}
+
+// Reconciler applies a desired set of peers to one network namespace. It
+// keeps no state between calls besides its netlink socket; calls are
+// serialized.
+type Reconciler struct {
+	cfg Config
+
+	mu sync.Mutex
+	h  *netlink.Handle
+}
+
+// New opens a netlink socket in cfg.NetNS (or the current namespace).
+func New(cfg Config) (*Reconciler, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	h, err := openHandle(cfg.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	return &Reconciler{cfg: cfg, h: h}, nil
+}
+
+func openHandle(path string) (*netlink.Handle, error) {
+	if path == "" {
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			return nil, fmt.Errorf("opening netlink socket: %w", err)
+		}
+		return h, nil
+	}
+	nsh, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
+	}
+	defer nsh.Close()
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink socket in %s: %w", path, err)
+	}
+	return h, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (r *Reconciler) Config() Config { return r.cfg }
+
+// Device is the name of this network's VXLAN device.
+func (r *Reconciler) Device() string { return DeviceName(r.cfg.VNI) }
+
+// Close releases the netlink socket. Kernel state stays as it is.
+func (r *Reconciler) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.h != nil {
+		r.h.Close()
+		r.h = nil
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+package overlay
+
+import (
+	"context"
+	"errors"
+)
+
+var errClosed = errors.New("overlay: reconciler is closed")
+
+// outcome is what one pass found besides the changes.
+type outcome struct {
+	device   string
+	underlay string
+	mtu      int
+	problems []Failure
+}
+
+// Set makes the kernel carry traffic to exactly these peers: it computes the
+// desired objects, diffs them against the kernel (one dump per kind) and
+// applies only the difference, additions before deletions. Repeating it with
+// the same arguments writes nothing. self is this node: its IP (nil = the
+// underlay's first global address) is the VXLAN local address, its pod
+// subnets give the VTEP addresses. A peer with self's name or IP is skipped,
+// so a registry's full node list can be passed as is.
+//
+// On error the Report still says what was applied and what failed; the
+// error joins one %w-wrapped error per failure, each naming its object.
+func (r *Reconciler) Set(ctx context.Context, self Node, peers []Node) (Report, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rc := &recorder{ctx: ctx}
+	out, err := r.reconcile(rc, r.cfg.Mode, self, peers)
+	rc.failed = append(out.problems, rc.failed...)
+	rep := Report{Applied: rc.applied, Failed: rc.failed, Device: out.device, Underlay: out.underlay, MTU: out.mtu}
+	if err != nil {
+		return rep, err
+	}
+	return rep, rc.err()
+}
+
+// Status reports, without writing anything, the changes Set(ctx, self,
+// peers) would make now (drift), and the peers it could not plan.
+func (r *Reconciler) Status(ctx context.Context, self Node, peers []Node) (Drift, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rc := &recorder{ctx: ctx, dry: true}
+	out, err := r.reconcile(rc, r.cfg.Mode, self, peers)
+	d := Drift{Changes: rc.applied, Problems: append(out.problems, rc.failed...), Device: out.device, Underlay: out.underlay, MTU: out.mtu}
+	if err == nil {
+		err = rc.stopped
+	}
+	return d, err
+}
+
+// Teardown removes everything this network owns: its routes and its VXLAN
+// device (with the device go its addresses, neighbour and FDB entries).
+// Routes of other protocols, and other networks' devices, stay.
+func (r *Reconciler) Teardown(ctx context.Context) (Report, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rc := &recorder{ctx: ctx}
+	_, err := r.reconcile(rc, ModeNone, Node{}, nil)
+	rep := Report{Applied: rc.applied, Failed: rc.failed}
+	if err != nil {
+		return rep, err
+	}
+	return rep, rc.err()
+}
+
+// reconcile is the one pass Set, Status and Teardown share. The returned
+// error is for what stops the pass (no underlay, a failed dump); failures of
+// single objects are in rc.
+func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node) (outcome, error) {
+	if r.h == nil {
+		return outcome{}, errClosed
+	}
+	if mode == ModeNone {
+		return outcome{}, r.sweep(rc)
+	}
+	u, err := r.resolveUnderlay(self)
+	if err != nil {
+		return outcome{}, err
+	}
+	out := outcome{underlay: u.name(), mtu: u.mtu()}
+	e := env{u: u}
+	needsVTEP := mode != ModeHostGW
+	if needsVTEP {
+		spec := r.vtepSpecFor(u, self)
+		e.vtep = r.ensureVTEP(rc, spec)
+		out.device, out.mtu = spec.name, spec.mtu
+	}
+	d, problems := plan(backendFor(mode), e, self, peers)
+	out.problems = problems
+	o, err := r.observe(e.vtep, linkRef{index: u.link.Attrs().Index, name: u.name()})
+	if err != nil {
+		return out, err
+	}
+	r.applyDiff(rc, d, o)
+	if !needsVTEP {
+		r.removeVTEP(rc)
+	}
+	return out, nil
+}
+
+// sweep deletes every owned route and the VXLAN device.
+func (r *Reconciler) sweep(rc *recorder) error {
+	o, err := r.observe(linkRef{})
+	if err != nil {
+		return err
+	}
+	r.applyDiff(rc, desired{}, o)
+	r.removeVTEP(rc)
+	return nil
+}

@@ -1,0 +1,128 @@
+package overlay
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// underlay is the node's interface toward the other nodes.
+type underlay struct {
+	link  netlink.Link
+	ip    net.IP // this node's underlay address (VXLAN local)
+	addrs []netlink.Addr
+}
+
+func (u underlay) name() string { return u.link.Attrs().Name }
+func (u underlay) mtu() int     { return u.link.Attrs().MTU }
+
+// onLink reports whether ip is inside one of the underlay's subnets, i.e. is
+// reachable without a router.
+func (u underlay) onLink(ip net.IP) bool {
+	for _, a := range u.addrs {
+		ones, bits := a.Mask.Size()
+		if a.Peer == nil && ones < bits && a.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// resolveUnderlay finds the underlay link (by name, or the default route's)
+// and this node's address on it (self.IP, or its first global address,
+// IPv4 first).
+func (r *Reconciler) resolveUnderlay(self Node) (underlay, error) {
+	link, err := r.underlayLink()
+	if err != nil {
+		return underlay{}, err
+	}
+	addrs, err := r.h.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return underlay{}, fmt.Errorf("listing addresses of underlay %s: %w", link.Attrs().Name, err)
+	}
+	u := underlay{link: link, addrs: addrs, ip: self.IP}
+	if u.ip == nil {
+		u.ip = firstGlobal(addrs)
+	}
+	if u.ip == nil {
+		return u, fmt.Errorf("%w: underlay %s has no global address; give the node's IP", ErrConfig, u.name())
+	}
+	if !u.hasAddr(u.ip) {
+		return u, fmt.Errorf("%w: node %s address %s is not on underlay %s", ErrConfig, self.Name, u.ip, u.name())
+	}
+	return u, nil
+}
+
+func (u underlay) hasAddr(ip net.IP) bool {
+	for _, a := range u.addrs {
+		if a.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+func firstGlobal(addrs []netlink.Addr) net.IP {
+	var v6 net.IP
+	for _, a := range addrs {
+		if a.Scope != unix.RT_SCOPE_UNIVERSE || a.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if a.IP.To4() != nil {
+			return a.IP
+		}
+		if v6 == nil {
+			v6 = a.IP
+		}
+	}
+	return v6
+}
+
+func (r *Reconciler) underlayLink() (netlink.Link, error) {
+	if r.cfg.Underlay != "" {
+		link, err := r.h.LinkByName(r.cfg.Underlay)
+		if err != nil {
+			return nil, fmt.Errorf("%w: underlay interface %s: %w", ErrConfig, r.cfg.Underlay, err)
+		}
+		return link, nil
+	}
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		index, err := r.defaultRouteLink(family)
+		if err != nil {
+			return nil, err
+		}
+		if index != 0 {
+			link, err := r.h.LinkByIndex(index)
+			if err != nil {
+				return nil, fmt.Errorf("default route interface %d: %w", index, err)
+			}
+			return link, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no default route to find the underlay interface; set underlay", ErrConfig)
+}
+
+// defaultRouteLink is the interface index of the main table's default route
+// of one family, 0 when there is none.
+func (r *Reconciler) defaultRouteLink(family int) (int, error) {
+	routes, err := r.routeDump(family)
+	if err != nil {
+		return 0, err
+	}
+	for _, rt := range routes {
+		if rt.Dst != nil {
+			if ones, _ := rt.Dst.Mask.Size(); ones != 0 {
+				continue
+			}
+		}
+		if rt.LinkIndex != 0 {
+			return rt.LinkIndex, nil
+		}
+		if len(rt.MultiPath) > 0 {
+			return rt.MultiPath[0].LinkIndex, nil
+		}
+	}
+	return 0, nil
+}

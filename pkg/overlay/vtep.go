@@ -1,0 +1,182 @@
+package overlay
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// vtepSpec is the VXLAN device this node should have.
+type vtepSpec struct {
+	name     string
+	vni      int
+	port     int
+	local    net.IP
+	underlay int // link index the device is bound to
+	mtu      int
+	mac      net.HardwareAddr
+	addrs    []*net.IPNet // the VTEP addresses: network address of each own pod subnet
+}
+
+func (r *Reconciler) vtepSpecFor(u underlay, self Node) vtepSpec {
+	s := vtepSpec{
+		name:     r.Device(),
+		vni:      r.cfg.VNI,
+		port:     r.cfg.Port,
+		local:    u.ip,
+		underlay: u.link.Attrs().Index,
+		mtu:      r.cfg.MTU,
+		mac:      self.VtepMAC,
+	}
+	if s.mtu == 0 {
+		s.mtu = u.mtu() - Overhead(u.ip)
+	}
+	if s.mac == nil {
+		s.mac = DeriveMAC(u.ip)
+	}
+	for _, c := range self.PodCIDRs {
+		s.addrs = append(s.addrs, vtepAddr(canonical(c)))
+	}
+	return s
+}
+
+func (s vtepSpec) object() Object {
+	return Object{Kind: KindDevice, Desc: fmt.Sprintf("%s (vxlan id %d local %s dstport %d nolearning mtu %d address %s)",
+		s.name, s.vni, s.local, s.port, s.mtu, s.mac)}
+}
+
+// fits reports whether an existing link has the attributes that cannot be
+// changed in place (otherwise it is recreated).
+func (s vtepSpec) fits(l netlink.Link) bool {
+	v, ok := l.(*netlink.Vxlan)
+	return ok && v.VxlanId == s.vni && v.Port == s.port && v.SrcAddr.Equal(s.local) &&
+		!v.Learning && v.VtepDevIndex == s.underlay && !v.FlowBased && len(v.Group) == 0
+}
+
+func (s vtepSpec) link() *netlink.Vxlan {
+	return &netlink.Vxlan{
+		LinkAttrs:    netlink.LinkAttrs{Name: s.name, MTU: s.mtu, HardwareAddr: s.mac},
+		VxlanId:      s.vni,
+		VtepDevIndex: s.underlay,
+		SrcAddr:      s.local,
+		Port:         s.port,
+		Learning:     false,
+	}
+}
+
+// ensureVTEP makes the VXLAN device match s, fixing only what differs, and
+// returns it (index 0 when dry and the device is missing).
+func (r *Reconciler) ensureVTEP(rc *recorder, s vtepSpec) linkRef {
+	ref := linkRef{name: s.name}
+	link, err := r.h.LinkByName(s.name)
+	if err != nil && !linkNotFound(err) {
+		_ = rc.fail(Change{OpAdd, s.object()}, fmt.Errorf("looking up device %s: %w", s.name, err))
+		return ref
+	}
+	if link == nil || !s.fits(link) {
+		link = r.createVTEP(rc, s, link)
+		if link == nil {
+			return ref
+		}
+	}
+	ref.index = link.Attrs().Index
+	r.fixVTEPLink(rc, s, link)
+	r.fixVTEPAddrs(rc, s, link)
+	return ref
+}
+
+// createVTEP adds the device, first removing old when it is in the way.
+func (r *Reconciler) createVTEP(rc *recorder, s vtepSpec, old netlink.Link) netlink.Link {
+	op := OpAdd
+	if old != nil {
+		op = OpReplace
+	}
+	var link netlink.Link
+	_ = rc.do(Change{op, s.object()}, func() error {
+		if old != nil {
+			if err := r.h.LinkDel(old); err != nil && !gone(err) {
+				return fmt.Errorf("removing the old device: %w", err)
+			}
+		}
+		if err := r.h.LinkAdd(s.link()); err != nil {
+			return err
+		}
+		var err error
+		link, err = r.h.LinkByName(s.name)
+		return err
+	})
+	return link
+}
+
+// fixVTEPLink corrects MTU, MAC and state in place.
+func (r *Reconciler) fixVTEPLink(rc *recorder, s vtepSpec, link netlink.Link) {
+	a := link.Attrs()
+	if a.MTU != s.mtu {
+		c := Change{OpReplace, Object{Kind: KindDevice, Desc: fmt.Sprintf("%s mtu %d (was %d)", s.name, s.mtu, a.MTU)}}
+		_ = rc.do(c, func() error { return r.h.LinkSetMTU(link, s.mtu) })
+	}
+	if !bytes.Equal(a.HardwareAddr, s.mac) {
+		c := Change{OpReplace, Object{Kind: KindDevice, Desc: fmt.Sprintf("%s address %s (was %s)", s.name, s.mac, a.HardwareAddr)}}
+		_ = rc.do(c, func() error { return r.h.LinkSetHardwareAddr(link, s.mac) })
+	}
+	if a.Flags&net.FlagUp == 0 {
+		c := Change{OpReplace, Object{Kind: KindDevice, Desc: s.name + " up"}}
+		_ = rc.do(c, func() error { return r.h.LinkSetUp(link) })
+	}
+}
+
+// fixVTEPAddrs adds the missing VTEP addresses and removes other global ones.
+func (r *Reconciler) fixVTEPAddrs(rc *recorder, s vtepSpec, link netlink.Link) {
+	have, err := r.h.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		_ = rc.fail(Change{OpAdd, Object{Kind: KindAddress, Desc: "dev " + s.name}}, fmt.Errorf("listing addresses of %s: %w", s.name, err))
+		return
+	}
+	present := map[string]bool{}
+	for _, a := range have {
+		present[a.IPNet.String()] = true
+	}
+	wanted := map[string]bool{}
+	for _, want := range s.addrs {
+		wanted[want.String()] = true
+		if present[want.String()] {
+			continue
+		}
+		addr := &netlink.Addr{IPNet: want}
+		if !isV4(want.IP) {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		c := Change{OpAdd, Object{Kind: KindAddress, Desc: want.String() + " dev " + s.name}}
+		_ = rc.do(c, func() error { return r.h.AddrAdd(link, addr) })
+	}
+	for _, a := range have {
+		if a.Scope != unix.RT_SCOPE_UNIVERSE || wanted[a.IPNet.String()] {
+			continue
+		}
+		c := Change{OpDelete, Object{Kind: KindAddress, Desc: a.IPNet.String() + " dev " + s.name}}
+		_ = rc.do(c, func() error { return ignoreGone(r.h.AddrDel(link, &a)) })
+	}
+}
+
+// removeVTEP deletes the device (and with it every neighbour, FDB entry and
+// route on it) when present.
+func (r *Reconciler) removeVTEP(rc *recorder) {
+	link, err := r.h.LinkByName(r.Device())
+	if err != nil {
+		if !linkNotFound(err) {
+			_ = rc.fail(Change{OpDelete, Object{Kind: KindDevice, Desc: r.Device()}}, fmt.Errorf("looking up device %s: %w", r.Device(), err))
+		}
+		return
+	}
+	c := Change{OpDelete, Object{Kind: KindDevice, Desc: r.Device()}}
+	_ = rc.do(c, func() error { return ignoreGone(r.h.LinkDel(link)) })
+}
+
+func linkNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf)
+}
