@@ -25,7 +25,9 @@ type Owner struct {
 	IfName      string
 }
 
-func (o Owner) String() string { return fmt.Sprintf("container %q interface %q", o.ContainerID, o.IfName) }
+func (o Owner) String() string {
+	return fmt.Sprintf("container %q interface %q", o.ContainerID, o.IfName)
+}
 
 // Allocation is one reserved address.
 type Allocation struct {

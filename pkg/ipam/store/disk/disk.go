@@ -1,0 +1,466 @@
+// Package disk is village-ipam's node-local store. It keeps allocations in
+// the reference host-local plugin's on-disk format and location, so a node
+// can switch between host-local and village-ipam (or run both on one network
+// directory) without an address being handed out twice:
+//
+//	<dataDir>/<network>/lock                flock taken around every operation
+//	<dataDir>/<network>/<ip>                "<containerID>\r\n<ifname>", one file per address
+//	<dataDir>/<network>/last_reserved_ip.N  round-robin marker of range set N
+//
+// Village adds <dataDir>/<network>/.village/ (0700) holding index.json, an
+// owner index that spares ADD and DEL from reading every reservation file,
+// and the temporary files reservations are built in. See index.go for why the
+// index can be trusted and when it is rebuilt.
+//
+// A reservation file is written completely in a temporary file, fsynced, and
+// then hard-linked to its final name: link(2) fails when the name exists, so
+// a reservation can never overwrite another one, even one made by a process
+// that ignores the lock.
+package disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/ipam/store"
+)
+
+const (
+	lockName       = "lock"
+	lastPrefix     = "last_reserved_ip."
+	metaName       = ".village"
+	indexName      = "index.json"
+	tmpPrefix      = "tmp-"
+	lineBreak      = "\r\n"
+	maxRecordBytes = 4096
+	// DefaultLockTimeout is how long an operation waits for the lock.
+	DefaultLockTimeout = 30 * time.Second
+)
+
+// Options configure a Disk store.
+type Options struct {
+	// DataDir is the root holding one directory per network
+	// (config.DefaultDataDir when empty).
+	DataDir string
+	// Network is the network name; it becomes a directory name and must be
+	// a valid CNI network name.
+	Network string
+	// LockTimeout bounds the wait for the lock (DefaultLockTimeout when 0).
+	LockTimeout time.Duration
+}
+
+// Disk is the store of one network. Its methods take the lock themselves
+// unless the caller holds it through Lock; while it is held that way, only the
+// goroutine that took it may use the Disk.
+type Disk struct {
+	dir, lockPath, metaDir string
+	timeout                time.Duration
+
+	mu       sync.Mutex // serialises users inside this process (flock does not)
+	lockFile *os.File
+
+	stateMu  sync.Mutex
+	explicit bool // held through Lock
+	idx      *index
+	dirty    bool
+	reads    int // reservation files read (tests check the hot path stays lean)
+}
+
+var _ store.Store = (*Disk)(nil)
+
+// New opens (creating when needed, 0700) the directory of opts.Network.
+func New(opts Options) (*Disk, error) {
+	if err := validateNetwork(opts.Network); err != nil {
+		return nil, err
+	}
+	root := opts.DataDir
+	if root == "" {
+		root = config.DefaultDataDir
+	}
+	d := &Disk{
+		dir:     filepath.Join(filepath.Clean(root), opts.Network),
+		timeout: opts.LockTimeout,
+	}
+	if d.timeout <= 0 {
+		d.timeout = DefaultLockTimeout
+	}
+	d.lockPath = filepath.Join(d.dir, lockName)
+	d.metaDir = filepath.Join(d.dir, metaName)
+	if err := os.MkdirAll(d.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the store directory of network %q: %w", opts.Network, err)
+	}
+	if err := os.Mkdir(d.metaDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("creating %s: %w", d.metaDir, err)
+	}
+	if fi, err := os.Lstat(d.metaDir); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("%s must be a directory (not a symlink or file); remove it and retry", d.metaDir)
+	}
+	f, err := os.OpenFile(d.lockPath, os.O_RDONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the lock file %s: %w", d.lockPath, err)
+	}
+	d.lockFile = f
+	return d, nil
+}
+
+// Dir is the network's directory, <dataDir>/<network>.
+func (d *Disk) Dir() string { return d.dir }
+
+// Close closes the lock file.
+func (d *Disk) Close() error { return d.lockFile.Close() }
+
+func validateNetwork(name string) error {
+	if err := store.ValidateContainerID(name); err != nil || len(name) > 200 {
+		return fmt.Errorf("network name %q cannot name a store directory: it must start with a letter or digit, contain only letters, digits, '_', '.' and '-', and be at most 200 bytes", name)
+	}
+	return nil
+}
+
+// Lock takes the in-process mutex and the flock on <dir>/lock, waiting at
+// most the configured timeout, then brings the owner index up to date.
+func (d *Disk) Lock(ctx context.Context) (func() error, error) {
+	if err := d.lock(ctx); err != nil {
+		return nil, err
+	}
+	d.stateMu.Lock()
+	d.explicit = true
+	d.stateMu.Unlock()
+	var once sync.Once
+	return func() error {
+		var err error
+		once.Do(func() {
+			d.stateMu.Lock()
+			d.explicit = false
+			d.stateMu.Unlock()
+			err = d.unlock()
+		})
+		return err
+	}, nil
+}
+
+func (d *Disk) lock(ctx context.Context) error {
+	d.mu.Lock()
+	if err := d.flock(ctx); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	if err := d.sync(); err != nil {
+		_ = syscall.Flock(int(d.lockFile.Fd()), syscall.LOCK_UN)
+		d.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+func (d *Disk) flock(ctx context.Context) error {
+	deadline := time.Now().Add(d.timeout)
+	wait := time.Millisecond
+	for {
+		err := syscall.Flock(int(d.lockFile.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			return fmt.Errorf("locking %s: %w", d.lockPath, err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gave up after %s waiting for the lock %s, held by another village-ipam or host-local process; retry later (a process stuck holding it shows up in `fuser %s`): %w",
+				d.timeout, d.lockPath, d.lockPath, store.ErrBusy)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the lock %s: %w", d.lockPath, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 50*time.Millisecond)
+	}
+}
+
+func (d *Disk) unlock() error {
+	var err error
+	if d.dirty {
+		if err = d.writeIndex(); err == nil {
+			d.dirty = false
+		}
+	}
+	d.idx = nil
+	if uerr := syscall.Flock(int(d.lockFile.Fd()), syscall.LOCK_UN); uerr != nil && err == nil {
+		err = fmt.Errorf("unlocking %s: %w", d.lockPath, uerr)
+	}
+	d.mu.Unlock()
+	return err
+}
+
+// do runs fn with the lock held: the caller's, or one taken for fn alone.
+func (d *Disk) do(ctx context.Context, fn func() error) error {
+	d.stateMu.Lock()
+	explicit := d.explicit
+	d.stateMu.Unlock()
+	if explicit {
+		return fn()
+	}
+	if err := d.lock(ctx); err != nil {
+		return err
+	}
+	err := fn()
+	if uerr := d.unlock(); uerr != nil && err == nil {
+		err = uerr
+	}
+	return err
+}
+
+// Claim implements store.Store.
+func (d *Disk) Claim(ctx context.Context, c store.Claim) (bool, error) {
+	if err := store.ValidateOwner(c.Owner); err != nil {
+		return false, err
+	}
+	if !c.IP.IsValid() || c.RangeSet < 0 {
+		return false, fmt.Errorf("invalid claim of %v in range set %d", c.IP, c.RangeSet)
+	}
+	ip := c.IP.Unmap()
+	var ok bool
+	err := d.do(ctx, func() error {
+		if _, taken := d.idx.byIP[ip]; taken {
+			return nil
+		}
+		name := ip.String()
+		tmp, err := d.writeTemp([]byte(c.Owner.ContainerID + lineBreak + c.Owner.IfName))
+		if err != nil {
+			return fmt.Errorf("writing the reservation of %s: %w", ip, err)
+		}
+		defer os.Remove(tmp)
+		if err := os.Link(tmp, filepath.Join(d.dir, name)); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				// Written behind the lock's back: learn its owner, refuse.
+				d.idx.add(name, d.readRecord(name))
+				d.dirty = true
+				return nil
+			}
+			return fmt.Errorf("reserving %s in %s: %w", ip, d.dir, err)
+		}
+		d.dirty = true
+		err = d.writeLast(c.RangeSet, name)
+		if err == nil {
+			err = syncDir(d.dir)
+		}
+		if err != nil {
+			// Not durable: take it back so the failed claim leaves nothing.
+			_ = os.Remove(filepath.Join(d.dir, name))
+			return err
+		}
+		d.idx.add(name, entry{Owner: c.Owner})
+		ok = true
+		return nil
+	})
+	return ok, err
+}
+
+// Release implements store.Store; a record written with only the container
+// ID (old host-local) matches any interface name of that container.
+func (d *Disk) Release(ctx context.Context, ip netip.Addr, o store.Owner) (bool, error) {
+	ip = ip.Unmap()
+	var ok bool
+	err := d.do(ctx, func() error {
+		e, found := d.idx.byIP[ip]
+		if !found {
+			return nil
+		}
+		// The index is current, but the file is the truth: check it.
+		cur := d.readRecord(e.Name)
+		if !cur.matches(o) {
+			return nil
+		}
+		if err := os.Remove(filepath.Join(d.dir, e.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("releasing %s of %v: %w", ip, o, err)
+		}
+		d.idx.remove(e.Name)
+		d.dirty = true
+		ok = true
+		return syncDir(d.dir)
+	})
+	return ok, err
+}
+
+// ListByOwner implements store.Store from the index (no reservation file is
+// read). Records holding only the container ID count when the owner has no
+// exact record, as host-local's release does.
+func (d *Disk) ListByOwner(ctx context.Context, o store.Owner) ([]netip.Addr, error) {
+	var out []netip.Addr
+	err := d.do(ctx, func() error {
+		out = d.idx.byOwner(o)
+		return nil
+	})
+	return out, err
+}
+
+// List implements store.Store. Unreadable or corrupt records are listed with
+// an empty Owner: their addresses stay taken.
+func (d *Disk) List(ctx context.Context) ([]store.Allocation, error) {
+	var out []store.Allocation
+	err := d.do(ctx, func() error {
+		for ip, e := range d.idx.byIP {
+			out = append(out, store.Allocation{IP: ip, Owner: e.Owner})
+		}
+		return nil
+	})
+	slices.SortFunc(out, func(a, b store.Allocation) int { return a.IP.Compare(b.IP) })
+	return out, err
+}
+
+// LastReserved implements store.Store; a missing or unreadable marker means
+// none (round-robin then starts at the beginning, as host-local does).
+func (d *Disk) LastReserved(ctx context.Context, rangeSet int) (netip.Addr, error) {
+	var out netip.Addr
+	err := d.do(ctx, func() error {
+		b, err := readLimited(filepath.Join(d.dir, lastPrefix+strconv.Itoa(rangeSet)))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return fmt.Errorf("reading the round-robin marker of range set %d: %w", rangeSet, err)
+		}
+		if a, perr := netip.ParseAddr(strings.TrimSpace(string(b))); perr == nil && a.Zone() == "" {
+			out = a.Unmap()
+		}
+		return nil
+	})
+	return out, err
+}
+
+// GC implements store.Store. Corrupt records belong to no attachment and are
+// released too.
+func (d *Disk) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation, error) {
+	keep := make(map[store.Owner]bool, len(valid))
+	keepID := make(map[string]bool, len(valid))
+	for _, o := range valid {
+		keep[o] = true
+		keepID[o.ContainerID] = true
+	}
+	var released []store.Allocation
+	var errs []error
+	err := d.do(ctx, func() error {
+		for ip, e := range d.idx.byIP {
+			if !e.Corrupt && (keep[e.Owner] || (e.Owner.IfName == "" && keepID[e.Owner.ContainerID])) {
+				continue
+			}
+			if err := os.Remove(filepath.Join(d.dir, e.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("releasing stale %s: %w", ip, err))
+				continue
+			}
+			d.idx.remove(e.Name)
+			d.dirty = true
+			released = append(released, store.Allocation{IP: ip, Owner: e.Owner})
+		}
+		if len(released) > 0 {
+			if err := syncDir(d.dir); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return nil
+	})
+	slices.SortFunc(released, func(a, b store.Allocation) int { return a.IP.Compare(b.IP) })
+	return released, errors.Join(append(errs, err)...)
+}
+
+// readRecord reads the reservation file name; a file that cannot be read or
+// parsed yields a corrupt entry (the address stays taken).
+func (d *Disk) readRecord(name string) entry {
+	d.reads++
+	path := filepath.Join(d.dir, name)
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.Mode().IsRegular() {
+		return entry{Name: name, Corrupt: true}
+	}
+	b, err := readLimited(path)
+	if err != nil {
+		return entry{Name: name, Corrupt: true}
+	}
+	o, ok := parseRecord(b)
+	return entry{Name: name, Owner: o, Corrupt: !ok}
+}
+
+// parseRecord parses "<containerID>\r\n<ifname>" (surrounding whitespace
+// ignored), or a bare container ID as very old host-local wrote.
+func parseRecord(b []byte) (store.Owner, bool) {
+	id, ifname, two := strings.Cut(strings.TrimSpace(string(b)), lineBreak)
+	o := store.Owner{ContainerID: id, IfName: ifname}
+	if store.ValidateContainerID(id) != nil || (two && store.ValidateIfName(ifname) != nil) {
+		return store.Owner{}, false
+	}
+	return o, true
+}
+
+func readLimited(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxRecordBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxRecordBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxRecordBytes)
+	}
+	return b, nil
+}
+
+// writeTemp writes b to a new 0600 file in the meta directory and fsyncs it.
+func (d *Disk) writeTemp(b []byte) (string, error) {
+	f, err := os.CreateTemp(d.metaDir, tmpPrefix)
+	if err != nil {
+		return "", err
+	}
+	name := f.Name()
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(name)
+		return "", err
+	}
+	return name, nil
+}
+
+// writeLast replaces last_reserved_ip.<set> atomically.
+func (d *Disk) writeLast(set int, name string) error {
+	tmp, err := d.writeTemp([]byte(name))
+	if err != nil {
+		return fmt.Errorf("writing the round-robin marker of range set %d: %w", set, err)
+	}
+	if err := os.Rename(tmp, filepath.Join(d.dir, lastPrefix+strconv.Itoa(set))); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing the round-robin marker of range set %d: %w", set, err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,223 @@
+package disk
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/village-cni/village/pkg/ipam/store"
+)
+
+// The owner index.
+//
+// host-local finds a container's addresses by reading every file of the
+// network directory, on every ADD and DEL. Village keeps index.json instead:
+// the owner of every reservation file plus a stamp of the network directory
+// (inode, mtime, ctime) taken, under the lock, right after Village's own last
+// change. On each Lock the index is trusted only when
+//
+//   - the directory's stamp is unchanged, and
+//   - the names of the reservation files in the directory (one getdents,
+//     no file is opened) are exactly the index's keys.
+//
+// Any writer that is not Village (host-local on the same directory, a
+// person) creates, removes or renames entries, which changes the
+// directory's mtime/ctime; the name comparison also catches changes made
+// within one timestamp tick of Village's last write. When either check fails
+// the index is rebuilt by reading every record once, and written back at
+// unlock. So a DEL costs one directory listing, reading the container's one or
+// two record files, one unlink and one index rewrite, whatever the number of
+// allocations; an ADD reads no reservation file at all.
+//
+// The index is a cache that checks itself, so it is written atomically but
+// not fsynced: after a crash it is either current or detected as stale.
+// Claims never rely on it for exclusivity (link(2) does that).
+
+const indexVersion = 1
+
+type entry struct {
+	Name    string      `json:"-"`
+	Owner   store.Owner `json:"owner"`
+	Corrupt bool        `json:"corrupt,omitempty"`
+}
+
+type indexFile struct {
+	Version int              `json:"version"`
+	Stamp   string           `json:"stamp"`
+	Records map[string]entry `json:"records"` // file name -> owner
+}
+
+type index struct {
+	byName map[string]entry
+	byIP   map[netip.Addr]entry
+}
+
+func newIndex() *index {
+	return &index{byName: map[string]entry{}, byIP: map[netip.Addr]entry{}}
+}
+
+func (x *index) add(name string, e entry) {
+	ip, ok := recordIP(name)
+	if !ok {
+		return
+	}
+	e.Name = name
+	x.byName[name] = e
+	x.byIP[ip] = e
+}
+
+func (x *index) remove(name string) {
+	if ip, ok := recordIP(name); ok {
+		delete(x.byIP, ip)
+	}
+	delete(x.byName, name)
+}
+
+func (x *index) byOwner(o store.Owner) []netip.Addr {
+	var exact, legacy []netip.Addr
+	for ip, e := range x.byIP {
+		switch {
+		case e.Corrupt:
+		case e.Owner == o:
+			exact = append(exact, ip)
+		case e.Owner.IfName == "" && e.Owner.ContainerID == o.ContainerID:
+			legacy = append(legacy, ip)
+		}
+	}
+	if len(exact) == 0 {
+		exact = legacy
+	}
+	slices.SortFunc(exact, netip.Addr.Compare)
+	return exact
+}
+
+// matches reports whether a record may be released by o.
+func (e entry) matches(o store.Owner) bool {
+	if e.Corrupt {
+		return false
+	}
+	return e.Owner == o || (e.Owner.IfName == "" && e.Owner.ContainerID == o.ContainerID)
+}
+
+// recordIP reports whether a directory entry name is a reservation, i.e. an
+// IP address. Non-canonical spellings count too (they still hold the
+// address); the lock, the markers and the meta directory do not parse.
+func recordIP(name string) (netip.Addr, bool) {
+	if strings.HasPrefix(name, lastPrefix) || name == lockName || name == metaName {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(name)
+	if err != nil || a.Zone() != "" {
+		return netip.Addr{}, false
+	}
+	return a.Unmap(), true
+}
+
+func (d *Disk) stamp() (string, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(d.dir, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", d.dir, err)
+	}
+	return fmt.Sprintf("%d:%d.%d:%d.%d", st.Ino, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec), nil
+}
+
+// sync loads the index, checks it against the directory and rebuilds it when
+// stale. Called with the lock held.
+func (d *Disk) sync() error {
+	d.cleanTemp()
+	stamp, err := d.stamp()
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(d.dir)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", d.dir, err)
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", d.dir, err)
+	}
+	var records []string
+	for _, n := range names {
+		if _, ok := recordIP(n); ok {
+			records = append(records, n)
+		}
+	}
+	if x := d.loadIndex(stamp, records); x != nil {
+		d.idx, d.dirty = x, false
+		return nil
+	}
+	x := newIndex()
+	for _, n := range records {
+		x.add(n, d.readRecord(n))
+	}
+	d.idx, d.dirty = x, true
+	return nil
+}
+
+// loadIndex returns the stored index when it is current, else nil.
+func (d *Disk) loadIndex(stamp string, records []string) *index {
+	b, err := os.ReadFile(filepath.Join(d.metaDir, indexName))
+	if err != nil {
+		return nil
+	}
+	var f indexFile
+	if json.Unmarshal(b, &f) != nil || f.Version != indexVersion || f.Stamp != stamp || len(f.Records) != len(records) {
+		return nil
+	}
+	x := newIndex()
+	for _, n := range records {
+		e, ok := f.Records[n]
+		if !ok {
+			return nil
+		}
+		x.add(n, e)
+	}
+	return x
+}
+
+func (d *Disk) writeIndex() error {
+	stamp, err := d.stamp()
+	if err != nil {
+		return err
+	}
+	f := indexFile{Version: indexVersion, Stamp: stamp, Records: d.idx.byName}
+	b, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(d.metaDir, tmpPrefix)
+	if err != nil {
+		return fmt.Errorf("writing the index of %s: %w", d.dir, err)
+	}
+	_, err = tmp.Write(b)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(d.metaDir, indexName))
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("writing the index of %s: %w", d.dir, err)
+	}
+	return nil
+}
+
+// cleanTemp removes temporary files a crashed process left behind (they only
+// exist while the lock is held). Their content looks like a record, and
+// host-local, which walks subdirectories, must not mistake them for one.
+func (d *Disk) cleanTemp() {
+	entries, _ := os.ReadDir(d.metaDir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), tmpPrefix) {
+			_ = os.Remove(filepath.Join(d.metaDir, e.Name()))
+		}
+	}
+}
