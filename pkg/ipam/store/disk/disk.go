@@ -464,3 +464,13 @@ func syncDir(dir string) error {
 	}
 	return nil
 }
+
+// Probe checks the network directory can be written (a read-only or full
+// filesystem makes every ADD fail) by writing and removing a temporary file.
+func (d *Disk) Probe(ctx context.Context) error {
+	tmp, err := d.writeTemp([]byte("probe"))
+	if err != nil {
+		return fmt.Errorf("store directory %s cannot be written: %w", d.dir, err)
+	}
+	return os.Remove(tmp)
+}
