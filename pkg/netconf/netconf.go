@@ -123,6 +123,11 @@ func (c *NetConf) validate(envArgs string) *types.Error {
 	if err := utils.ValidateInterfaceName(c.Bridge); err != nil {
 		return Error("invalid \"bridge\" %q: %s", c.Bridge, err.Msg)
 	}
+	// The kernel cuts a link name at NUL, so "village0\x00x" would silently
+	// be the bridge "village0".
+	if strings.IndexByte(c.Bridge, 0) >= 0 {
+		return Error("invalid \"bridge\" %q: interface name contains a NUL byte", c.Bridge)
+	}
 	if c.MTU < 0 || c.MTU > 65535 {
 		return Error("invalid \"mtu\" %d: must be 0 (automatic) or 68-65535", c.MTU)
 	}
