@@ -51,7 +51,9 @@ func EnsureBridge(b Bridge) (*netlink.Bridge, error) {
 func createBridge(b Bridge) (*netlink.Bridge, error) {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = b.Name
-	attrs.MTU = b.MTU
+	// No MTU here: an MTU given at creation counts as automatic, and the
+	// kernel resets it to 1500 when the last port leaves. fixBridge sets it
+	// below through ndo_change_mtu, which the bridge keeps.
 	attrs.TxQLen = -1
 	attrs.Flags = net.FlagUp
 	// A bridge without a MAC of its own takes the lowest of its ports', so
