@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"slices"
@@ -133,16 +134,18 @@ type planner struct {
 }
 
 func plan(b backend, e env, self Node, peers []Node) (desired, []Failure) {
+	size := 2 * len(peers)
 	p := &planner{b: b, e: e, self: self, d: desired{
-		routes: map[string]route{}, neighs: map[string]neigh{}, fdbs: map[string]fdb{}, held: map[string]bool{},
+		routes: make(map[string]route, size), neighs: make(map[string]neigh, size),
+		fdbs: make(map[string]fdb, len(peers)), held: map[string]bool{},
 	}}
 	if b == nil {
 		return p.d, nil
 	}
-	// Sorted by name so that conflicts resolve the same way whatever order
-	// the caller's list comes in.
+	// In a total order (name first) so that conflicts resolve the same way
+	// whatever order the caller's list comes in.
 	sorted := slices.Clone(peers)
-	slices.SortStableFunc(sorted, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(sorted, comparePeers)
 	seen := map[string]bool{}
 	for _, peer := range sorted {
 		if p.isSelf(peer) {
@@ -157,6 +160,19 @@ func plan(b backend, e env, self Node, peers []Node) (desired, []Failure) {
 		}
 	}
 	return p.d, p.problems
+}
+
+func comparePeers(a, b Node) int {
+	if c := strings.Compare(a.Name, b.Name); c != 0 {
+		return c
+	}
+	if c := bytes.Compare(a.IP.To16(), b.IP.To16()); c != 0 {
+		return c
+	}
+	if c := bytes.Compare(a.VtepMAC, b.VtepMAC); c != 0 {
+		return c
+	}
+	return strings.Compare(fmt.Sprint(a.PodCIDRs), fmt.Sprint(b.PodCIDRs))
 }
 
 func (p *planner) isSelf(n Node) bool {

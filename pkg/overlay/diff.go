@@ -1,7 +1,6 @@
 package overlay
 
 import (
-	"bytes"
 	"fmt"
 	"maps"
 	"slices"
@@ -28,11 +27,9 @@ func (r *Reconciler) addFDBs(rc *recorder, d desired, o observed) {
 		want := d.fdbs[k]
 		op := OpAdd
 		found := false
-		for _, have := range o.fdbs {
-			if bytes.Equal(have.HardwareAddr, want.mac) {
-				op = OpReplace
-				found = found || want.matches(have)
-			}
+		for _, have := range o.fdbByMAC[k] {
+			op = OpReplace
+			found = found || want.matches(have)
 		}
 		if !found {
 			_ = rc.do(Change{op, want.object()}, func() error { return r.h.NeighSet(want.spec()) })
@@ -45,11 +42,9 @@ func (r *Reconciler) addNeighs(rc *recorder, d desired, o observed) {
 		want := d.neighs[k]
 		op := OpAdd
 		found := false
-		for _, have := range o.neighs {
-			if have.IP.Equal(want.ip) {
-				op = OpReplace
-				found = found || want.matches(have)
-			}
+		for _, have := range o.neighByIP[k] {
+			op = OpReplace
+			found = found || want.matches(have)
 		}
 		if !found {
 			_ = rc.do(Change{op, want.object()}, func() error { return r.h.NeighSet(want.spec()) })
@@ -67,8 +62,8 @@ func (r *Reconciler) addRoutes(rc *recorder, d desired, o observed) {
 		}
 		op := OpAdd
 		found := false
-		for _, have := range o.owned {
-			if have.Dst.String() == k && have.Priority == want.priority() {
+		for _, have := range o.ownedByDst[k] {
+			if have.Priority == want.priority() {
 				op = OpReplace
 				found = found || want.matches(have)
 			}

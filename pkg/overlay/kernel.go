@@ -21,6 +21,26 @@ type observed struct {
 	neighs  []netlink.Neigh          // permanent entries on the VXLAN device
 	fdbs    []netlink.Neigh          // permanent entries with a destination on it
 	devs    map[int]string           // link names of owned routes
+
+	// indexes of the above by the kernel's identity of each kind
+	ownedByDst map[string][]netlink.Route
+	neighByIP  map[string][]netlink.Neigh
+	fdbByMAC   map[string][]netlink.Neigh
+}
+
+func (o *observed) index() {
+	o.ownedByDst = make(map[string][]netlink.Route, len(o.owned))
+	o.neighByIP = make(map[string][]netlink.Neigh, len(o.neighs))
+	o.fdbByMAC = make(map[string][]netlink.Neigh, len(o.fdbs))
+	for _, rt := range o.owned {
+		o.ownedByDst[rt.Dst.String()] = append(o.ownedByDst[rt.Dst.String()], rt)
+	}
+	for _, n := range o.neighs {
+		o.neighByIP[n.IP.String()] = append(o.neighByIP[n.IP.String()], n)
+	}
+	for _, n := range o.fdbs {
+		o.fdbByMAC[n.HardwareAddr.String()] = append(o.fdbByMAC[n.HardwareAddr.String()], n)
+	}
 }
 
 // routeSlot is what the kernel matches on when replacing a route.
@@ -36,15 +56,17 @@ func (r *Reconciler) observe(vtep linkRef, known ...linkRef) (observed, error) {
 	if err := r.observeRoutes(&o); err != nil {
 		return o, err
 	}
-	if vtep.index == 0 {
-		return o, nil
+	if vtep.index != 0 {
+		var err error
+		if o.neighs, err = r.vtepEntries(vtep, netlink.FAMILY_ALL); err != nil {
+			return o, err
+		}
+		if o.fdbs, err = r.vtepEntries(vtep, unix.AF_BRIDGE); err != nil {
+			return o, err
+		}
 	}
-	var err error
-	if o.neighs, err = r.vtepEntries(vtep, netlink.FAMILY_ALL); err != nil {
-		return o, err
-	}
-	o.fdbs, err = r.vtepEntries(vtep, unix.AF_BRIDGE)
-	return o, err
+	o.index()
+	return o, nil
 }
 
 func (r *Reconciler) observeRoutes(o *observed) error {

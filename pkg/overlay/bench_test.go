@@ -1,0 +1,178 @@
+package overlay_test
+
+// Scale measurements. Run with
+//
+//	go test ./pkg/overlay/ -run '^$' -bench . -benchtime 5x
+//
+// BenchmarkSet1000FromNothing: one Set of 1000 VXLAN peers (3000 objects:
+// route, neighbour, FDB entry each) on a node that has none.
+// BenchmarkSetOneChangeOn1000: one peer moved to another underlay address on
+// top of 1000 (3 writes plus the dumps).
+// BenchmarkIPBatch1000: the floor, the same 3000 objects written by
+// `ip -batch` and `bridge -batch` (process start included).
+// TestMeasureScale logs the same figures once per test run.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/overlay"
+)
+
+const scalePeers = 1000
+
+// scaleNode is a namespace with an underlay eth0 (a veth whose peer stays in
+// the same namespace) and a reconciler on it.
+type scaleNode struct {
+	ns   ns.NetNS
+	r    *overlay.Reconciler
+	self overlay.Node
+}
+
+func newScaleNode(tb testing.TB) *scaleNode {
+	tb.Helper()
+	n := testenv.NewNS(tb)
+	testenv.MustIP(tb, n, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+	testenv.MustIP(tb, n, "addr", "add", "192.168.77.11/24", "dev", "eth0")
+	testenv.MustIP(tb, n, "link", "set", "eth0", "up")
+	testenv.MustIP(tb, n, "link", "set", "eth0p", "up")
+	self := overlay.Node{Name: "self", IP: net.ParseIP("192.168.77.11").To4(),
+		PodCIDRs: []*net.IPNet{{IP: net.IPv4(10, 244, 1, 0).To4(), Mask: net.CIDRMask(24, 32)}}}
+	return &scaleNode{ns: n, r: newReconciler(tb, n, overlay.Config{Mode: overlay.ModeVXLAN}), self: self}
+}
+
+func (s *scaleNode) set(tb testing.TB, peers []overlay.Node) time.Duration {
+	tb.Helper()
+	start := time.Now()
+	if _, err := s.r.Set(context.Background(), s.self, peers); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// reset removes the device and its routes (untimed).
+func (s *scaleNode) reset(tb testing.TB) {
+	tb.Helper()
+	if _, err := s.r.Teardown(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// moved is peers with peer 500 on another underlay address.
+func moved(peers []overlay.Node, round int) []overlay.Node {
+	out := append([]overlay.Node(nil), peers...)
+	out[500].IP = net.IPv4(10, 61, byte(round>>8), byte(round)).To4()
+	return out
+}
+
+// batchFiles writes the same objects Set makes for peers as iproute2 batch
+// files: one for `ip -batch` (neighbours, routes), one for `bridge -batch`.
+func batchFiles(tb testing.TB, peers []overlay.Node) (ipFile, bridgeFile string) {
+	var ipb, brb strings.Builder
+	for _, p := range peers {
+		mac := overlay.DeriveMAC(p.IP)
+		fmt.Fprintf(&brb, "fdb replace %s dev village.1 dst %s self permanent\n", mac, p.IP)
+		for _, c := range p.PodCIDRs {
+			fmt.Fprintf(&ipb, "neigh replace %s lladdr %s dev village.1 nud permanent\n", c.IP, mac)
+			fmt.Fprintf(&ipb, "route replace %s via %s dev village.1 onlink proto 86\n", c, c.IP)
+		}
+	}
+	dir := tb.TempDir()
+	ipFile, bridgeFile = filepath.Join(dir, "ip.batch"), filepath.Join(dir, "bridge.batch")
+	if err := os.WriteFile(ipFile, []byte(ipb.String()), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(bridgeFile, []byte(brb.String()), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return ipFile, bridgeFile
+}
+
+// ipBatch times writing the batch files into the node (the device must exist).
+func (s *scaleNode) ipBatch(tb testing.TB, ipFile, bridgeFile string) time.Duration {
+	tb.Helper()
+	start := time.Now()
+	for _, args := range [][]string{
+		{"-n", nsName(s.ns), "-batch", ipFile},
+		{"netns", "exec", nsName(s.ns), "bridge", "-batch", bridgeFile},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			tb.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	return time.Since(start)
+}
+
+// emptyDevice leaves the VXLAN device in place with nothing on it.
+func (s *scaleNode) emptyDevice(tb testing.TB) {
+	tb.Helper()
+	s.reset(tb)
+	s.set(tb, nil)
+}
+
+func BenchmarkSet1000FromNothing(b *testing.B) {
+	s := newScaleNode(b)
+	peers := fakePeers(scalePeers)
+	for b.Loop() {
+		b.StopTimer()
+		s.reset(b)
+		b.StartTimer()
+		s.set(b, peers)
+	}
+}
+
+func BenchmarkSetOneChangeOn1000(b *testing.B) {
+	s := newScaleNode(b)
+	peers := fakePeers(scalePeers)
+	s.set(b, peers)
+	round := 0
+	for b.Loop() {
+		round++
+		s.set(b, moved(peers, round))
+	}
+}
+
+func BenchmarkIPBatch1000(b *testing.B) {
+	s := newScaleNode(b)
+	ipFile, bridgeFile := batchFiles(b, fakePeers(scalePeers))
+	for b.Loop() {
+		b.StopTimer()
+		s.emptyDevice(b)
+		b.StartTimer()
+		s.ipBatch(b, ipFile, bridgeFile)
+	}
+}
+
+// TestMeasureScale sets 1000 peers from nothing, applies one change on top,
+// and writes the same objects with ip -batch; it logs the times (no timing
+// assertions) and checks the results are the same objects.
+func TestMeasureScale(t *testing.T) {
+	s := newScaleNode(t)
+	peers := fakePeers(scalePeers)
+	full := s.set(t, peers)
+	viaSet := readState(t, s.ns, "village.1")
+	if len(viaSet.Routes) != scalePeers || len(viaSet.Neighs) != scalePeers || len(viaSet.FDB) != scalePeers {
+		t.Fatalf("after Set: %d routes, %d neighbours, %d FDB entries; want %d each",
+			len(viaSet.Routes), len(viaSet.Neighs), len(viaSet.FDB), scalePeers)
+	}
+	noop := s.set(t, peers)
+	one := s.set(t, moved(peers, 1))
+	ipFile, bridgeFile := batchFiles(t, peers)
+	s.emptyDevice(t)
+	batch := s.ipBatch(t, ipFile, bridgeFile)
+	if viaBatch := readState(t, s.ns, "village.1"); fmt.Sprint(viaBatch) != fmt.Sprint(viaSet) {
+		t.Errorf("ip -batch made different objects than Set")
+	}
+	t.Logf("%d peers from nothing: Set %v; ip -batch + bridge -batch %v", scalePeers, full, batch)
+	t.Logf("on top of %d peers: no change %v, one peer moved %v", scalePeers, noop, one)
+}
