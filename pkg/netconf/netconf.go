@@ -14,6 +14,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/village-cni/village/pkg/macvlan"
 )
 
 // DefaultBridge is the bridge used when the config names none.
@@ -66,6 +68,8 @@ type NetConf struct {
 	MAC        net.HardwareAddr `json:"-"`
 	IPAMType   string           `json:"-"`
 	HasIPAM    bool             `json:"-"`
+	// LAN is the parsed macvlan section; nil when there is none.
+	LAN *macvlan.Config `json:"-"`
 }
 
 // EnvArgs are the CNI_ARGS keys Village understands. IP belongs to IPAM and
@@ -164,7 +168,24 @@ func (c *NetConf) validate(envArgs string) *types.Error {
 			return Error("invalid \"ipam.type\": %v", err)
 		}
 	}
+	lan, err := macvlan.Parse(c.Macvlan, "")
+	if err != nil {
+		return asCNIError(err)
+	}
+	c.LAN = lan
+	if lan != nil {
+		if err := ValidatePluginType(lan.IPAMType); err != nil {
+			return Error("invalid \"macvlan.ipam.type\": %v", err)
+		}
+	}
 	return c.parseMAC(envArgs)
+}
+
+func asCNIError(err error) *types.Error {
+	if e, ok := err.(*types.Error); ok {
+		return e
+	}
+	return Error("%v", err)
 }
 
 func (c *NetConf) validateLog() *types.Error {

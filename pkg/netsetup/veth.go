@@ -287,3 +287,16 @@ func DeleteHostLink(name string) error {
 	}
 	return nil
 }
+
+// TagOwner marks a pod link as made for containerID (see OwnedBy).
+func (p *Pod) TagOwner(l netlink.Link, containerID string) error {
+	if err := p.h.LinkSetAlias(l, ownerAlias(containerID)); err != nil {
+		return fmt.Errorf("failed to tag %q in netns %q: %w", l.Attrs().Name, p.Path, err)
+	}
+	return nil
+}
+
+// OwnedBy reports whether a pod link was made for containerID.
+func OwnedBy(l netlink.Link, containerID string) bool {
+	return l.Attrs().Alias == ownerAlias(containerID)
+}

@@ -31,10 +31,13 @@ func Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return fmt.Errorf("failed to read prevResult: %w", err)
 	}
-	if conf.HasIPAM {
-		ctx, cancel := ipamTimeout()
-		defer cancel()
-		call := ipamCall{Type: conf.IPAMType, Args: args, IfName: args.IfName, Conf: args.StdinData}
+	calls, err := ipamCalls(conf, args)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := ipamTimeout()
+	defer cancel()
+	for _, call := range calls {
 		if err := call.Check(ctx); err != nil {
 			return err
 		}
@@ -46,7 +49,11 @@ func Check(args *skel.CmdArgs) error {
 	defer pod.Close()
 
 	var drift []error
-	drift = append(drift, checkPod(pod, args, prev)...)
+	drift = append(drift, checkPod(pod, podCheck{ifName: args.IfName, kind: "veth", args: args}, prev)...)
+	if conf.LAN != nil {
+		drift = append(drift, checkPod(pod, podCheck{ifName: conf.LAN.IfName, kind: "macvlan", args: args}, prev)...)
+	}
+	drift = append(drift, checkRoutes(pod, args, prev)...)
 	drift = append(drift, checkHost(conf, args, prev)...)
 	if len(drift) > 0 {
 		return fmt.Errorf("CHECK of %q in %s found drift: %w", args.IfName, args.Netns, joinDrift(drift))
@@ -64,40 +71,54 @@ func podIfaceIndex(prev *current.Result, ifName string) int {
 	return -1
 }
 
-func checkPod(pod *netsetup.Pod, args *skel.CmdArgs, prev *current.Result) []error {
-	idx := podIfaceIndex(prev, args.IfName)
+// podCheck names one pod interface CHECK verifies and the kind it must be.
+type podCheck struct {
+	ifName string
+	kind   string // netlink link type: "veth", "macvlan"
+	args   *skel.CmdArgs
+}
+
+func checkPod(pod *netsetup.Pod, pc podCheck, prev *current.Result) []error {
+	args := pc.args
+	idx := podIfaceIndex(prev, pc.ifName)
 	if idx < 0 {
-		return []error{fmt.Errorf("prevResult lists no interface %q inside a sandbox", args.IfName)}
+		return []error{fmt.Errorf("prevResult lists no interface %q inside a sandbox", pc.ifName)}
 	}
-	link, err := pod.LinkByName(args.IfName)
+	link, err := pod.LinkByName(pc.ifName)
 	if err != nil {
 		return []error{err}
 	}
 	if link == nil {
-		return []error{fmt.Errorf("interface %q is missing from netns %q", args.IfName, args.Netns)}
+		return []error{fmt.Errorf("interface %q is missing from netns %q", pc.ifName, args.Netns)}
 	}
 	var drift []error
-	if _, ok := link.(*netlink.Veth); !ok {
-		drift = append(drift, fmt.Errorf("interface %q is a %s, not a veth", args.IfName, link.Type()))
+	if link.Type() != pc.kind {
+		drift = append(drift, fmt.Errorf("interface %q is a %s, not a %s", pc.ifName, link.Type(), pc.kind))
 	}
 	if want := prev.Interfaces[idx].Mac; want != "" && !strings.EqualFold(want, link.Attrs().HardwareAddr.String()) {
-		drift = append(drift, fmt.Errorf("interface %q has MAC %s, prevResult says %s", args.IfName, link.Attrs().HardwareAddr, want))
+		drift = append(drift, fmt.Errorf("interface %q has MAC %s, prevResult says %s", pc.ifName, link.Attrs().HardwareAddr, want))
 	}
 	if link.Attrs().Flags&net.FlagUp == 0 {
-		drift = append(drift, fmt.Errorf("interface %q is down", args.IfName))
+		drift = append(drift, fmt.Errorf("interface %q is down", pc.ifName))
 	}
 	addrs, err := netsetup.AddrList(pod.Handle(), link, netlink.FAMILY_ALL)
 	if err != nil {
-		return append(drift, fmt.Errorf("failed to list addresses of %q: %w", args.IfName, err))
+		return append(drift, fmt.Errorf("failed to list addresses of %q: %w", pc.ifName, err))
 	}
 	for _, ipc := range prev.IPs {
 		if ipc.Interface == nil || *ipc.Interface != idx {
 			continue
 		}
 		if !hasAddr(addrs, &ipc.Address) {
-			drift = append(drift, fmt.Errorf("address %s is missing from %q", ipc.Address.String(), args.IfName))
+			drift = append(drift, fmt.Errorf("address %s is missing from %q", ipc.Address.String(), pc.ifName))
 		}
 	}
+	return drift
+}
+
+// checkRoutes verifies every route of prevResult inside the pod.
+func checkRoutes(pod *netsetup.Pod, args *skel.CmdArgs, prev *current.Result) []error {
+	var drift []error
 	routes, err := pod.Handle().RouteList(nil, netlink.FAMILY_ALL)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return append(drift, fmt.Errorf("failed to list routes in netns %q: %w", args.Netns, err))

@@ -20,14 +20,17 @@ func Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	calls, err := ipamCalls(conf, args)
+	if err != nil {
+		return err
+	}
 	var errs []error
-	if err := deleteLinks(args); err != nil {
+	if err := deleteLinks(conf, args); err != nil {
 		errs = append(errs, err)
 	}
-	if conf.HasIPAM {
-		ctx, cancel := ipamTimeout()
-		defer cancel()
-		call := ipamCall{Type: conf.IPAMType, Args: args, IfName: args.IfName, Conf: args.StdinData}
+	ctx, cancel := ipamTimeout()
+	defer cancel()
+	for _, call := range calls {
 		if err := call.Del(ctx); err != nil {
 			errs = append(errs, err)
 		}
@@ -35,15 +38,51 @@ func Del(args *skel.CmdArgs) error {
 	return errors.Join(errs...)
 }
 
+// forEachIPAM runs verb on every IPAM call of the attachment, keeps going
+// after a failure and reports them all.
+func forEachIPAM(args *skel.CmdArgs, verb func(ipamCall, context.Context) error) error {
+	conf, err := netconf.Parse(args.StdinData, args.Args)
+	if err != nil {
+		return err
+	}
+	calls, err := ipamCalls(conf, args)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ipamDeadline)
+	defer cancel()
+	var errs []error
+	for _, c := range calls {
+		if err := verb(c, ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return firstCoded(errs)
+}
+
+// firstCoded joins errors but keeps a CNI error code when there is one
+// failure, so STATUS's 50 and GC's codes reach the runtime unchanged.
+func firstCoded(errs []error) error {
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
+}
+
 // deleteLinks removes the pod's veth. Deleting the pod end takes the host
 // end with it; the host end is also removed by name for the case where the
 // pod end is gone or was moved.
-func deleteLinks(args *skel.CmdArgs) error {
+func deleteLinks(conf *netconf.NetConf, args *skel.CmdArgs) error {
 	if args.Netns != "" {
 		pod, err := netsetup.OpenPod(args.Netns)
 		switch {
 		case err == nil:
 			defer pod.Close()
+			if conf.LAN != nil {
+				if err := pod.DeleteLink(conf.LAN.IfName); err != nil {
+					return err
+				}
+			}
 			if err := pod.DeleteLink(args.IfName); err != nil {
 				return err
 			}
@@ -64,32 +103,14 @@ func isGone(err error) bool {
 	return errors.As(err, &notExist) || errors.As(err, &notNS)
 }
 
-// Status is the CNI STATUS verb: ready when the IPAM plugin is.
+// Status is the CNI STATUS verb: ready when every IPAM plugin is.
 func Status(args *skel.CmdArgs) error {
-	conf, err := netconf.Parse(args.StdinData, args.Args)
-	if err != nil {
-		return err
-	}
-	if !conf.HasIPAM {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), ipamDeadline)
-	defer cancel()
-	return ipamCall{Type: conf.IPAMType, Args: args, IfName: args.IfName, Conf: args.StdinData}.Status(ctx)
+	return forEachIPAM(args, ipamCall.Status)
 }
 
-// GC is the CNI GC verb: forwarded to the IPAM plugin, which releases every
+// GC is the CNI GC verb: forwarded to the IPAM plugins, which release every
 // allocation the runtime no longer lists (the reference bridge forgets this).
 // The veths of deleted pods went away with their namespaces.
 func GC(args *skel.CmdArgs) error {
-	conf, err := netconf.Parse(args.StdinData, args.Args)
-	if err != nil {
-		return err
-	}
-	if !conf.HasIPAM {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), ipamDeadline)
-	defer cancel()
-	return ipamCall{Type: conf.IPAMType, Args: args, IfName: args.IfName, Conf: args.StdinData}.GC(ctx)
+	return forEachIPAM(args, ipamCall.GC)
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/village-cni/village/pkg/netconf"
 )
 
 // ipamCall execs the IPAM plugin for one interface. The main plugin runs it
@@ -75,6 +77,7 @@ func (c ipamCall) run(ctx context.Context, verb string) error {
 	return nil
 }
 
+// Del, Check, Status and GC run the verb of the same name.
 func (c ipamCall) Del(ctx context.Context) error    { return c.run(ctx, "DEL") }
 func (c ipamCall) Check(ctx context.Context) error  { return c.run(ctx, "CHECK") }
 func (c ipamCall) Status(ctx context.Context) error { return c.run(ctx, "STATUS") }
@@ -90,13 +93,33 @@ func wrapIPAM(typ, verb string, err error) error {
 }
 
 // withIPAM returns stdin with its "ipam" key replaced by block: how the
-// macvlan interface gets its own pool.
-func withIPAM(stdin []byte, block json.RawMessage) ([]byte, error) {
+// macvlan interface gets its own pool. The runtime's GC list names the
+// attachments by CNI_IFNAME (eth0); the LAN allocations are recorded under
+// ifName, so the list is rewritten to match them.
+func withIPAM(stdin []byte, block json.RawMessage, ifName string) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(stdin, &m); err != nil {
 		return nil, err
 	}
 	m["ipam"] = block
+	for _, key := range []string{"cni.dev/valid-attachments", "cni.dev/attachments"} {
+		raw, ok := m[key]
+		if !ok {
+			continue
+		}
+		var list []map[string]any
+		if err := json.Unmarshal(raw, &list); err != nil {
+			return nil, fmt.Errorf("failed to read %q: %w", key, err)
+		}
+		for _, a := range list {
+			a["ifname"] = ifName
+		}
+		b, err := json.Marshal(list)
+		if err != nil {
+			return nil, err
+		}
+		m[key] = b
+	}
 	return json.Marshal(m)
 }
 
@@ -104,4 +127,22 @@ func ipamTimeout() (context.Context, context.CancelFunc) {
 	// The runtime has its own deadline; this one only guarantees that a hung
 	// IPAM plugin cannot hold a pod's ADD forever.
 	return context.WithTimeout(context.Background(), ipamDeadline)
+}
+
+// ipamCalls lists the IPAM calls of an attachment: eth0's, and the LAN
+// interface's when the config has a macvlan section. DEL, CHECK, STATUS and
+// GC run each of them.
+func ipamCalls(conf *netconf.NetConf, args *skel.CmdArgs) ([]ipamCall, error) {
+	var calls []ipamCall
+	if conf.HasIPAM {
+		calls = append(calls, ipamCall{Type: conf.IPAMType, Args: args, IfName: args.IfName, Conf: args.StdinData})
+	}
+	if conf.LAN != nil {
+		lanConf, err := withIPAM(args.StdinData, conf.LAN.IPAM, conf.LAN.IfName)
+		if err != nil {
+			return nil, fmt.Errorf("failed to build the LAN IPAM config: %w", err)
+		}
+		calls = append(calls, ipamCall{Type: conf.LAN.IPAMType, Args: args, IfName: conf.LAN.IfName, Conf: lanConf})
+	}
+	return calls, nil
 }

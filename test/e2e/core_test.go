@@ -151,7 +151,7 @@ func TestRepeatedAddIsIdempotentAndForeignIfnameFails(t *testing.T) {
 	p := n.NewPod()
 	r1 := n.MustAdd(l, p)
 	r2 := n.MustAdd(l, p)
-	if fmt.Sprint(r1.IPs) != fmt.Sprint(r2.IPs) || r1.Interfaces[2].Mac != r2.Interfaces[2].Mac {
+	if ipList(r1) != ipList(r2) || r1.Interfaces[2].Mac != r2.Interfaces[2].Mac {
 		t.Fatalf("repeated ADD changed the result:\n%v\n%v", r1, r2)
 	}
 	// Another container asking for eth0 in the same namespace must fail and
@@ -310,3 +310,11 @@ func asCNI(err error, e **types.Error) bool {
 }
 
 var _ = libcni.CNIConfig{}
+
+func ipList(r *current.Result) string {
+	var out []string
+	for _, ipc := range r.IPs {
+		out = append(out, ipc.Address.String())
+	}
+	return strings.Join(out, ",")
+}

@@ -1,0 +1,93 @@
+package village
+
+import (
+	"fmt"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+
+	"github.com/village-cni/village/pkg/macvlan"
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/netsetup"
+)
+
+// addLAN gives the pod its second interface, a macvlan on the node's LAN,
+// with an address from the LAN IPAM (a separate record: its own CNI_IFNAME
+// and ipam block). The default route stays on eth0.
+func (a *adder) addLAN() error {
+	lan := a.conf.LAN
+	if lan == nil {
+		return nil
+	}
+	if lan.IfName == a.args.IfName {
+		return netconf.Error("\"macvlan.ifName\" %q is the same as CNI_IFNAME: pick another name for the LAN interface", lan.IfName)
+	}
+	master, err := macvlan.ResolveMaster(lan.Master)
+	if err != nil {
+		return err
+	}
+	calls, err := ipamCalls(a.conf, a.args)
+	if err != nil {
+		return err
+	}
+	call := calls[len(calls)-1]
+	ctx, cancel := ipamTimeout()
+	defer cancel()
+	res, err := call.Add(ctx)
+	if err != nil {
+		return fmt.Errorf("LAN interface %q: %w", lan.IfName, err)
+	}
+	a.undo.Push(fmt.Sprintf("release LAN addresses of %q", lan.IfName), func() error {
+		ctx, cancel := ipamTimeout()
+		defer cancel()
+		return call.Del(ctx)
+	})
+	link, err := a.ensureLANLink(master.Attrs().Name, lan, func() error {
+		return macvlan.Create(macvlan.PodLink{Master: master, Conf: lan, PodNSFd: int(a.pod.NS().Fd())})
+	})
+	if err != nil {
+		return err
+	}
+	if err := a.pod.ConfigurePod(podIface(link, res, res.IPs)); err != nil {
+		return err
+	}
+	idx := len(a.result.Interfaces)
+	a.result.Interfaces = append(a.result.Interfaces, &current.Interface{
+		Name: lan.IfName, Mac: link.Attrs().HardwareAddr.String(), Mtu: link.Attrs().MTU, Sandbox: a.args.Netns,
+	})
+	for _, ipc := range res.IPs {
+		ipc.Interface = current.Int(idx)
+		a.result.IPs = append(a.result.IPs, ipc)
+	}
+	a.result.Routes = append(a.result.Routes, res.Routes...)
+	if lan.HostShim {
+		return macvlan.EnsureShim(master, lan.Ranges)
+	}
+	return nil
+}
+
+// ensureLANLink returns the pod's LAN link, creating it (and registering its
+// undo) unless a previous ADD of this container made it.
+func (a *adder) ensureLANLink(master string, lan *macvlan.Config, create func() error) (netlink.Link, error) {
+	existing, err := a.pod.LinkByName(lan.IfName)
+	if err != nil {
+		return nil, err
+	}
+	if existing != nil {
+		if !netsetup.OwnedBy(existing, a.args.ContainerID) {
+			return nil, fmt.Errorf("interface %q already exists in netns %q and was not made for container %q: choose another \"macvlan.ifName\" or remove it", lan.IfName, a.args.Netns, a.args.ContainerID)
+		}
+		return existing, nil
+	}
+	if err := create(); err != nil {
+		return nil, err
+	}
+	a.undo.Push(fmt.Sprintf("delete macvlan %q on %q", lan.IfName, master), func() error {
+		return a.pod.DeleteLink(lan.IfName)
+	})
+	link, err := a.pod.LinkByName(lan.IfName)
+	if err != nil || link == nil {
+		return nil, fmt.Errorf("macvlan %q vanished from netns %q: %w", lan.IfName, a.args.Netns, err)
+	}
+	return link, a.pod.TagOwner(link, a.args.ContainerID)
+}
