@@ -213,6 +213,17 @@ func Check(s Spec) error {
 		if err != nil {
 			return fmt.Errorf("failed to start %s: %w", cmdName(fr.proto), err)
 		}
+		// The chain first: `iptables -C ... -j <chain>` fails outright (not
+		// "no such rule") when the chain is gone, e.g. after `iptables -t nat
+		// -F; iptables -t nat -X`.
+		exists, err := ipt.ChainExists(table, chain)
+		if err != nil {
+			return fmt.Errorf("failed to read %s chain %s: %w", cmdName(fr.proto), chain, err)
+		}
+		if !exists {
+			errs = append(errs, fmt.Errorf("masquerade chain %s of network %q missing from %s nat table", chain, s.Network, cmdName(fr.proto)))
+			continue
+		}
 		for _, j := range fr.jumps {
 			ok, err := ipt.Exists(table, postrouting, j...)
 			if err != nil {
@@ -221,14 +232,6 @@ func Check(s Spec) error {
 			if !ok {
 				errs = append(errs, fmt.Errorf("masquerade rule missing from %s nat POSTROUTING: %s", cmdName(fr.proto), strings.Join(j, " ")))
 			}
-		}
-		exists, err := ipt.ChainExists(table, chain)
-		if err != nil {
-			return fmt.Errorf("failed to read %s chain %s: %w", cmdName(fr.proto), chain, err)
-		}
-		if !exists {
-			errs = append(errs, fmt.Errorf("masquerade chain %s of network %q missing from %s nat table", chain, s.Network, cmdName(fr.proto)))
-			continue
 		}
 		have, err := ipt.List(table, chain)
 		if err != nil {
