@@ -237,7 +237,7 @@ func (d *Disk) Claim(ctx context.Context, c store.Claim) (bool, error) {
 			return nil
 		}
 		name := ip.String()
-		tmp, err := d.writeTemp([]byte(c.Owner.ContainerID + lineBreak + c.Owner.IfName))
+		tmp, err := d.writeTemp([]byte(c.Owner.ContainerID+lineBreak+c.Owner.IfName), true)
 		if err != nil {
 			return fmt.Errorf("writing the reservation of %s: %w", ip, err)
 		}
@@ -419,15 +419,16 @@ func readLimited(path string) ([]byte, error) {
 	return b, nil
 }
 
-// writeTemp writes b to a new 0600 file in the meta directory and fsyncs it.
-func (d *Disk) writeTemp(b []byte) (string, error) {
+// writeTemp writes b to a new 0600 file in the meta directory, fsynced
+// when durable is set.
+func (d *Disk) writeTemp(b []byte, durable bool) (string, error) {
 	f, err := os.CreateTemp(d.metaDir, tmpPrefix)
 	if err != nil {
 		return "", err
 	}
 	name := f.Name()
 	_, err = f.Write(b)
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -442,7 +443,8 @@ func (d *Disk) writeTemp(b []byte) (string, error) {
 
 // writeLast replaces last_reserved_ip.<set> atomically.
 func (d *Disk) writeLast(set int, name string) error {
-	tmp, err := d.writeTemp([]byte(name))
+	// Only a round-robin hint: atomic, but not worth an fsync.
+	tmp, err := d.writeTemp([]byte(name), false)
 	if err != nil {
 		return fmt.Errorf("writing the round-robin marker of range set %d: %w", set, err)
 	}
@@ -468,7 +470,7 @@ func syncDir(dir string) error {
 // Probe checks the network directory can be written (a read-only or full
 // filesystem makes every ADD fail) by writing and removing a temporary file.
 func (d *Disk) Probe(ctx context.Context) error {
-	tmp, err := d.writeTemp([]byte("probe"))
+	tmp, err := d.writeTemp([]byte("probe"), false)
 	if err != nil {
 		return fmt.Errorf("store directory %s cannot be written: %w", d.dir, err)
 	}
