@@ -38,7 +38,10 @@
 // ([Report.MTU]).
 //
 // auto picks host-gw for a peer whose underlay address is on the underlay's
-// L2 subnet and the pod subnet is of the same family, and vxlan otherwise.
+// L2 subnet and the pod subnet is of the same family, and vxlan otherwise
+// (so IPv6 pods over an IPv4 underlay go over VXLAN). vxlan and auto always
+// keep the device, and report its MTU for pods, so a peer can move between
+// the two paths without an MTU change.
 //
 // IPv4 and IPv6 pod subnets and underlays go through the same code: an
 // address family only changes the VTEP address length, the MTU overhead and

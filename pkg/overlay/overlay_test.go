@@ -51,6 +51,14 @@ func TestVXLAN(t *testing.T) {
 			if lines := plain.stop(); countMatching(lines, "10.244.")+countMatching(lines, "fd44:") > 0 {
 				t.Errorf("pod traffic crossed the LAN unencapsulated:\n%s", strings.Join(lines, "\n"))
 			}
+			dev := testenv.MustIP(t, nodes[0].ns, "-d", "addr", "show", "village.7")
+			local := map[bool]string{false: "local 192.168.77.11", true: "local fd77::11"}[v6]
+			for _, w := range []string{"vxlan id 7", local, "dev eth0", "dstport 4790", "nolearning", "mtu " + fmt.Sprint(want),
+				"link/ether " + overlay.DeriveMAC(nodes[0].node(v6).IP).String(), "inet 10.244.1.0/32", "inet6 fd44:1::/128"} {
+				if !strings.Contains(dev, w) {
+					t.Errorf("village.7 lacks %q:\n%s", w, dev)
+				}
+			}
 			st := readState(t, nodes[0].ns, "village.7")
 			if len(st.Routes) != 4 || len(st.Neighs) != 4 || len(st.FDB) != 2 {
 				t.Errorf("node1 state = %+v, want 4 routes, 4 neighbours, 2 FDB entries", st)
