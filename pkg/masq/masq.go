@@ -241,7 +241,20 @@ func Check(s Spec) error {
 			errs = append(errs, fmt.Errorf("masquerade chain %s of network %q (%s) does not hold the expected rules: have %q", chain, s.Network, cmdName(fr.proto), have))
 		}
 	}
-	return errors.Join(errs...)
+	return joinLine(errs)
+}
+
+// joinLine joins errors on one line (CNI messages end up in single-line
+// runtime logs and events).
+func joinLine(errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return fmt.Errorf("%s", strings.Join(msgs, "; "))
 }
 
 // Teardown removes the network's jump rules (found by owner comment, in

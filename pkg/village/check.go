@@ -183,12 +183,13 @@ func checkHost(conf *netconf.NetConf, args *skel.CmdArgs, prev *current.Result) 
 	case host.Attrs().MasterIndex != br.Index:
 		drift = append(drift, fmt.Errorf("host veth %q is not attached to bridge %q", hostName, conf.Bridge))
 	}
+	ips := ipsOf(prev, podIfaceIndex(prev, args.IfName))
 	if conf.IsGateway || conf.IsDefaultGW {
 		addrs, err := netsetup.AddrList(nil, br, netlink.FAMILY_ALL)
 		if err != nil {
 			return append(drift, fmt.Errorf("failed to list addresses of bridge %q: %w", conf.Bridge, err))
 		}
-		for _, ipc := range prev.IPs {
+		for _, ipc := range ips {
 			if ipc.Gateway == nil {
 				continue
 			}
@@ -199,7 +200,7 @@ func checkHost(conf *netconf.NetConf, args *skel.CmdArgs, prev *current.Result) 
 		}
 	}
 	if conf.IPMasq {
-		if err := masq.Check(masqSpec(conf, prev.IPs)); err != nil {
+		if err := masq.Check(masqSpec(conf, ips)); err != nil {
 			drift = append(drift, err)
 		}
 	}
@@ -223,3 +224,14 @@ type driftError struct {
 
 func (d *driftError) Error() string   { return d.msg }
 func (d *driftError) Unwrap() []error { return d.errs }
+
+// ipsOf returns the addresses prevResult puts on interface idx.
+func ipsOf(prev *current.Result, idx int) []*current.IPConfig {
+	var out []*current.IPConfig
+	for _, ipc := range prev.IPs {
+		if ipc.Interface != nil && *ipc.Interface == idx {
+			out = append(out, ipc)
+		}
+	}
+	return out
+}
