@@ -12,9 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// RouteProtocol marks the host shim's routes as Village's, so uninstall and
+// RouteProtocol marks the host shim's routes as Village's (87; the overlay owns 86), so uninstall and
 // status can tell them from anyone else's.
-const RouteProtocol netlink.RouteProtocol = 0x56
+const RouteProtocol netlink.RouteProtocol = 0x57
 
 // ShimName is the node-side macvlan for master.
 func ShimName(master string) string {

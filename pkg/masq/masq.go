@@ -260,6 +260,11 @@ func joinLine(errs []error) error {
 // Teardown removes the network's jump rules (found by owner comment, in
 // both families) and its chain. Absent rules are fine.
 func Teardown(network string) error {
+	unlock, err := lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	chain := Chain(network)
 	var errs []error
 	for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {

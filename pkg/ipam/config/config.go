@@ -231,8 +231,10 @@ type rawNet struct {
 			IPs []string `json:"ips"`
 		} `json:"cni"`
 	} `json:"args"`
-	ValidAttachments []Attachment `json:"cni.dev/valid-attachments"`
-	Attachments      []Attachment `json:"cni.dev/attachments"`
+	// Raw, so that a key present with null (what libcni sends for an empty
+	// list) can be told from a missing key.
+	ValidAttachments json.RawMessage `json:"cni.dev/valid-attachments"`
+	Attachments      json.RawMessage `json:"cni.dev/attachments"`
 }
 
 // envArgs is the part of CNI_ARGS village-ipam reads.
@@ -320,11 +322,31 @@ func Parse(stdin []byte, cniArgs string) (*Config, error) {
 		return nil, err
 	}
 	c.Store = st
-	c.ValidAttachments = n.ValidAttachments
-	if n.ValidAttachments == nil {
-		c.ValidAttachments = n.Attachments
+	if c.ValidAttachments, err = parseAttachments(n.ValidAttachments, n.Attachments); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+// parseAttachments reads the GC list from cni.dev/valid-attachments, or the
+// older cni.dev/attachments. A key that is present but null is an empty list
+// (libcni marshals an empty Go slice that way); nil means neither key is set.
+func parseAttachments(valid, old json.RawMessage) ([]Attachment, error) {
+	raw, key := valid, "cni.dev/valid-attachments"
+	if raw == nil {
+		raw, key = old, "cni.dev/attachments"
+	}
+	if raw == nil {
+		return nil, nil
+	}
+	list := []Attachment{}
+	if string(raw) == "null" {
+		return list, nil
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, &Error{Field: key, Err: err}
+	}
+	return list, nil
 }
 
 // validateName checks the network name the way the CNI spec defines it; it

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -192,4 +193,31 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestGCListNullIsEmpty(t *testing.T) {
+	base := `{"cniVersion":"1.1.0","name":"n","ipam":{"type":"village-ipam","subnet":"10.1.0.0/24"}%s}`
+	for _, c := range []struct {
+		extra string
+		want  []Attachment
+	}{
+		{``, nil},
+		{`,"cni.dev/valid-attachments":null`, []Attachment{}},
+		{`,"cni.dev/valid-attachments":[]`, []Attachment{}},
+		{`,"cni.dev/attachments":[{"containerID":"a","ifname":"eth0"}]`, []Attachment{{ContainerID: "a", IfName: "eth0"}}},
+		{`,"cni.dev/valid-attachments":null,"cni.dev/attachments":null`, []Attachment{}},
+	} {
+		cfg, err := Parse([]byte(fmt.Sprintf(base, c.extra)), "")
+		if err != nil {
+			t.Fatalf("%s: %v", c.extra, err)
+		}
+		if (cfg.ValidAttachments == nil) != (c.want == nil) || len(cfg.ValidAttachments) != len(c.want) {
+			t.Fatalf("%s: got %#v, want %#v", c.extra, cfg.ValidAttachments, c.want)
+		}
+		for i := range c.want {
+			if cfg.ValidAttachments[i] != c.want[i] {
+				t.Fatalf("%s: got %#v", c.extra, cfg.ValidAttachments)
+			}
+		}
+	}
 }
