@@ -68,6 +68,8 @@ type NetConf struct {
 	MAC        net.HardwareAddr `json:"-"`
 	IPAMType   string           `json:"-"`
 	HasIPAM    bool             `json:"-"`
+	// Overlay is the parsed backend section (type none when absent).
+	Overlay *Backend `json:"-"`
 	// LAN is the parsed macvlan section; nil when there is none.
 	LAN *macvlan.Config `json:"-"`
 }
@@ -168,6 +170,11 @@ func (c *NetConf) validate(envArgs string) *types.Error {
 			return Error("invalid \"ipam.type\": %v", err)
 		}
 	}
+	overlay, err := ParseBackend(c.Backend)
+	if err != nil {
+		return asCNIError(err)
+	}
+	c.Overlay = overlay
 	lan, err := macvlan.Parse(c.Macvlan, "")
 	if err != nil {
 		return asCNIError(err)

@@ -75,7 +75,7 @@ type adder struct {
 }
 
 func (a *adder) run() (*current.Result, error) {
-	steps := []func() error{a.allocate, a.ensureBridge, a.ensureVeth, a.configurePod, a.configureHost, a.addLAN}
+	steps := []func() error{a.allocate, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.configurePod, a.configureHost, a.addLAN}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err

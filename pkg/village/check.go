@@ -55,6 +55,11 @@ func Check(args *skel.CmdArgs) error {
 	}
 	drift = append(drift, checkRoutes(pod, args, prev)...)
 	drift = append(drift, checkHost(conf, args, prev)...)
+	// Static peers are ensured on CHECK too, so a peer removed from the list
+	// leaves the kernel without waiting for the next ADD.
+	if _, err := syncOverlay(conf, ipsOf(prev, podIfaceIndex(prev, args.IfName))); err != nil {
+		drift = append(drift, err)
+	}
 	if len(drift) > 0 {
 		return fmt.Errorf("CHECK of %q in %s found drift: %w", args.IfName, args.Netns, joinDrift(drift))
 	}

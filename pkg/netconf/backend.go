@@ -1,0 +1,178 @@
+package netconf
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/utils"
+)
+
+// Backend is the `backend` section: how pod traffic reaches other nodes.
+type Backend struct {
+	// Type is none (single node), vxlan, host-gw or auto.
+	Type string `json:"type"`
+	// Underlay is the interface carrying node-to-node traffic; empty: the
+	// interface of the default route.
+	Underlay string `json:"underlay,omitempty"`
+	VNI      int    `json:"vni,omitempty"`
+	Port     int    `json:"port,omitempty"`
+	// Nodes are static peers; the entry whose IP is on this node's
+	// underlay is this node.
+	Nodes    []StaticNode `json:"nodes,omitempty"`
+	Registry *Registry    `json:"registry,omitempty"`
+}
+
+// StaticNode is one node of a static peer list.
+type StaticNode struct {
+	Name string `json:"name"`
+	IP   string `json:"ip"`
+	// PodCIDR is the node's pod subnet; PodCIDRs lists more (dual stack).
+	PodCIDR  string   `json:"podCIDR,omitempty"`
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
+
+	// Parsed.
+	Addr    net.IP       `json:"-"`
+	Subnets []*net.IPNet `json:"-"`
+}
+
+// Registry is the etcd datastore villaged keeps the node list in.
+type Registry struct {
+	Type      string   `json:"type"`
+	Endpoints []string `json:"endpoints"`
+	Prefix    string   `json:"prefix,omitempty"`
+	CAFile    string   `json:"caFile,omitempty"`
+	CertFile  string   `json:"certFile,omitempty"`
+	KeyFile   string   `json:"keyFile,omitempty"`
+	// TTL of a node's registration lease, in seconds.
+	TTL int `json:"ttl,omitempty"`
+	// SubnetLen is the prefix length of the pod subnet villaged leases out
+	// of clusterCIDR when the IPAM block names no range.
+	SubnetLen int `json:"subnetLen,omitempty"`
+}
+
+// Backend types.
+const (
+	BackendNone   = "none"
+	BackendVXLAN  = "vxlan"
+	BackendHostGW = "host-gw"
+	BackendAuto   = "auto"
+)
+
+// Registry defaults.
+const (
+	DefaultRegistryPrefix = "/village"
+	DefaultRegistryTTL    = 60
+	DefaultSubnetLen      = 24
+)
+
+// ParseBackend validates a raw backend section; nil/empty means none.
+func ParseBackend(raw json.RawMessage) (*Backend, error) {
+	b := &Backend{Type: BackendNone}
+	if len(raw) == 0 || string(raw) == "null" {
+		return b, nil
+	}
+	if err := json.Unmarshal(raw, b); err != nil {
+		return nil, Error("invalid \"backend\": %v", err)
+	}
+	if b.Type == "" {
+		b.Type = BackendNone
+	}
+	switch b.Type {
+	case BackendNone, BackendVXLAN, BackendHostGW, BackendAuto:
+	default:
+		return nil, Error("invalid \"backend.type\" %q: one of none, vxlan, host-gw, auto", b.Type)
+	}
+	if b.Underlay != "" {
+		if err := utils.ValidateInterfaceName(b.Underlay); err != nil {
+			return nil, Error("invalid \"backend.underlay\" %q: %s", b.Underlay, err.Msg)
+		}
+	}
+	if b.VNI < 0 || b.VNI > 1<<24-1 {
+		return nil, Error("invalid \"backend.vni\" %d: 1-16777215 (0: default 1)", b.VNI)
+	}
+	if b.Port < 0 || b.Port > 65535 {
+		return nil, Error("invalid \"backend.port\" %d: 1-65535 (0: default 4789)", b.Port)
+	}
+	if err := b.parseNodes(); err != nil {
+		return nil, err
+	}
+	if b.Registry != nil {
+		if err := b.Registry.validate(); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+func (b *Backend) parseNodes() *types.Error {
+	names := map[string]bool{}
+	for i := range b.Nodes {
+		n := &b.Nodes[i]
+		field := fmt.Sprintf("backend.nodes[%d]", i)
+		if n.Name == "" || len(n.Name) > 253 || strings.ContainsAny(n.Name, "/\x00 ") {
+			return Error("invalid %q name %q: a node name (no '/', spaces or NUL)", field, n.Name)
+		}
+		if names[n.Name] {
+			return Error("invalid %q: node %q is listed twice", field, n.Name)
+		}
+		names[n.Name] = true
+		if n.Addr = net.ParseIP(n.IP); n.Addr == nil || strings.Contains(n.IP, "%") {
+			return Error("invalid %q ip %q: an IPv4 or IPv6 address", field, n.IP)
+		}
+		cidrs := n.PodCIDRs
+		if n.PodCIDR != "" {
+			cidrs = append([]string{n.PodCIDR}, cidrs...)
+		}
+		if len(cidrs) == 0 {
+			return Error("invalid %q: node %q has no \"podCIDR\"", field, n.Name)
+		}
+		n.Subnets = nil
+		for _, c := range cidrs {
+			ip, sn, err := net.ParseCIDR(c)
+			if err != nil || !ip.Equal(sn.IP) {
+				return Error("invalid %q podCIDR %q: a subnet like 10.244.2.0/24", field, c)
+			}
+			n.Subnets = append(n.Subnets, sn)
+		}
+	}
+	return nil
+}
+
+func (r *Registry) validate() *types.Error {
+	if r.Type == "" {
+		r.Type = "etcd"
+	}
+	if r.Type != "etcd" {
+		return Error("invalid \"backend.registry.type\" %q: only etcd", r.Type)
+	}
+	if len(r.Endpoints) == 0 {
+		return Error("invalid \"backend.registry\": \"endpoints\" is empty")
+	}
+	for _, e := range r.Endpoints {
+		if !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") {
+			return Error("invalid \"backend.registry.endpoints\" entry %q: want http(s)://host:port", e)
+		}
+	}
+	if r.Prefix == "" {
+		r.Prefix = DefaultRegistryPrefix
+	}
+	if !strings.HasPrefix(r.Prefix, "/") || strings.Contains(r.Prefix, "..") {
+		return Error("invalid \"backend.registry.prefix\" %q: an absolute key prefix like /village", r.Prefix)
+	}
+	if r.TTL == 0 {
+		r.TTL = DefaultRegistryTTL
+	}
+	if r.TTL < 5 || r.TTL > 3600 {
+		return Error("invalid \"backend.registry.ttl\" %d: 5-3600 seconds", r.TTL)
+	}
+	if r.SubnetLen == 0 {
+		r.SubnetLen = DefaultSubnetLen
+	}
+	if r.SubnetLen < 8 || r.SubnetLen > 126 {
+		return Error("invalid \"backend.registry.subnetLen\" %d", r.SubnetLen)
+	}
+	return nil
+}

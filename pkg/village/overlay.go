@@ -1,0 +1,85 @@
+package village
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ip"
+
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/overlay"
+)
+
+// overlayDeadline bounds the netlink work of one reconcile from the plugin.
+const overlayDeadline = 30 * time.Second
+
+// StaticPeers turns the static node list into overlay peers.
+func StaticPeers(b *netconf.Backend) []overlay.Node {
+	peers := make([]overlay.Node, 0, len(b.Nodes))
+	for _, n := range b.Nodes {
+		peers = append(peers, overlay.Node{Name: n.Name, IP: n.Addr, PodCIDRs: n.Subnets})
+	}
+	return peers
+}
+
+// OverlayConfig is the reconciler configuration of a backend section.
+func OverlayConfig(b *netconf.Backend) overlay.Config {
+	return overlay.Config{Mode: overlay.Mode(b.Type), Underlay: b.Underlay, VNI: b.VNI, Port: b.Port}
+}
+
+// podSubnets returns the subnets of addresses (this node's pod subnets).
+func podSubnets(ips []*current.IPConfig) []*net.IPNet {
+	var out []*net.IPNet
+	for _, ipc := range ips {
+		out = append(out, ip.Network(&ipc.Address))
+	}
+	return out
+}
+
+// syncOverlay makes the kernel carry traffic to the other nodes and returns
+// the MTU pods should use. With static peers it reconciles them (a peer
+// removed from the list is removed here); with a registry villaged owns the
+// peers and this only reads the pod MTU without writing anything. A second
+// ADD on an unchanged node costs a few netlink dumps.
+func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
+	b := conf.Overlay
+	if b == nil || b.Type == netconf.BackendNone {
+		return 0, nil
+	}
+	r, err := overlay.New(OverlayConfig(b))
+	if err != nil {
+		return 0, fmt.Errorf("backend %s: %w", b.Type, err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), overlayDeadline)
+	defer cancel()
+	self := overlay.Node{PodCIDRs: podSubnets(ips)}
+	if b.Registry != nil {
+		d, err := r.Status(ctx, self, nil)
+		if err != nil {
+			return 0, fmt.Errorf("backend %s: reading the underlay: %w", b.Type, err)
+		}
+		return d.MTU, nil
+	}
+	rep, err := r.Set(ctx, self, StaticPeers(b))
+	if err != nil {
+		return rep.MTU, fmt.Errorf("backend %s: reconciling %d static peers: %w", b.Type, len(b.Nodes), err)
+	}
+	return rep.MTU, nil
+}
+
+// ensureOverlay is the ADD step: peers first, so the pod MTU is known before
+// the bridge and the veth are made.
+func (a *adder) ensureOverlay() error {
+	mtu, err := syncOverlay(a.conf, a.result.IPs)
+	if err != nil {
+		return err
+	}
+	if a.conf.MTU == 0 && mtu > 0 {
+		a.conf.MTU = mtu
+	}
+	return nil
+}
