@@ -8,15 +8,16 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/village-cni/village/pkg/buildinfo"
+	"github.com/village-cni/village/pkg/cnilog"
 	"github.com/village-cni/village/pkg/ipam/plugin"
 )
 
 func main() {
-	skel.PluginMainFuncs(skel.CNIFuncs{
+	skel.PluginMainFuncs(cnilog.Wrap("village-ipam", skel.CNIFuncs{
 		Add:    plugin.Add,
 		Del:    plugin.Del,
 		Check:  plugin.Check,
 		Status: plugin.Status,
 		GC:     plugin.GC,
-	}, version.All, buildinfo.About("village-ipam"))
+	}), version.All, buildinfo.About("village-ipam"))
 }

@@ -6,9 +6,10 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/village-cni/village/pkg/buildinfo"
+	"github.com/village-cni/village/pkg/cnilog"
 	"github.com/village-cni/village/pkg/loopback"
 )
 
 func main() {
-	skel.PluginMainFuncs(loopback.Funcs(), version.All, buildinfo.About("loopback"))
+	skel.PluginMainFuncs(cnilog.Wrap("loopback", loopback.Funcs()), version.All, buildinfo.About("loopback"))
 }

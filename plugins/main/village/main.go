@@ -7,9 +7,10 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/village-cni/village/pkg/buildinfo"
+	"github.com/village-cni/village/pkg/cnilog"
 	"github.com/village-cni/village/pkg/village"
 )
 
 func main() {
-	skel.PluginMainFuncs(village.Funcs(), version.All, buildinfo.About("village"))
+	skel.PluginMainFuncs(cnilog.Wrap("village", village.Funcs()), version.All, buildinfo.About("village"))
 }
