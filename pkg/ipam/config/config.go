@@ -7,7 +7,11 @@
 // "ranges" (a list of range sets, one address is handed out per set, which is
 // how dual stack is configured), "routes", "dataDir", "resolvConf", and the
 // requested addresses from runtimeConfig.ips, args.cni.ips and CNI_ARGS IP=.
-// Village adds a "store" block that selects where allocations are kept.
+// Village adds a "store" block that selects where allocations are kept, and
+// lets the range come from villaged: with no "subnet" and no "ranges", the
+// range is read from the file `villaged run` publishes after leasing this
+// node's pod subnet (LeasedSubnetFile, or ipam.subnetFile when set), so one
+// conflist serves every node.
 package config
 
 import (
@@ -16,6 +20,8 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -35,6 +41,59 @@ const (
 // DefaultEtcdPrefix is the key prefix the etcd store uses when
 // ipam.store.prefix is empty.
 const DefaultEtcdPrefix = "/village"
+
+// DefaultRunDir is where villaged publishes what it leased for each network;
+// the RunDirEnv environment variable overrides it (tests, unusual layouts).
+const (
+	DefaultRunDir = "/run/village"
+	RunDirEnv     = "VILLAGE_RUN_DIR"
+	// SubnetFileName is the file under <run dir>/<network>/ holding the
+	// leased pod subnet(s), one CIDR per line, one range set each.
+	SubnetFileName = "subnet"
+)
+
+// RunDir is $VILLAGE_RUN_DIR or DefaultRunDir.
+func RunDir() string {
+	if d := os.Getenv(RunDirEnv); d != "" {
+		return d
+	}
+	return DefaultRunDir
+}
+
+// LeasedSubnetFile is the file villaged publishes network's leased pod
+// subnet in: <run dir>/<network>/subnet. network must be a valid network name.
+func LeasedSubnetFile(network string) string {
+	return filepath.Join(RunDir(), network, SubnetFileName)
+}
+
+// ErrNotLeased marks the error of a config with no range when villaged has
+// not published one (yet): worth retrying later.
+var ErrNotLeased = errors.New("no pod range in the config and villaged has not leased one yet (is `villaged run` running?)")
+
+// ReadSubnetFile reads a leased-subnet file: one CIDR per line; blank lines
+// and lines starting with '#' are skipped.
+func ReadSubnetFile(path string) ([]netip.Prefix, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		p, err := netip.ParsePrefix(line)
+		if err != nil {
+			return nil, fmt.Errorf("%s line %d: %w", path, i+1, err)
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s holds no subnet", path)
+	}
+	return out, nil
+}
 
 // Config is the validated IPAM configuration of one invocation.
 type Config struct {
@@ -216,6 +275,8 @@ type rawIPAM struct {
 	ResolvConf string         `json:"resolvConf"`
 	Ranges     [][]rawRange   `json:"ranges"`
 	Store      *StoreConfig   `json:"store"`
+	// SubnetFile overrides where the range villaged leased is read from.
+	SubnetFile string `json:"subnetFile"`
 }
 
 type rawNet struct {
@@ -408,10 +469,6 @@ func (c *Config) parseRequested(n *rawNet, cniArgs string) error {
 }
 
 func (c *Config) parseRanges(n *rawNet) error {
-	type src struct {
-		field string
-		raw   []rawRange
-	}
 	var sets []src
 	for i, s := range n.RuntimeConfig.IPRanges {
 		sets = append(sets, src{fmt.Sprintf("runtimeConfig.ipRanges[%d]", i), s})
@@ -425,7 +482,11 @@ func (c *Config) parseRanges(n *rawNet) error {
 		sets = append(sets, src{fmt.Sprintf("ipam.ranges[%d]", i), s})
 	}
 	if len(sets) == 0 {
-		return fieldErr("ipam.ranges", "no address range configured; set ipam.ranges (e.g. [[{\"subnet\": \"10.22.0.0/16\"}]]) or ipam.subnet")
+		leased, err := leasedSets(c.Name, n.IPAM.SubnetFile)
+		if err != nil {
+			return err
+		}
+		sets = leased
 	}
 	var v4, v6 int
 	for _, s := range sets {
@@ -451,6 +512,33 @@ func (c *Config) parseRanges(n *rawNet) error {
 		}
 	}
 	return nil
+}
+
+// src is one range set as written, and the field that names it in errors.
+type src struct {
+	field string
+	raw   []rawRange
+}
+
+// leasedSets reads the range villaged leased for this node: from subnetFile,
+// or LeasedSubnetFile(network).
+func leasedSets(network, subnetFile string) ([]src, error) {
+	path := subnetFile
+	if path == "" {
+		path = LeasedSubnetFile(network)
+	}
+	prefixes, err := ReadSubnetFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, &Error{Field: "ipam.ranges", Err: fmt.Errorf("%w: no address range configured (set ipam.ranges, e.g. [[{\"subnet\": \"10.22.0.0/16\"}]], or ipam.subnet) and %s does not exist", ErrNotLeased, path)}
+	}
+	if err != nil {
+		return nil, fieldErr("ipam.subnetFile", "reading the range villaged leased: %w", err)
+	}
+	var out []src
+	for _, p := range prefixes {
+		out = append(out, src{path, []rawRange{{Subnet: p.String()}}})
+	}
+	return out, nil
 }
 
 func overlapsSet(a, b RangeSet) bool {

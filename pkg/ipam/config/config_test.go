@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -219,5 +222,50 @@ func TestGCListNullIsEmpty(t *testing.T) {
 				t.Fatalf("%s: got %#v", c.extra, cfg.ValidAttachments)
 			}
 		}
+	}
+}
+
+func TestRangeFromVillagedSubnetFile(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(RunDirEnv, dir)
+	in := `{"name":"ovl","ipam":{"type":"village-ipam"}}`
+	_, err := Parse([]byte(in), "")
+	if !errors.Is(err, ErrNotLeased) || !strings.Contains(err.Error(), "is `villaged run` running?") ||
+		!strings.Contains(err.Error(), filepath.Join(dir, "ovl", "subnet")) {
+		t.Fatalf("no file: %v, want ErrNotLeased naming the file", err)
+	}
+	if got := LeasedSubnetFile("ovl"); got != filepath.Join(dir, "ovl", "subnet") {
+		t.Fatalf("LeasedSubnetFile = %s", got)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(dir, "ovl"), 0o755))
+	must(os.WriteFile(LeasedSubnetFile("ovl"), []byte("# leased by villaged\n10.60.3.0/24\nfd60:0:0:3::/64\n"), 0o644))
+	c, err := Parse([]byte(in), "")
+	must(err)
+	if len(c.RangeSets) != 2 || c.RangeSets[0][0].Subnet.String() != "10.60.3.0/24" || c.RangeSets[1][0].Gateway.String() != "fd60:0:0:3::1" {
+		t.Fatalf("range sets from the file: %+v", c.RangeSets)
+	}
+	// ipam.subnetFile overrides the path; ranges in the config win over any file.
+	other := filepath.Join(dir, "other")
+	must(os.WriteFile(other, []byte("10.70.0.0/24\n"), 0o644))
+	c, err = Parse([]byte(`{"name":"ovl","ipam":{"subnetFile":`+strconv.Quote(other)+`}}`), "")
+	must(err)
+	if len(c.RangeSets) != 1 || c.RangeSets[0][0].Subnet.String() != "10.70.0.0/24" {
+		t.Fatalf("subnetFile: %+v", c.RangeSets)
+	}
+	c, err = Parse([]byte(`{"name":"ovl","ipam":{"subnet":"10.80.0.0/24"}}`), "")
+	must(err)
+	if len(c.RangeSets) != 1 || c.RangeSets[0][0].Subnet.String() != "10.80.0.0/24" {
+		t.Fatalf("config subnet must win: %+v", c.RangeSets)
+	}
+	must(os.WriteFile(other, []byte("nonsense\n"), 0o644))
+	_, err = Parse([]byte(`{"name":"ovl","ipam":{"subnetFile":`+strconv.Quote(other)+`}}`), "")
+	if err == nil || errors.Is(err, ErrNotLeased) || !strings.Contains(err.Error(), other) {
+		t.Fatalf("bad file: %v, want an error naming %s", err, other)
 	}
 }

@@ -107,6 +107,9 @@ func configError(err error) error {
 	if errors.As(err, &syn) {
 		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
 	}
+	if errors.Is(err, config.ErrNotLeased) {
+		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
+	}
 	return types.NewError(types.ErrInvalidNetworkConfig, "invalid IPAM configuration: "+err.Error(), "")
 }
 
