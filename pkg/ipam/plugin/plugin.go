@@ -91,7 +91,7 @@ func setup(ctx context.Context, args *skel.CmdArgs, withOwner bool) (*invocation
 	open, ok := backends[cfg.Store.Type]
 	if !ok {
 		return nil, types.NewError(types.ErrUnsupportedField,
-			fmt.Sprintf("ipam.store.type %q is not built into this village-ipam yet; use \"disk\" (the default) for now", cfg.Store.Type), "")
+			fmt.Sprintf("ipam.store.type %q is not built into this binary: use village-ipam, which runs the right helper for each store type", cfg.Store.Type), "")
 	}
 	st, err := open(ctx, cfg)
 	if err != nil {

@@ -1,6 +1,7 @@
 // Command village-ipam is Village's IPAM plugin: it hands out addresses from
 // configured ranges and keeps them in a store (node-local files compatible
-// with host-local by default). See pkg/ipam/plugin for the verbs.
+// with host-local by default; etcd through village-ipam-etcd). See
+// pkg/ipam/plugin for the verbs.
 package main
 
 import (
@@ -13,11 +14,5 @@ import (
 )
 
 func main() {
-	skel.PluginMainFuncs(cnilog.Wrap("village-ipam", skel.CNIFuncs{
-		Add:    plugin.Add,
-		Del:    plugin.Del,
-		Check:  plugin.Check,
-		Status: plugin.Status,
-		GC:     plugin.GC,
-	}), version.All, buildinfo.About("village-ipam"))
+	skel.PluginMainFuncs(cnilog.Wrap("village-ipam", plugin.Funcs()), version.All, buildinfo.About("village-ipam"))
 }
