@@ -1,0 +1,443 @@
+// Command cnibench measures Village (village + village-ipam) against the
+// reference plugins (bridge + host-local) side by side, through cnitool, in
+// namespaces it makes and removes. scripts/bench.sh builds everything and
+// runs it; see docs/performance.md for what each figure means.
+//
+// Every comparison alternates the two suites (A B A B, the first of each
+// pair swapping every round) within one run, so machine noise lands on both
+// sides; the table reports medians and ratios of medians.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	bin, ref, cnitool, overlayTest string
+	seq, burst, width, rounds      int
+	scale                          int
+	memRuns                        int
+	overlayCount                   int
+	iperfSecs, iperfRounds         int
+	only                           string
+	verbose                        bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.bin, "bin", "bin", "directory of Village's binaries")
+	flag.StringVar(&o.ref, "ref", "bin/ref", "directory of the reference plugins")
+	flag.StringVar(&o.cnitool, "cnitool", "bin/cnitool", "cnitool binary")
+	flag.StringVar(&o.overlayTest, "overlay-test", "", "compiled pkg/overlay test binary (go test -c); empty: skip the 1000-peer figures")
+	flag.IntVar(&o.seq, "seq", 30, "pods in the sequential ADD/DEL runs")
+	flag.IntVar(&o.burst, "burst", 30, "pods per burst")
+	flag.IntVar(&o.width, "width", 10, "concurrent operations in a burst")
+	flag.IntVar(&o.rounds, "rounds", 3, "bursts per suite")
+	flag.IntVar(&o.scale, "scale", 250, "pods on one node for the scaling figure")
+	flag.IntVar(&o.memRuns, "mem-runs", 5, "ADDs per suite for peak memory")
+	flag.IntVar(&o.overlayCount, "overlay-count", 5, "runs of pkg/overlay's TestMeasureScale")
+	flag.IntVar(&o.iperfSecs, "iperf-seconds", 3, "length of one iperf3 run")
+	flag.IntVar(&o.iperfRounds, "iperf-rounds", 3, "iperf3 runs per path and mode")
+	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,burst,scale,memory,overlay,throughput); empty: all")
+	flag.BoolVar(&o.verbose, "v", false, "print every sample series")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fatal(fmt.Errorf("cnibench needs root: it makes network namespaces"))
+	}
+	for _, p := range []*string{&o.bin, &o.ref, &o.cnitool, &o.overlayTest} {
+		if *p != "" {
+			abs, err := filepath.Abs(*p)
+			if err != nil {
+				fatal(err)
+			}
+			*p = abs
+		}
+	}
+	tmp, err := os.MkdirTemp("", "cnibench-")
+	if err != nil {
+		fatal(err)
+	}
+	l := newLab(tmp)
+	var once sync.Once
+	done := func() {
+		once.Do(func() {
+			l.cleanup()
+			_ = os.RemoveAll(tmp)
+		})
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-sig
+		fmt.Fprintln(os.Stderr, "cnibench: interrupted, removing namespaces")
+		done()
+		os.Exit(130)
+	}()
+	err = benchmark(l, o)
+	done()
+	if err != nil {
+		fatal(err)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintf(os.Stderr, "cnibench: %v\n", err)
+	os.Exit(1)
+}
+
+func (o options) want(section string) bool {
+	if o.only == "" {
+		return true
+	}
+	for _, s := range strings.Split(o.only, ",") {
+		if strings.TrimSpace(s) == section {
+			return true
+		}
+	}
+	return false
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%s] "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func benchmark(l *lab, o options) error {
+	v := &suite{name: "village", short: "v", main: "village", ipam: "village-ipam", binDir: o.bin}
+	r := &suite{name: "reference", short: "r", main: "bridge", ipam: "host-local", binDir: o.ref}
+	suites := []*suite{v, r}
+	for _, s := range suites {
+		s.cnitool = o.cnitool
+		base := filepath.Join(l.tmp, s.name)
+		s.confDir, s.cacheDir, s.dataDir = filepath.Join(base, "net.d"), filepath.Join(base, "cache"), filepath.Join(base, "ipam")
+		for _, d := range []string{s.confDir, s.cacheDir, s.dataDir} {
+			if err := os.MkdirAll(d, 0o700); err != nil {
+				return err
+			}
+		}
+		node, err := l.newNS("node" + s.short)
+		if err != nil {
+			return err
+		}
+		s.node = node
+		// The same networks in both nodes: with and without masquerade, the
+		// burst, the scaling run on a bridge of its own, and loopback only.
+		confs := map[string]string{
+			"masq":   s.netConf("masq", "cbr0", "10.90.0.0/24", true, ""),
+			"nomasq": s.netConf("nomasq", "cbr1", "10.91.0.0/24", false, ""),
+			"burst":  s.netConf("burst", "cbr2", "10.92.0.0/24", true, ""),
+			"scale":  s.netConf("scale", "cbr3", "10.93.0.0/24", true, ""),
+			"lo":     `{"cniVersion":"1.1.0","name":"lo","plugins":[{"type":"loopback"}]}`,
+		}
+		for name, body := range confs {
+			if err := s.writeConf(name, body); err != nil {
+				return err
+			}
+		}
+	}
+	t := &table{title: fmt.Sprintf("Village (village + village-ipam) vs reference (bridge + host-local %s), medians, one run, cnitool exec per operation",
+		"v1.10.0")}
+	s := samples{}
+	start := time.Now()
+	if o.want("latency") {
+		if err := latency(l, o, v, r, s, t); err != nil {
+			return err
+		}
+	}
+	if o.want("burst") {
+		if err := burst(l, o, v, r, s, t); err != nil {
+			return err
+		}
+	}
+	if o.want("scale") {
+		if err := scaling(l, o, v, r, s, t); err != nil {
+			return err
+		}
+	}
+	if o.want("memory") {
+		if err := memory(l, o, v, r, s, t); err != nil {
+			return err
+		}
+	}
+	if o.want("overlay") && o.overlayTest != "" {
+		if err := overlayScale(o, s, t); err != nil {
+			return err
+		}
+	}
+	if o.want("throughput") {
+		if err := throughput(l, o, v, s, t); err != nil {
+			return err
+		}
+	}
+	if o.verbose {
+		fmt.Println()
+		for k := range s {
+			fmt.Println(s.summary(k))
+		}
+	}
+	t.print(os.Stdout)
+	fmt.Printf("\n%d cores, kernel %s, %s, run took %s\n", numCPU(), kernel(), time.Now().Format("2006-01-02"), time.Since(start).Round(time.Second))
+	return nil
+}
+
+// order alternates which suite goes first: A B, then B A, ...
+func order(i int, a, b *suite) []*suite {
+	if i%2 == 0 {
+		return []*suite{a, b}
+	}
+	return []*suite{b, a}
+}
+
+// latency: sequential ADD then DEL of o.seq pods, with and without
+// masquerade, with the loopback floor interleaved.
+func latency(l *lab, o options, v, r *suite, s samples, t *table) error {
+	for _, network := range []string{"masq", "nomasq"} {
+		logf("sequential %s: %d pods per suite", network, o.seq)
+		pods := map[*suite][]string{}
+		for _, su := range []*suite{v, r} {
+			p, err := l.newPods("p"+su.short, o.seq)
+			if err != nil {
+				return err
+			}
+			pods[su] = p
+		}
+		for _, verb := range []string{"add", "del"} {
+			for i := 0; i < o.seq; i++ {
+				for _, su := range order(i, v, r) {
+					d, err := su.cnitoolRun(verb, network, pods[su][i])
+					if err != nil {
+						return err
+					}
+					s.add(su.short+"."+network+"."+verb, ms(d))
+				}
+				if network == "masq" {
+					// The exec floor: loopback only, same pods, same run.
+					for _, su := range order(i+1, v, r) {
+						d, err := su.cnitoolRun(verb, "lo", pods[su][i])
+						if err != nil {
+							return err
+						}
+						s.add(su.short+".lo."+verb, ms(d))
+					}
+				}
+			}
+		}
+		for _, su := range []*suite{v, r} {
+			l.delAll(pods[su])
+		}
+	}
+	floor := s.med("v.lo.add")
+	for _, network := range []string{"masq", "nomasq"} {
+		what := "ipMasq on"
+		if network == "nomasq" {
+			what = "ipMasq off"
+		}
+		add := s.med("v." + network + ".add")
+		radd := s.med("r." + network + ".add")
+		row := row{metric: fmt.Sprintf("ADD, sequential, %s (%d pods)", what, o.seq), village: add, reference: radd, unit: "ms", ratio: math.NaN()}
+		if network == "masq" {
+			row.target = "≤ 0.50×"
+			row.met = yes(add/radd <= 0.5)
+		}
+		t.add(row)
+		del := s.med("v." + network + ".del")
+		rdel := s.med("r." + network + ".del")
+		row = row2(fmt.Sprintf("DEL, sequential, %s (%d pods)", what, o.seq), del, rdel, "ms")
+		if network == "masq" {
+			row.target = "≤ 0.35×"
+			row.met = yes(del/rdel <= 0.35)
+		}
+		t.add(row)
+	}
+	t.add(row{metric: "exec floor: loopback-only ADD via cnitool", village: floor, reference: s.med("r.lo.add"), unit: "ms", ratio: math.NaN()})
+	t.add(row{metric: "exec floor: loopback-only DEL via cnitool", village: s.med("v.lo.del"), reference: s.med("r.lo.del"), unit: "ms", ratio: math.NaN()})
+	gap := s.med("v.masq.add") - floor
+	t.add(row{metric: "ADD (ipMasq on) above the exec floor", village: gap, reference: s.med("r.masq.add") - s.med("r.lo.add"), unit: "ms",
+		ratio: math.NaN(), target: "village ≤ 8 ms", met: yes(gap <= 8)})
+	return nil
+}
+
+func row2(metric string, v, r float64, unit string) row {
+	return row{metric: metric, village: v, reference: r, unit: unit, ratio: math.NaN()}
+}
+
+// burst: o.burst pods, o.width at a time; wall time of all ADDs, then of
+// all DELs, o.rounds times per suite, alternating.
+func burst(l *lab, o options, v, r *suite, s samples, t *table) error {
+	logf("burst: %d pods, %d at a time, %d rounds per suite", o.burst, o.width, o.rounds)
+	for round := 0; round < o.rounds; round++ {
+		pods := map[*suite][]string{}
+		for _, su := range []*suite{v, r} {
+			p, err := l.newPods("b"+su.short, o.burst)
+			if err != nil {
+				return err
+			}
+			pods[su] = p
+		}
+		for _, verb := range []string{"add", "del"} {
+			for _, su := range order(round, v, r) {
+				errs := make([]error, o.burst)
+				start := time.Now()
+				parallel(o.burst, o.width, func(i int) {
+					_, errs[i] = su.cnitoolRun(verb, "burst", pods[su][i])
+				})
+				wall := time.Since(start)
+				for _, err := range errs {
+					if err != nil {
+						return err
+					}
+				}
+				s.add(su.short+".burst."+verb, ms(wall))
+			}
+		}
+		for _, su := range []*suite{v, r} {
+			l.delAll(pods[su])
+		}
+	}
+	add, radd := s.med("v.burst.add"), s.med("r.burst.add")
+	rw := row2(fmt.Sprintf("burst ADD wall, %d pods %d at a time", o.burst, o.width), add, radd, "ms")
+	rw.target, rw.met = "≤ 0.50×", yes(add/radd <= 0.5)
+	t.add(rw)
+	del, rdel := s.med("v.burst.del"), s.med("r.burst.del")
+	rw = row2(fmt.Sprintf("burst DEL wall, %d pods %d at a time", o.burst, o.width), del, rdel, "ms")
+	rw.target, rw.met = "≤ 0.30×", yes(del/rdel <= 0.3)
+	t.add(rw)
+	return nil
+}
+
+// scaling: o.scale pods on one node per suite (alternating), ADD latency
+// of the last 10 against the first 10.
+func scaling(l *lab, o options, v, r *suite, s samples, t *table) error {
+	logf("scaling: %d pods per suite on one node", o.scale)
+	pods := map[*suite][]string{}
+	for _, su := range []*suite{v, r} {
+		p, err := l.newPods("s"+su.short, o.scale)
+		if err != nil {
+			return err
+		}
+		pods[su] = p
+	}
+	for i := 0; i < o.scale; i++ {
+		for _, su := range order(i, v, r) {
+			d, err := su.cnitoolRun("add", "scale", pods[su][i])
+			if err != nil {
+				return err
+			}
+			switch {
+			case i < 10:
+				s.add(su.short+".scale.first", ms(d))
+			case i >= o.scale-10:
+				s.add(su.short+".scale.last", ms(d))
+			}
+		}
+	}
+	// DEL of the last 10 on the full node (the reference scans its data
+	// directory on every DEL), alternating.
+	for i := o.scale - 1; i >= o.scale-10; i-- {
+		for _, su := range order(i, v, r) {
+			d, err := su.cnitoolRun("del", "scale", pods[su][i])
+			if err != nil {
+				return err
+			}
+			s.add(su.short+".scale.lastdel", ms(d))
+		}
+	}
+	for _, su := range []*suite{v, r} {
+		l.delAll(pods[su])
+	}
+	first, last := s.med("v.scale.first"), s.med("v.scale.last")
+	rfirst, rlast := s.med("r.scale.first"), s.med("r.scale.last")
+	t.add(row2("ADD, pods 1–10 on a node", first, rfirst, "ms"))
+	t.add(row2(fmt.Sprintf("ADD, pods %d–%d on the same node", o.scale-9, o.scale), last, rlast, "ms"))
+	t.add(row{metric: fmt.Sprintf("scaling: ADD pods %d–%d ÷ pods 1–10 (each suite)", o.scale-9, o.scale), village: last / first, reference: rlast / rfirst,
+		unit: "×", ratio: math.NaN(), target: "village ≤ 1.20×", met: yes(last/first <= 1.2)})
+	t.add(row2(fmt.Sprintf("DEL, pods %d–%d with %d on the node", o.scale-9, o.scale, o.scale), s.med("v.scale.lastdel"), s.med("r.scale.lastdel"), "ms"))
+	return nil
+}
+
+// memory: peak RSS of one ADD. The main plugin is exec'd directly with the
+// runtime's environment so wait4 reports on it; its ru_maxrss is the larger
+// of the plugin and the children it waited for (IPAM, and iptables for the
+// reference), so the IPAM plugin is also run alone and the sum is reported
+// as the peak of the two processes together (an upper bound: the two are
+// alive at the same time while the main plugin waits for IPAM).
+func memory(l *lab, o options, v, r *suite, s samples, t *table) error {
+	logf("memory: %d ADDs per suite", o.memRuns)
+	type conf struct{ stdin []byte }
+	stdin := map[*suite][]byte{}
+	for _, su := range []*suite{v, r} {
+		b, err := pluginConf(su.netConf("masq", "cbr0", "10.90.0.0/24", true, ""))
+		if err != nil {
+			return err
+		}
+		stdin[su] = b
+	}
+	pods := map[*suite][]string{}
+	for _, su := range []*suite{v, r} {
+		p, err := l.newPods("m"+su.short, o.memRuns+1)
+		if err != nil {
+			return err
+		}
+		pods[su] = p
+		// A first pod puts the bridge and masquerade in place, as on any
+		// node that already runs pods; it is not measured.
+		if _, err := su.execPlugin(su.main, "ADD", "mem-warm", p[o.memRuns], stdin[su]); err != nil {
+			return err
+		}
+	}
+	for i := 0; i < o.memRuns; i++ {
+		for _, su := range order(i, v, r) {
+			id := fmt.Sprintf("mem-%d", i)
+			rss, err := su.execPlugin(su.main, "ADD", id, pods[su][i], stdin[su])
+			if err != nil {
+				return err
+			}
+			s.add(su.short+".mem.main", float64(rss)/(1<<20))
+			rss, err = su.execPlugin(su.ipam, "ADD", id+"-ipam", pods[su][i], stdin[su])
+			if err != nil {
+				return err
+			}
+			s.add(su.short+".mem.ipam", float64(rss)/(1<<20))
+			for _, c := range []struct{ bin, id string }{{su.main, id}, {su.ipam, id + "-ipam"}} {
+				if _, err := su.execPlugin(c.bin, "DEL", c.id, pods[su][i], stdin[su]); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for _, su := range []*suite{v, r} {
+		l.delAll(pods[su])
+	}
+	main, ipam := s.med("v.mem.main"), s.med("v.mem.ipam")
+	rmain, ripam := s.med("r.mem.main"), s.med("r.mem.ipam")
+	t.add(row2("peak RSS, main plugin ADD (max of it and its children, wait4)", main, rmain, "MB"))
+	t.add(row2("peak RSS, IPAM plugin ADD alone", ipam, ripam, "MB"))
+	t.add(row{metric: "peak memory of one ADD (main + IPAM, sum)", village: main + ipam, reference: rmain + ripam, unit: "MB", ratio: math.NaN(),
+		target: "village ≤ 16 MB", met: yes(main+ipam <= 16)})
+	return nil
+}
+
+func numCPU() int {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), "processor\t:")
+}
+
+func kernel() string {
+	out, err := run(context.Background(), 5*time.Second, "uname", "-r")
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(out)
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Village vs the reference plugins (bridge + host-local v1.10.0), side by side
+# through ./bin/cnitool in throwaway node namespaces. Run as root. Builds
+# everything, then runs bench/cmd/cnibench, which alternates the two suites
+# (A B A B) and prints a Markdown table of medians and ratios (see
+# docs/performance.md). It touches only namespaces it makes (named
+# cnib<pid>-*) and temp directories, and removes them when it ends.
+#
+#   sudo ./scripts/bench.sh                 # everything, a few minutes on 2 cores
+#   sudo ./scripts/bench.sh -only latency   # one section (latency,burst,scale,memory,overlay,throughput)
+#   sudo ./scripts/bench.sh -v              # also every sample series
+#
+# Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+[ "$(id -u)" = 0 ] || { echo "bench.sh: run as root (it makes network namespaces)" >&2; exit 1; }
+for tool in ip iptables iperf3; do
+  command -v "$tool" >/dev/null || { echo "bench.sh: needs '$tool' (apt-get install -y iproute2 iptables iperf3)" >&2; exit 1; }
+done
+
+./build_linux.sh >&2
+# Run from a private copy of the binaries, so a rebuild of ./bin by someone
+# else during the run cannot change what is measured.
+work=$(mktemp -d /tmp/village-bench.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/bin/ref"
+cp bin/village bin/village-ipam bin/loopback "$work/bin/"
+cp bin/ref/bridge bin/ref/host-local bin/ref/loopback "$work/bin/ref/"
+cp bin/cnitool "$work/cnitool"
+export CGO_ENABLED=0
+go build -trimpath -o "$work/cnibench" ./bench/cmd/cnibench
+go test -c -o "$work/overlay.test" ./pkg/overlay
+ls -l "$work"/bin/village "$work"/bin/village-ipam "$work"/bin/ref/bridge "$work"/bin/ref/host-local \
+  | awk '{printf "binary %-12s %6.1f MB\n", $NF, $5/1048576}' | sed "s|$work/||" >&2
+
+"$work/cnibench" -bin "$work/bin" -ref "$work/bin/ref" -cnitool "$work/cnitool" \
+  -overlay-test "$work/overlay.test" "$@"
