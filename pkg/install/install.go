@@ -1,0 +1,403 @@
+// Package install puts Village on a node and takes it off again: the plugin
+// binaries into the CNI binary directory and the conflist (rendered from a
+// template with the node's values) into the CNI config directory, every file
+// written atomically (temporary file in the target directory, fsync, rename)
+// so a runtime never execs a half-written binary or loads half a conflist.
+//
+// Install records what it wrote in a manifest (<state-dir>/install.json),
+// with a backup of any file it replaced (a reference loopback plugin, a
+// hand-written conflist of the same name). Uninstall removes exactly what the
+// manifest lists, puts the backups back, leaves alone any file changed since,
+// and, when asked, removes the node objects Village made for the installed
+// networks (see Purge). Both are idempotent: a second run changes nothing and
+// says so.
+package install
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/village-cni/village/pkg/buildinfo"
+	"github.com/village-cni/village/pkg/macvlan"
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/overlay"
+)
+
+// Defaults for Options.
+const (
+	DefaultBinDir   = "/opt/cni/bin"
+	DefaultConfDir  = "/etc/cni/net.d"
+	DefaultStateDir = "/var/lib/village"
+	DefaultConfName = "10-village.conflist"
+)
+
+// Plugins are the binaries install copies by default.
+var Plugins = []string{"village", "village-ipam", "loopback"}
+
+// Options say where to install from and to.
+type Options struct {
+	BinDir   string // CNI binary directory; DefaultBinDir when empty
+	ConfDir  string // CNI config directory; DefaultConfDir when empty
+	StateDir string // where the manifest and backups live; DefaultStateDir when empty
+	// BinSource is the directory holding the binaries to install.
+	BinSource string
+	// Binaries to install from BinSource; Plugins when empty.
+	Binaries []string
+	// Template is the conflist template; DefaultTemplate when nil.
+	// TemplateName names it in errors.
+	Template     []byte
+	TemplateName string
+	// ConfName is the conflist's file name; DefaultConfName when empty.
+	ConfName string
+	// Vars override everything else when rendering the template.
+	Vars map[string]string
+	// LookupEnv is consulted after Vars and before the detected NodeVars;
+	// os.LookupEnv when nil.
+	LookupEnv func(string) (string, bool)
+	// NodeVars are the detected values; NodeVars() when nil.
+	NodeVars map[string]string
+}
+
+func (o *Options) defaults() {
+	if o.BinDir == "" {
+		o.BinDir = DefaultBinDir
+	}
+	if o.ConfDir == "" {
+		o.ConfDir = DefaultConfDir
+	}
+	if o.StateDir == "" {
+		o.StateDir = DefaultStateDir
+	}
+	if len(o.Binaries) == 0 {
+		o.Binaries = Plugins
+	}
+	if o.Template == nil {
+		o.Template, o.TemplateName = DefaultTemplate, "built-in template"
+	}
+	if o.TemplateName == "" {
+		o.TemplateName = "template"
+	}
+	if o.ConfName == "" {
+		o.ConfName = DefaultConfName
+	}
+	if o.LookupEnv == nil {
+		o.LookupEnv = os.LookupEnv
+	}
+	if o.NodeVars == nil {
+		o.NodeVars = NodeVars()
+	}
+}
+
+func (o *Options) lookup(name string) (string, bool) {
+	if v, ok := o.Vars[name]; ok {
+		return v, true
+	}
+	if v, ok := o.LookupEnv(name); ok {
+		return v, true
+	}
+	switch name {
+	case "CNI_BIN_DIR":
+		return o.BinDir, true
+	case "CNI_CONF_DIR":
+		return o.ConfDir, true
+	}
+	v, ok := o.NodeVars[name]
+	return v, ok
+}
+
+// Action is what happened to one file or node object.
+type Action string
+
+// The actions a Report lists.
+const (
+	Created   Action = "created"
+	Updated   Action = "updated"
+	Replaced  Action = "replaced" // a file install did not write; a backup was kept
+	Unchanged Action = "unchanged"
+	Removed   Action = "removed"
+	Restored  Action = "restored" // the backup of a replaced file was put back
+	Kept      Action = "kept"     // changed since install: left alone
+	Absent    Action = "absent"   // already gone
+)
+
+// Change is one line of a Report.
+type Change struct {
+	Action Action
+	Path   string // a file, or a node object such as "link village0"
+	Note   string
+}
+
+// Report says what Install or Uninstall did.
+type Report struct {
+	Changes  []Change
+	Warnings []string
+}
+
+// Changed reports whether anything on the node changed.
+func (r *Report) Changed() bool {
+	for _, c := range r.Changes {
+		if c.Action != Unchanged && c.Action != Absent {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Report) add(a Action, path, note string) {
+	r.Changes = append(r.Changes, Change{Action: a, Path: path, Note: note})
+}
+
+// String is the report as villaged prints it, one change per line.
+func (r *Report) String() string {
+	var b strings.Builder
+	for _, c := range r.Changes {
+		fmt.Fprintf(&b, "%-9s %s", c.Action, c.Path)
+		if c.Note != "" {
+			fmt.Fprintf(&b, " (%s)", c.Note)
+		}
+		b.WriteByte('\n')
+	}
+	for _, w := range r.Warnings {
+		fmt.Fprintf(&b, "warning: %s\n", w)
+	}
+	if !r.Changed() {
+		b.WriteString("nothing changed\n")
+	}
+	return b.String()
+}
+
+// Install copies the binaries and writes the conflist; see the package
+// comment. The conflist is rendered and validated before any file is
+// touched, and written after the binaries it names.
+func Install(o Options) (*Report, error) {
+	o.defaults()
+	conf, networks, err := o.render()
+	if err != nil {
+		return nil, err
+	}
+	bins := make(map[string][]byte, len(o.Binaries))
+	for _, name := range o.Binaries {
+		if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+			return nil, fmt.Errorf("invalid binary name %q", name)
+		}
+		src := filepath.Join(o.BinSource, name)
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return nil, fmt.Errorf("read binary to install %s: %w (is --bin-source right?)", src, err)
+		}
+		bins[name] = b
+	}
+	for _, dir := range []string{o.BinDir, o.ConfDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	m, err := LoadManifest(o.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{}
+	want := map[string]bool{}
+	for _, name := range o.Binaries {
+		path := filepath.Join(o.BinDir, name)
+		want[path] = true
+		if err := o.place(m, r, path, "binary", bins[name], 0o755); err != nil {
+			return r, err
+		}
+	}
+	confPath := filepath.Join(o.ConfDir, o.ConfName)
+	want[confPath] = true
+	if err := o.place(m, r, confPath, "conflist", conf, 0o644); err != nil {
+		return r, err
+	}
+	// What an earlier install wrote and this one does not (another conflist
+	// name, a binary no longer asked for) goes, as uninstall would take it.
+	for _, rec := range slices.Clone(m.Files) {
+		if want[rec.Path] {
+			continue
+		}
+		if err := removeRecord(r, rec); err != nil {
+			return r, err
+		}
+		m.drop(rec.Path)
+		if err := m.save(o.StateDir); err != nil {
+			return r, err
+		}
+	}
+	m.Version = buildinfo.Version
+	m.Networks = networks
+	if err := m.save(o.StateDir); err != nil {
+		return r, err
+	}
+	r.Warnings = append(r.Warnings, o.warnings(conf, confPath)...)
+	return r, nil
+}
+
+// place writes data at path unless it is already there, keeping a backup of
+// a file install did not write, and records it in the manifest.
+func (o *Options) place(m *Manifest, r *Report, path, kind string, data []byte, mode os.FileMode) error {
+	sum := digest(data)
+	have, haveMode, exists, err := fileDigest(path)
+	if err != nil {
+		return err
+	}
+	rec := m.record(path)
+	if rec == nil {
+		m.Files = append(m.Files, FileRecord{Path: path, Kind: kind})
+		rec = &m.Files[len(m.Files)-1]
+	}
+	action, note := Created, ""
+	switch {
+	case exists && have == sum:
+		if haveMode == mode {
+			r.add(Unchanged, path, "")
+			if rec.SHA256 != sum {
+				rec.SHA256 = sum
+				return m.save(o.StateDir)
+			}
+			return nil
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			return fmt.Errorf("chmod %s: %w", path, err)
+		}
+		rec.SHA256 = sum
+		r.add(Updated, path, fmt.Sprintf("mode %v -> %v", haveMode, mode))
+		return m.save(o.StateDir)
+	case exists && rec.SHA256 == have:
+		action = Updated
+	case exists && rec.Backup == "":
+		// Not ours: keep it for uninstall to put back.
+		backup, err := o.backup(path, haveMode)
+		if err != nil {
+			return err
+		}
+		rec.Backup = backup
+		if err := m.save(o.StateDir); err != nil {
+			return err
+		}
+		action, note = Replaced, "the previous file is kept in "+backup+" and comes back on uninstall"
+	case exists:
+		action, note = Updated, "it had changed since the last install"
+	}
+	if err := writeAtomic(path, data, mode); err != nil {
+		return err
+	}
+	rec.SHA256 = sum
+	r.add(action, path, note)
+	return m.save(o.StateDir)
+}
+
+func (o *Options) backup(path string, mode os.FileMode) (string, error) {
+	dir := filepath.Join(o.StateDir, "backup")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("create backup directory %s: %w", dir, err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read %s for backup: %w", path, err)
+	}
+	dst := filepath.Join(dir, filepath.Base(path)+"."+digest([]byte(path))[:12])
+	if err := writeAtomic(dst, data, mode); err != nil {
+		return "", err
+	}
+	return dst, nil
+}
+
+// render fills the template and checks the result is a conflist whose
+// village entries Village itself accepts.
+func (o *Options) render() ([]byte, []NetworkRecord, error) {
+	out, err := Render(o.Template, o.lookup)
+	if err != nil {
+		return nil, nil, fmt.Errorf("render %s: %w", o.TemplateName, err)
+	}
+	if !strings.HasSuffix(o.ConfName, ".conflist") || strings.ContainsAny(o.ConfName, "/\x00") {
+		return nil, nil, fmt.Errorf("invalid conflist name %q: a file name ending in .conflist", o.ConfName)
+	}
+	list, err := libcni.ConfListFromBytes(out)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rendered %s is not a valid conflist: %w", o.TemplateName, err)
+	}
+	rec := NetworkRecord{Name: list.Name}
+	for i, p := range list.Plugins {
+		if p.Network.Type != "village" {
+			continue
+		}
+		nc, err := netconf.Parse(injectNetwork(p.Bytes, list.Name, list.CNIVersion), "")
+		if err != nil {
+			return nil, nil, fmt.Errorf("rendered %s: plugins[%d] (village): %w", o.TemplateName, i, err)
+		}
+		rec.Bridges = appendNew(rec.Bridges, nc.Bridge)
+		if b := nc.Overlay; b != nil && (b.Type == string(overlay.ModeVXLAN) || b.Type == string(overlay.ModeAuto)) {
+			vni := b.VNI
+			if vni == 0 {
+				vni = overlay.DefaultVNI
+			}
+			rec.VXLAN = appendNew(rec.VXLAN, overlay.DeviceName(vni))
+		}
+		if nc.LAN != nil && nc.LAN.HostShim {
+			master := nc.LAN.Master
+			if master == "" {
+				master, _ = o.lookup("DEFAULT_IFACE")
+			}
+			if master != "" {
+				rec.Shims = appendNew(rec.Shims, macvlan.ShimName(master))
+			}
+		}
+	}
+	return out, []NetworkRecord{rec}, nil
+}
+
+// injectNetwork adds the conflist's name and cniVersion to one plugin entry,
+// as runtimes do before exec'ing it.
+func injectNetwork(entry []byte, name, version string) []byte {
+	m := map[string]any{}
+	if json.Unmarshal(entry, &m) != nil {
+		return entry
+	}
+	m["name"], m["cniVersion"] = name, version
+	b, _ := json.Marshal(m)
+	return b
+}
+
+func appendNew(s []string, v string) []string {
+	if v == "" || slices.Contains(s, v) {
+		return s
+	}
+	return append(s, v)
+}
+
+// warnings point at what would keep the installed network from working:
+// another config that runtimes would pick first, a plugin the conflist
+// names that is not in the binary directory.
+func (o *Options) warnings(conf []byte, confPath string) []string {
+	var w []string
+	files, err := libcni.ConfFiles(o.ConfDir, []string{".conf", ".conflist", ".json"})
+	if err == nil && len(files) > 0 {
+		slices.Sort(files)
+		if files[0] != confPath {
+			w = append(w, fmt.Sprintf("runtimes pick %s before %s (the first file in name order wins); remove it or install with --conf-name sorting first, e.g. 00-village.conflist", files[0], confPath))
+		}
+	}
+	list, err := libcni.ConfListFromBytes(conf)
+	if err != nil {
+		return w
+	}
+	for _, p := range list.Plugins {
+		types := []string{p.Network.Type}
+		if p.Network.IPAM.Type != "" {
+			types = append(types, p.Network.IPAM.Type)
+		}
+		for _, t := range types {
+			if _, err := os.Stat(filepath.Join(o.BinDir, t)); err != nil {
+				w = append(w, fmt.Sprintf("the conflist uses plugin %q, which is not in %s", t, o.BinDir))
+			}
+		}
+	}
+	return w
+}
