@@ -128,7 +128,7 @@ func TestUninstallPurgeNetwork(t *testing.T) {
 		{"link", "set", "vshim-lan0", "up"},
 		{"link", "add", "village.7", "type", "vxlan", "id", "7", "dstport", "4789", "dev", "lan0"},
 		{"link", "add", "village.9", "type", "vxlan", "id", "9", "dstport", "4789", "dev", "lan0"}, // a stale VNI
-		{"route", "add", "10.99.2.0/24", "via", "192.0.2.2", "proto", "86"},                     // host-gw peer
+		{"route", "add", "10.99.2.0/24", "via", "192.0.2.2", "proto", "86"},                        // host-gw peer
 		{"route", "add", "192.168.77.0/25", "dev", "vshim-lan0", "proto", "87"},
 		// Not Village's: must survive.
 		{"link", "add", "keep0", "type", "bridge"},
