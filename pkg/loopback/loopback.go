@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"github.com/vishvananda/netlink"
 
 	"github.com/village-cni/village/pkg/netsetup"
 )
@@ -46,7 +47,8 @@ func openPod(path string) (*netsetup.Pod, error) {
 	return pod, nil
 }
 
-func add(args *skel.CmdArgs) error {
+// withLo parses the config, opens the pod and finds its lo, then runs f.
+func withLo(args *skel.CmdArgs, f func(conf *types.PluginConf, pod *netsetup.Pod, lo netlink.Link) error) error {
 	conf, err := parse(args.StdinData)
 	if err != nil {
 		return err
@@ -60,46 +62,45 @@ func add(args *skel.CmdArgs) error {
 	if err != nil || lo == nil {
 		return fmt.Errorf("no lo in netns %q: %w", args.Netns, err)
 	}
-	if lo.Attrs().Flags&net.FlagUp == 0 {
-		if err := pod.Handle().LinkSetUp(lo); err != nil {
-			return fmt.Errorf("failed to set lo up in netns %q: %w", args.Netns, err)
+	return f(conf, pod, lo)
+}
+
+func add(args *skel.CmdArgs) error {
+	return withLo(args, func(conf *types.PluginConf, pod *netsetup.Pod, lo netlink.Link) error {
+		if lo.Attrs().Flags&net.FlagUp == 0 {
+			if err := pod.Handle().LinkSetUp(lo); err != nil {
+				return fmt.Errorf("failed to set lo up in netns %q: %w", args.Netns, err)
+			}
 		}
-	}
-	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
-	if conf.PrevResult != nil {
-		// Chained after another plugin: pass its result through unchanged.
-		prev, err := current.NewResultFromResult(conf.PrevResult)
-		if err != nil {
-			return err
+		if conf.PrevResult != nil {
+			// Chained after another plugin: pass its result through unchanged.
+			prev, err := current.NewResultFromResult(conf.PrevResult)
+			if err != nil {
+				return err
+			}
+			return types.PrintResult(prev, conf.CNIVersion)
 		}
-		result = prev
-	} else {
+		result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
 		result.Interfaces = []*current.Interface{{Name: "lo", Mac: "00:00:00:00:00:00", Sandbox: args.Netns}}
-		result.IPs = []*current.IPConfig{
-			{Interface: current.Int(0), Address: net.IPNet{IP: net.ParseIP("127.0.0.1").To4(), Mask: net.CIDRMask(8, 32)}},
-			{Interface: current.Int(0), Address: net.IPNet{IP: net.ParseIP("::1"), Mask: net.CIDRMask(128, 128)}},
+		// Report the addresses lo really has (no ::1 when the pod has IPv6 off).
+		addrs, err := netsetup.AddrList(pod.Handle(), lo, netlink.FAMILY_ALL)
+		if err != nil {
+			return fmt.Errorf("failed to list addresses of lo in netns %q: %w", args.Netns, err)
 		}
-	}
-	return types.PrintResult(result, conf.CNIVersion)
+		for _, a := range addrs {
+			result.IPs = append(result.IPs, &current.IPConfig{Interface: current.Int(0), Address: *a.IPNet})
+		}
+		return types.PrintResult(result, conf.CNIVersion)
+	})
 }
 
 func check(args *skel.CmdArgs) error {
-	if _, err := parse(args.StdinData); err != nil {
-		return err
-	}
-	pod, err := openPod(args.Netns)
-	if err != nil {
-		return err
-	}
-	defer pod.Close()
-	lo, err := pod.LinkByName("lo")
-	if err != nil || lo == nil {
-		return fmt.Errorf("no lo in netns %q: %w", args.Netns, err)
-	}
-	if lo.Attrs().Flags&net.FlagUp == 0 {
-		return fmt.Errorf("lo is down in netns %q", args.Netns)
-	}
-	return nil
+	return withLo(args, func(_ *types.PluginConf, _ *netsetup.Pod, lo netlink.Link) error {
+		if lo.Attrs().Flags&net.FlagUp == 0 {
+			return fmt.Errorf("lo is down in netns %q", args.Netns)
+		}
+		return nil
+	})
 }
 
 // del brings lo down when the namespace still exists and tolerates
