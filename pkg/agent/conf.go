@@ -1,0 +1,199 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/village-cni/village/pkg/etcdclient"
+	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/registry"
+)
+
+// DefaultPeriod is how often run repairs when nothing else happened.
+const DefaultPeriod = 10 * time.Second
+
+// Options are what the command line gives.
+type Options struct {
+	// ConfFile is a .conflist (the plugin whose type is "village" is used)
+	// or a single plugin .conf.
+	ConfFile string
+	// NodeName names this node in the registry; "" means the host name.
+	NodeName string
+	// RunDir is where leased subnets are published; "" means
+	// $VILLAGE_RUN_DIR or /run/village (what village-ipam reads).
+	RunDir string
+	// Period between repair passes (DefaultPeriod when 0).
+	Period time.Duration
+	// Logf receives what run does; nil discards.
+	Logf func(format string, args ...any)
+}
+
+func (o Options) logf(format string, args ...any) {
+	if o.Logf != nil {
+		o.Logf(format, args...)
+	}
+}
+
+// Conf is the part of a conflist the agent works from.
+type Conf struct {
+	File    string
+	Net     *netconf.NetConf
+	Backend *netconf.Backend
+	// PodCIDRs are the pod subnets written in the IPAM block; empty means
+	// the node leases one.
+	PodCIDRs []*net.IPNet
+	// SubnetFile is where a leased subnet is published.
+	SubnetFile string
+	// Node is this node's name.
+	Node string
+}
+
+// Registry is the backend's registry section, nil without one.
+func (c *Conf) Registry() *netconf.Registry { return c.Backend.Registry }
+
+// Load reads opts.ConfFile and resolves the node name and file paths.
+func Load(opts Options) (*Conf, error) {
+	raw, err := os.ReadFile(opts.ConfFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the network configuration: %w", err)
+	}
+	entry, err := villageEntry(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opts.ConfFile, err)
+	}
+	nc, err := netconf.Parse(entry, "")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opts.ConfFile, err)
+	}
+	c := &Conf{File: opts.ConfFile, Net: nc, Backend: nc.Overlay}
+	if c.Backend == nil {
+		c.Backend = &netconf.Backend{Type: netconf.BackendNone}
+	}
+	var ip struct {
+		IPAM struct {
+			Subnet     string                      `json:"subnet"`
+			Ranges     [][]struct{ Subnet string } `json:"ranges"`
+			SubnetFile string                      `json:"subnetFile"`
+		} `json:"ipam"`
+	}
+	if err := json.Unmarshal(entry, &ip); err != nil {
+		return nil, fmt.Errorf("%s: ipam: %w", opts.ConfFile, err)
+	}
+	subnets := []string{}
+	if ip.IPAM.Subnet != "" {
+		subnets = append(subnets, ip.IPAM.Subnet)
+	}
+	for _, set := range ip.IPAM.Ranges {
+		for _, r := range set {
+			subnets = append(subnets, r.Subnet)
+		}
+	}
+	for _, s := range subnets {
+		_, n, err := net.ParseCIDR(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: ipam range subnet %q: %w", opts.ConfFile, s, err)
+		}
+		c.PodCIDRs = append(c.PodCIDRs, n)
+	}
+	c.SubnetFile = ip.IPAM.SubnetFile
+	if c.SubnetFile == "" {
+		dir := opts.RunDir
+		if dir == "" {
+			dir = ipamconfig.RunDir()
+		}
+		c.SubnetFile = filepath.Join(dir, nc.Name, ipamconfig.SubnetFileName)
+	}
+	c.Node = opts.NodeName
+	if c.Node == "" {
+		if c.Node, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("no --node-name and no host name: %w", err)
+		}
+	}
+	if err := registry.ValidateName(c.Node); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// villageEntry returns the plugin entry whose type is "village" with the
+// list's name and cniVersion filled in (as libcni does), or raw itself when
+// it is a single plugin configuration.
+func villageEntry(raw []byte) ([]byte, error) {
+	var list struct {
+		Name       string            `json:"name"`
+		CNIVersion string            `json:"cniVersion"`
+		Plugins    []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("not JSON: %w", err)
+	}
+	if list.Plugins == nil {
+		var one struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(raw, &one)
+		if one.Type != "village" {
+			return nil, fmt.Errorf("plugin type is %q, not village", one.Type)
+		}
+		return raw, nil
+	}
+	for _, p := range list.Plugins {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(p, &m); err != nil {
+			return nil, fmt.Errorf("plugin entry: %w", err)
+		}
+		var typ string
+		_ = json.Unmarshal(m["type"], &typ)
+		if typ != "village" {
+			continue
+		}
+		m["name"], _ = json.Marshal(list.Name)
+		m["cniVersion"], _ = json.Marshal(list.CNIVersion)
+		return json.Marshal(m)
+	}
+	return nil, errors.New(`no plugin of type "village" in the list`)
+}
+
+// etcdConfig is how to reach the registry.
+func (c *Conf) etcdConfig() etcdclient.Config {
+	r := c.Registry()
+	return etcdclient.Config{Endpoints: r.Endpoints, CAFile: r.CAFile, CertFile: r.CertFile, KeyFile: r.KeyFile}
+}
+
+// openRegistry connects to the registry of c (the caller closes the
+// client with the returned func).
+func (c *Conf) openRegistry() (*registry.Registry, func(), error) {
+	r := c.Registry()
+	if r == nil {
+		return nil, nil, fmt.Errorf("%s: backend has no registry", c.File)
+	}
+	ec := c.etcdConfig()
+	cli, err := etcdclient.New(ec)
+	if err != nil {
+		return nil, nil, err
+	}
+	reg, err := registry.New(cli, registry.Config{
+		Etcd: ec, Prefix: r.Prefix, Network: c.Net.Name,
+		TTL: time.Duration(r.TTL) * time.Second, Timeout: ec.Timeout(),
+	})
+	if err != nil {
+		cli.Close()
+		return nil, nil, err
+	}
+	return reg, func() { cli.Close() }, nil
+}
+
+// subnetSpace is where this node's subnet is leased from.
+func (c *Conf) subnetSpace() (registry.SubnetSpace, error) {
+	sp, err := registry.NewSubnetSpace(c.Net.ClusterNet, c.Registry().SubnetLen)
+	if err != nil {
+		return sp, fmt.Errorf("%s: the IPAM block names no range, so villaged leases one: %w", c.File, err)
+	}
+	return sp, nil
+}

@@ -1,0 +1,73 @@
+// Package agent is `villaged`: the node agent that keeps this node's entry
+// in the cluster's node registry and this node's kernel in step with every
+// other node's entry, plus the one-shot `sync` and the read-only `status`.
+//
+// # What run does, in order
+//
+//  1. Reads the village entry of the conflist (Load). The node's pod
+//     subnets are the IPAM ranges written there; when there are none, the
+//     node leases one out of clusterCIDR in etcd (registry.LeaseSubnet:
+//     the subnet it already holds if any, otherwise the first free one,
+//     taken with a compare-and-set) and publishes it, atomically, in
+//     <run dir>/<network>/subnet (/run/village by default, --run-dir or
+//     $VILLAGE_RUN_DIR to move it, ipam.subnetFile to name the file), where
+//     village-ipam reads it. So one conflist serves every node.
+//  2. Resolves its underlay address (the underlay interface's first global
+//     address, IPv4 first) and registers {name, ip, podCIDRs, vtepMAC}
+//     under an etcd lease of the configured TTL.
+//  3. Follows the registry: a list at one revision, then a watch from the
+//     next, each batch of changes yielding a full snapshot of the nodes.
+//  4. Reconciles with overlay.Set(self, peers) on every snapshot. The first
+//     Set, made only once the first list has arrived, is also the sweep of
+//     whatever a previous run left that is no longer wanted: nothing is
+//     ever reconciled against a view the agent does not have, so an
+//     unreachable etcd at start leaves the kernel as it was.
+//
+// # Events and periodic repair
+//
+// Like flannel's agent, run reacts to events and also repairs on a timer.
+// The events are the registry watch (a node joined, changed, or its lease
+// expired and etcd deleted its record) and the kernel's own notifications:
+// an owned route or a permanent neighbour/FDB entry deleted, an address
+// added or removed (a changed underlay address is registered again). Kernel
+// events are coalesced for a short moment, then trigger one pass. Every
+// Period (10 s by default) a pass runs anyway with the last snapshot, and
+// the masquerade rule set is checked and restored when ipMasq is on
+// (iptables sends no events); a kernel notification lost to a full socket
+// buffer is thus repaired within one period. Set writes nothing when
+// nothing differs, so a pass on a healthy node costs a few netlink dumps.
+//
+// # Who owns what
+//
+// There is no shared mutable state and no lock in this package. Each piece
+// of state has one goroutine that owns it and everything else reaches it
+// through channels:
+//
+//   - the follower (registry.Follow) owns the node map and sends copies;
+//   - the keeper owns the registration (lease id, record): it renews the
+//     lease every TTL/3, rewrites a record deleted by hand, registers anew
+//     when the lease was lost, and takes new records (address changed) from
+//     a latest-value channel;
+//   - the kernel watcher owns the netlink subscriptions and sends a
+//     coalescing signal;
+//   - the loop owns self, the peer view and the timers, and is the only
+//     caller of the reconciler (which serializes anyway).
+//
+// # Stopping
+//
+// On SIGTERM or SIGINT (the context of Run is cancelled) the goroutines stop
+// and Run returns. Routes, neighbour and FDB entries stay, so pods keep
+// talking while the agent is upgraded or restarted, and the lease is NOT
+// revoked: it expires by itself after its TTL unless the agent is back
+// before then. A node that is gone for good thus disappears from every
+// other node one TTL after its agent stopped. Its subnet lease stays (it
+// has no TTL) until released.
+//
+// # Errors
+//
+// Errors wrap with %w and name the object: the file, the interface, the
+// etcd endpoints and key, the kernel object and peer. A failed pass is
+// logged and retried by the next event or tick; only a configuration that
+// can never work (no village entry, no registry and no static peers where
+// one is needed, an invalid node name) stops run.
+package agent

@@ -1,0 +1,244 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/village-cni/village/pkg/masq"
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/overlay"
+	"github.com/village-cni/village/pkg/registry"
+)
+
+// view is the desired state as the one-shot commands read it, without
+// writing anything to etcd.
+type view struct {
+	c       *Conf
+	r       *overlay.Reconciler
+	self    overlay.Node
+	selfSrc string // where the pod subnets come from
+	peers   []overlay.Node
+	// Registry only.
+	reg        *registry.Registry
+	rev        int64
+	registered *registry.Node // this node's record, nil when absent
+	bad        error          // records that do not decode
+	close      func()
+}
+
+func readView(ctx context.Context, opts Options) (*view, error) {
+	c, err := Load(opts)
+	if err != nil {
+		return nil, err
+	}
+	v := &view{c: c, close: func() {}}
+	if v.r, err = c.newReconciler(); err != nil {
+		return nil, err
+	}
+	v.close = func() { v.r.Close() }
+	fail := func(err error) (*view, error) { v.close(); return nil, err }
+	if c.Registry() != nil {
+		reg, closeReg, err := c.openRegistry()
+		if err != nil {
+			return fail(err)
+		}
+		v.reg = reg
+		v.close = func() { closeReg(); v.r.Close() }
+	}
+	_, ip, err := underlayAddr(c.Backend.Underlay)
+	if err != nil {
+		return fail(err)
+	}
+	cidrs, src, err := c.podCIDRs(ctx, v.reg)
+	if err != nil {
+		return fail(err)
+	}
+	if len(cidrs) == 0 {
+		return fail(fmt.Errorf("node %s has no pod subnet: %s names no IPAM range, %s does not exist and the registry holds no subnet for it; start `villaged run` first", c.Node, c.File, c.SubnetFile))
+	}
+	v.self, v.selfSrc = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}, src
+	v.peers = c.staticPeers()
+	if v.reg != nil {
+		nodes, rev, bad, err := v.reg.Nodes(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		v.rev, v.bad = rev, bad
+		for _, n := range nodes {
+			if n.Name == c.Node {
+				v.registered = &n
+			}
+		}
+		fromReg, errs := peersOf(nodes, c.Node)
+		for _, e := range errs {
+			v.bad = joinErr(v.bad, e)
+		}
+		v.peers = mergePeers(v.peers, fromReg)
+	}
+	return v, nil
+}
+
+func joinErr(a, b error) error {
+	if a == nil {
+		return b
+	}
+	return fmt.Errorf("%w; %w", a, b)
+}
+
+func (v *view) masqSpec() *masq.Spec {
+	if !v.c.Net.IPMasq {
+		return nil
+	}
+	s := &masq.Spec{Network: v.c.Net.Name, PodSubnets: v.self.PodCIDRs}
+	if v.c.Net.ClusterNet != nil {
+		s.Cluster = []*net.IPNet{v.c.Net.ClusterNet}
+	}
+	return s
+}
+
+// Sync is `villaged sync`: one reconcile pass against the static peers and
+// the registry's list (read only: it neither registers nor leases), and the
+// masquerade rule set when ipMasq is on. It prints what it changed.
+func Sync(ctx context.Context, opts Options, w io.Writer) error {
+	v, err := readView(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer v.close()
+	if v.bad != nil {
+		fmt.Fprintf(w, "ignoring registry records: %v\n", v.bad)
+	}
+	pctx, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
+	rep, err := v.r.Set(pctx, v.self, v.peers)
+	for _, ch := range rep.Applied {
+		fmt.Fprintln(w, ch)
+	}
+	if err != nil {
+		return fmt.Errorf("node %s, %d peers: %w", v.c.Node, len(v.peers), err)
+	}
+	if s := v.masqSpec(); s != nil && masq.Check(*s) != nil {
+		if err := masq.Ensure(*s); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "restored masquerade of network %q\n", s.Network)
+	}
+	fmt.Fprintf(w, "node %s: %d peers in sync (%d changes)\n", v.c.Node, len(v.peers), len(rep.Applied))
+	return nil
+}
+
+// Status is `villaged status`: this node, its subnet, its registration,
+// each peer with whether its route, neighbour and FDB entries are in place,
+// stale entries, and the masquerade rule set. It writes nothing. clean is
+// false when anything drifted.
+func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err error) {
+	v, err := readView(ctx, opts)
+	if err != nil {
+		return false, err
+	}
+	defer v.close()
+	d, err := v.r.Status(ctx, v.self, v.peers)
+	if err != nil {
+		return false, fmt.Errorf("reading the kernel state of node %s: %w", v.c.Node, err)
+	}
+	clean = d.Clean()
+	c := v.c
+	fmt.Fprintf(w, "network %s: backend %s", c.Net.Name, c.Backend.Type)
+	if d.Device != "" {
+		fmt.Fprintf(w, ", device %s", d.Device)
+	}
+	fmt.Fprintf(w, ", underlay %s, pod MTU %d\n", d.Underlay, d.MTU)
+	fmt.Fprintf(w, "node %s: %s, pod subnets %s (%s)\n", c.Node, v.self.IP, cidrList(v.self.PodCIDRs), v.selfSrc)
+	if v.reg != nil {
+		want := record(c.Node, v.self.IP, v.self.PodCIDRs)
+		switch {
+		case v.registered == nil:
+			clean = false
+			fmt.Fprintf(w, "registry %v %s: NOT REGISTERED (is `villaged run` running?)\n", c.Registry().Endpoints, v.reg.NodesPrefix()+c.Node)
+		case !v.registered.Equal(want):
+			clean = false
+			fmt.Fprintf(w, "registry %v: registered as %+v, but this node is %+v\n", c.Registry().Endpoints, *v.registered, want)
+		default:
+			fmt.Fprintf(w, "registry %v: registered (revision %d)\n", c.Registry().Endpoints, v.rev)
+		}
+		if v.bad != nil {
+			fmt.Fprintf(w, "registry: ignored records: %v\n", v.bad)
+		}
+	}
+
+	byPeer := map[string][]string{}
+	var device, stale []string
+	for _, ch := range d.Changes {
+		switch {
+		case ch.Object.Peer != "":
+			byPeer[ch.Object.Peer] = append(byPeer[ch.Object.Peer], describe(ch))
+		case ch.Op == overlay.OpDelete:
+			stale = append(stale, ch.Object.String())
+		default:
+			device = append(device, describe(ch))
+		}
+	}
+	for _, p := range d.Problems {
+		if peer := p.Change.Object.Peer; peer != "" {
+			byPeer[peer] = append(byPeer[peer], "problem: "+p.Err.Error())
+		} else {
+			device = append(device, "problem: "+p.Err.Error())
+		}
+	}
+	fmt.Fprintf(w, "peers (%d):\n", len(v.peers))
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	peers := slices.Clone(v.peers)
+	slices.SortFunc(peers, func(a, b overlay.Node) int { return strings.Compare(a.Name, b.Name) })
+	for _, p := range peers {
+		state := "ok: route, neighbour and FDB entries in place"
+		if c.Backend.Type == netconf.BackendHostGW {
+			state = "ok: route in place"
+		}
+		if len(byPeer[p.Name]) > 0 {
+			state = "DRIFT"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", p.Name, p.IP, cidrList(p.PodCIDRs), state)
+		for _, line := range byPeer[p.Name] {
+			fmt.Fprintf(tw, "  \t\t\t  %s\n", line)
+		}
+	}
+	tw.Flush()
+	for _, line := range device {
+		fmt.Fprintf(w, "device: %s\n", line)
+	}
+	for _, line := range stale {
+		fmt.Fprintf(w, "stale (owned, not wanted): %s\n", line)
+	}
+	if s := v.masqSpec(); s != nil {
+		if err := masq.Check(*s); err != nil {
+			clean = false
+			fmt.Fprintf(w, "masquerade: DRIFT: %v\n", err)
+		} else {
+			fmt.Fprintf(w, "masquerade: ok\n")
+		}
+	}
+	if clean {
+		fmt.Fprintln(w, "status: in sync")
+	} else {
+		fmt.Fprintln(w, "status: DRIFTED")
+	}
+	return clean, nil
+}
+
+// describe says what a change would fix, in words: "missing route ...".
+func describe(ch overlay.Change) string {
+	obj := string(ch.Object.Kind) + " " + ch.Object.Desc
+	switch ch.Op {
+	case overlay.OpAdd:
+		return "missing " + obj
+	case overlay.OpReplace:
+		return "wrong " + obj
+	default:
+		return string(ch.Op) + " " + obj
+	}
+}

@@ -1,0 +1,331 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/village-cni/village/pkg/masq"
+	"github.com/village-cni/village/pkg/overlay"
+	"github.com/village-cni/village/pkg/registry"
+)
+
+const (
+	// passTimeout bounds one reconcile pass (netlink work only).
+	passTimeout = 30 * time.Second
+	// settle coalesces a burst of kernel notifications into one pass.
+	settle = 100 * time.Millisecond
+	// retryEvery is the pause between attempts at what must succeed before
+	// the agent can work (underlay address, subnet lease, registration).
+	retryEvery = 2 * time.Second
+)
+
+// Run is `villaged run`: it works until ctx is done, then returns nil,
+// leaving routes in place and the lease to expire by itself. It returns an
+// error only for a configuration that cannot work.
+func Run(ctx context.Context, opts Options) error {
+	c, err := Load(opts)
+	if err != nil {
+		return err
+	}
+	if opts.Period <= 0 {
+		opts.Period = DefaultPeriod
+	}
+	r, err := c.newReconciler()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	a := &agent{c: c, opts: opts, r: r}
+
+	var reg *registry.Registry
+	if c.Registry() != nil {
+		var closeReg func()
+		reg, closeReg, err = c.openRegistry()
+		if err != nil {
+			return err
+		}
+		defer closeReg()
+	} else if len(c.PodCIDRs) == 0 {
+		return fmt.Errorf("%s: the IPAM block names no range and the backend has no registry to lease one from", c.File)
+	}
+
+	var ip net.IP
+	if err := retry(ctx, opts, "finding the underlay address", func() error {
+		var err error
+		_, ip, err = underlayAddr(c.Backend.Underlay)
+		return err
+	}); err != nil {
+		return nil // stopped while waiting
+	}
+	cidrs := c.PodCIDRs
+	if len(cidrs) == 0 {
+		space, err := c.subnetSpace()
+		if err != nil {
+			return err
+		}
+		if err := retry(ctx, opts, "leasing a pod subnet", func() error {
+			p, err := reg.LeaseSubnet(ctx, space, c.Node)
+			if err != nil {
+				return err
+			}
+			cidrs = toIPNets([]netip.Prefix{p})
+			return nil
+		}); err != nil {
+			return nil
+		}
+		changed, err := c.publish(cidrs)
+		if err != nil {
+			return err
+		}
+		opts.logf("node %s holds pod subnet %s of %s (published in %s%s)", c.Node, cidrs[0], c.Net.ClusterNet, c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
+	}
+	a.self = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}
+	if c.Net.IPMasq {
+		a.masq = &masq.Spec{Network: c.Net.Name, PodSubnets: cidrs}
+		if c.Net.ClusterNet != nil {
+			a.masq.Cluster = []*net.IPNet{c.Net.ClusterNet}
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait() // after cancel: every goroutine is gone when Run returns
+
+	kernel := make(chan struct{}, 1)
+	wg.Go(func() { watchKernel(ctx, kernel, opts.logf) })
+
+	var snaps chan registry.Snapshot
+	var records chan registry.Node
+	if reg != nil {
+		snaps = make(chan registry.Snapshot, 1)
+		records = make(chan registry.Node, 1)
+		first := record(c.Node, ip, cidrs)
+		wg.Go(func() { _ = reg.Follow(ctx, snaps, opts.logf) })
+		wg.Go(func() { keep(ctx, reg, first, records, opts.logf) })
+		opts.logf("node %s: %s, pods %s; registering in etcd at %v under %s (lease TTL %ds)",
+			c.Node, ip, cidrList(cidrs), c.Registry().Endpoints, reg.NodesPrefix()+c.Node, c.Registry().TTL)
+	} else {
+		a.peers, a.haveView = c.staticPeers(), true
+		opts.logf("node %s: %s, pods %s; %d static peers, no registry", c.Node, ip, cidrList(cidrs), len(a.peers))
+		a.pass(ctx, "start (sweep)")
+		a.repairMasq()
+	}
+	a.loop(ctx, snaps, records, kernel)
+	opts.logf("stopping: routes stay; the registration expires after its TTL unless villaged is back")
+	return nil
+}
+
+// agent is the loop's state; only the loop goroutine touches it.
+type agent struct {
+	c        *Conf
+	opts     Options
+	r        *overlay.Reconciler
+	self     overlay.Node
+	peers    []overlay.Node
+	haveView bool // a registry list has arrived (or the peers are static)
+	masq     *masq.Spec
+}
+
+func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records chan registry.Node, kernel <-chan struct{}) {
+	tick := time.NewTicker(a.opts.Period)
+	defer tick.Stop()
+	var settled <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case s := <-snaps:
+			first := !a.haveView
+			a.setView(s)
+			why := fmt.Sprintf("registry revision %d", s.Revision)
+			if first {
+				why += " (first list: sweep)"
+			}
+			a.pass(ctx, why)
+			if first {
+				a.repairMasq()
+			}
+		case <-kernel:
+			if settled == nil {
+				settled = time.After(settle)
+			}
+		case <-settled:
+			settled = nil
+			a.checkSelf(records)
+			a.pass(ctx, "kernel change")
+		case <-tick.C:
+			a.checkSelf(records)
+			a.pass(ctx, "periodic repair")
+			a.repairMasq()
+		}
+	}
+}
+
+// setView takes a registry snapshot as the peer set, logging who came and
+// went.
+func (a *agent) setView(s registry.Snapshot) {
+	peers, bad := peersOf(s.Nodes, a.self.Name)
+	peers = mergePeers(a.c.staticPeers(), peers)
+	for _, err := range bad {
+		a.opts.logf("registry: ignoring a record: %v", err)
+	}
+	old := map[string]bool{}
+	for _, p := range a.peers {
+		old[p.Name] = true
+	}
+	for _, p := range peers {
+		if !old[p.Name] {
+			a.opts.logf("peer %s joined: %s, pods %s", p.Name, p.IP, cidrList(p.PodCIDRs))
+		}
+		delete(old, p.Name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(old)) {
+		a.opts.logf("peer %s left (record deleted or lease expired)", name)
+	}
+	a.peers, a.haveView = peers, true
+}
+
+// pass reconciles the kernel with the current view, if there is one.
+func (a *agent) pass(ctx context.Context, why string) {
+	if !a.haveView {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
+	rep, err := a.r.Set(pctx, a.self, a.peers)
+	for _, ch := range rep.Applied {
+		a.opts.logf("%s: %s", why, ch)
+	}
+	if err != nil && ctx.Err() == nil {
+		a.opts.logf("%s: %d peers: %v", why, len(a.peers), err)
+	}
+}
+
+// checkSelf re-reads the underlay address; when it changed, the
+// registration follows and the next pass uses it.
+func (a *agent) checkSelf(records chan registry.Node) {
+	_, ip, err := underlayAddr(a.c.Backend.Underlay)
+	if err != nil {
+		a.opts.logf("underlay: %v (keeping %s)", err, a.self.IP)
+		return
+	}
+	if ip.Equal(a.self.IP) {
+		return
+	}
+	a.opts.logf("underlay address changed from %s to %s: registering again", a.self.IP, ip)
+	a.self.IP = ip
+	if records != nil {
+		latest(records, record(a.self.Name, ip, a.self.PodCIDRs))
+	}
+}
+
+// repairMasq restores the masquerade rule set when ipMasq is on and the
+// rules are not all there (iptables sends no events, so this runs on every
+// tick).
+func (a *agent) repairMasq() {
+	if a.masq == nil {
+		return
+	}
+	err := masq.Check(*a.masq)
+	if err == nil {
+		return
+	}
+	a.opts.logf("masquerade of network %q drifted (%v): restoring", a.masq.Network, err)
+	if err := masq.Ensure(*a.masq); err != nil {
+		a.opts.logf("restoring masquerade of network %q: %v", a.masq.Network, err)
+	}
+}
+
+// keep owns this node's registration: it registers (retrying), renews the
+// lease every TTL/3, writes the record back when it was deleted by hand,
+// registers anew when the lease was lost, and takes new records from
+// records. It never revokes the lease.
+func keep(ctx context.Context, reg *registry.Registry, n registry.Node, records <-chan registry.Node, logf func(string, ...any)) {
+	every := reg.Config().TTL / 3
+	var g *registry.Registration
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case n = <-records:
+			if g != nil {
+				if err := g.Update(ctx, n); err != nil && ctx.Err() == nil {
+					logf("updating the registration of node %s: %v", n.Name, err)
+				}
+			}
+			continue
+		case <-timer.C:
+		}
+		next := every
+		switch {
+		case g == nil:
+			var err error
+			if g, err = reg.Register(ctx, n); err != nil {
+				if ctx.Err() == nil {
+					logf("registering node %s: %v (retrying in %s)", n.Name, err, retryEvery)
+				}
+				next = retryEvery
+			} else {
+				logf("registered node %s under lease %x", n.Name, int64(g.Lease()))
+			}
+		default:
+			renewed, err := g.Refresh(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				logf("keeping node %s registered: %v (retrying in %s)", n.Name, err, retryEvery)
+				next = retryEvery
+			case renewed:
+				logf("the lease of node %s had expired: registered again under lease %x", n.Name, int64(g.Lease()))
+			}
+		}
+		timer.Reset(next)
+	}
+}
+
+// latest replaces any unread value of a capacity-1 channel that only the
+// caller writes.
+func latest[T any](ch chan T, v T) {
+	select {
+	case <-ch:
+	default:
+	}
+	ch <- v
+}
+
+// retry runs f until it succeeds or ctx is done (then it returns ctx's
+// error), logging each failure.
+func retry(ctx context.Context, opts Options, what string, f func() error) error {
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		opts.logf("%s: %v (retrying in %s)", what, err, retryEvery)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(retryEvery):
+		}
+	}
+}
+
+func cidrList(cidrs []*net.IPNet) string {
+	s := make([]string, len(cidrs))
+	for i, c := range cidrs {
+		s[i] = c.String()
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,252 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/overlay"
+	"github.com/village-cni/village/pkg/registry"
+	"github.com/village-cni/village/pkg/village"
+)
+
+// underlayAddr is this node's address toward the other nodes: the first
+// global address (IPv4 first) of the configured underlay interface, or of
+// the default route's interface. It is what overlay.Set uses when given no
+// address, resolved here so the agent can register it.
+func underlayAddr(name string) (string, net.IP, error) {
+	var link netlink.Link
+	var err error
+	if name != "" {
+		if link, err = netlink.LinkByName(name); err != nil {
+			return name, nil, fmt.Errorf("underlay interface %s: %w", name, err)
+		}
+	} else {
+		for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			routes, err := netlink.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return "", nil, fmt.Errorf("listing routes to find the underlay: %w", err)
+			}
+			for _, rt := range routes {
+				if isDefault(rt) && rt.LinkIndex != 0 {
+					if link, err = netlink.LinkByIndex(rt.LinkIndex); err != nil {
+						return "", nil, fmt.Errorf("default route interface %d: %w", rt.LinkIndex, err)
+					}
+					break
+				}
+			}
+			if link != nil {
+				break
+			}
+		}
+		if link == nil {
+			return "", nil, fmt.Errorf("no default route to find the underlay interface; set backend.underlay")
+		}
+	}
+	name = link.Attrs().Name
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return name, nil, fmt.Errorf("listing addresses of underlay %s: %w", name, err)
+	}
+	var v6 net.IP
+	for _, a := range addrs {
+		if a.Scope != unix.RT_SCOPE_UNIVERSE || a.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if a.IP.To4() != nil {
+			return name, a.IP.To4(), nil
+		}
+		if v6 == nil {
+			v6 = a.IP
+		}
+	}
+	if v6 == nil {
+		return name, nil, fmt.Errorf("underlay %s has no global address", name)
+	}
+	return name, v6, nil
+}
+
+func isDefault(rt netlink.Route) bool {
+	if rt.Dst == nil {
+		return true
+	}
+	ones, _ := rt.Dst.Mask.Size()
+	return ones == 0
+}
+
+// record is the registry entry of a node with these attributes.
+func record(name string, ip net.IP, cidrs []*net.IPNet) registry.Node {
+	n := registry.Node{Name: name, IP: ip.String(), VtepMAC: overlay.DeriveMAC(ip).String()}
+	for _, c := range cidrs {
+		n.PodCIDRs = append(n.PodCIDRs, c.String())
+	}
+	return n
+}
+
+// overlayNode turns a registry record into a reconciler peer.
+func overlayNode(n registry.Node) (overlay.Node, error) {
+	o := overlay.Node{Name: n.Name, IP: net.ParseIP(n.IP)}
+	if o.IP == nil {
+		return o, fmt.Errorf("node %q: ip %q", n.Name, n.IP)
+	}
+	if v4 := o.IP.To4(); v4 != nil {
+		o.IP = v4
+	}
+	for _, c := range n.PodCIDRs {
+		_, sn, err := net.ParseCIDR(c)
+		if err != nil {
+			return o, fmt.Errorf("node %q: podCIDR %q: %w", n.Name, c, err)
+		}
+		o.PodCIDRs = append(o.PodCIDRs, sn)
+	}
+	if n.VtepMAC != "" {
+		mac, err := net.ParseMAC(n.VtepMAC)
+		if err != nil {
+			return o, fmt.Errorf("node %q: vtepMAC %q: %w", n.Name, n.VtepMAC, err)
+		}
+		o.VtepMAC = mac
+	}
+	return o, nil
+}
+
+// peersOf converts a registry snapshot to reconciler peers, leaving out
+// this node and records that do not convert (reported in bad).
+func peersOf(nodes []registry.Node, self string) (peers []overlay.Node, bad []error) {
+	for _, n := range nodes {
+		if n.Name == self {
+			continue
+		}
+		o, err := overlayNode(n)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		peers = append(peers, o)
+	}
+	return peers, bad
+}
+
+// mergePeers is the static peers plus the registry's nodes whose names
+// are not among them (a static entry wins: it is written by the operator).
+func mergePeers(static, fromRegistry []overlay.Node) []overlay.Node {
+	out := slices.Clone(static)
+	for _, p := range fromRegistry {
+		if !slices.ContainsFunc(static, func(s overlay.Node) bool { return s.Name == p.Name }) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// staticPeers are the backend's static nodes.
+func (c *Conf) staticPeers() []overlay.Node { return village.StaticPeers(c.Backend) }
+
+// newReconciler opens the reconciler of the backend in this namespace.
+func (c *Conf) newReconciler() (*overlay.Reconciler, error) {
+	r, err := overlay.New(village.OverlayConfig(c.Backend))
+	if err != nil {
+		return nil, fmt.Errorf("backend %s of network %q: %w", c.Backend.Type, c.Net.Name, err)
+	}
+	return r, nil
+}
+
+func toIPNets(ps []netip.Prefix) []*net.IPNet {
+	out := make([]*net.IPNet, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())})
+	}
+	return out
+}
+
+// publishedCIDRs reads the subnet file run published, nil when absent.
+func (c *Conf) publishedCIDRs() ([]*net.IPNet, error) {
+	ps, err := ipamconfig.ReadSubnetFile(c.SubnetFile)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return toIPNets(ps), nil
+}
+
+// publish writes the leased subnets to c.SubnetFile atomically (a
+// temporary file in the same directory, synced, renamed over, directory
+// synced), only when the content changes.
+func (c *Conf) publish(cidrs []*net.IPNet) (changed bool, err error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# pod subnet of node %s in network %s, leased by villaged; read by village-ipam\n", c.Node, c.Net.Name)
+	for _, n := range cidrs {
+		b.WriteString(n.String() + "\n")
+	}
+	want := b.String()
+	if have, err := os.ReadFile(c.SubnetFile); err == nil && string(have) == want {
+		return false, nil
+	}
+	dir := filepath.Dir(c.SubnetFile)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, fmt.Errorf("publishing the leased subnet: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".subnet-*")
+	if err != nil {
+		return false, fmt.Errorf("publishing the leased subnet: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err = tmp.WriteString(want); err == nil {
+		err = tmp.Chmod(0o644)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, fmt.Errorf("publishing the leased subnet in %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), c.SubnetFile); err != nil {
+		return false, fmt.Errorf("publishing the leased subnet: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return true, nil
+}
+
+// podCIDRs are this node's pod subnets for the read-only commands: the
+// config's ranges, else what run published, else what the registry says the
+// node holds (nil when nothing).
+func (c *Conf) podCIDRs(ctx context.Context, reg *registry.Registry) ([]*net.IPNet, string, error) {
+	if len(c.PodCIDRs) > 0 {
+		return c.PodCIDRs, "from the IPAM ranges of " + c.File, nil
+	}
+	if p, err := c.publishedCIDRs(); err != nil || p != nil {
+		return p, "leased, published in " + c.SubnetFile, err
+	}
+	if reg == nil {
+		return nil, "", nil
+	}
+	sp, err := c.subnetSpace()
+	if err != nil {
+		return nil, "", err
+	}
+	p, ok, err := reg.HeldSubnet(ctx, sp, c.Node)
+	if err != nil || !ok {
+		return nil, "", err
+	}
+	return toIPNets([]netip.Prefix{p}), "leased in the registry, NOT published in " + c.SubnetFile, nil
+}
+
+func sameCIDRs(a, b []*net.IPNet) bool {
+	return slices.EqualFunc(a, b, func(x, y *net.IPNet) bool { return x.String() == y.String() })
+}
