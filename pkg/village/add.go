@@ -42,7 +42,34 @@ func Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
+	if conf.PrevResult != nil {
+		if result, err = chain(conf.PrevResult, result); err != nil {
+			return err
+		}
+	}
 	return types.PrintResult(result, conf.CNIVersion)
+}
+
+// chain returns prevResult followed by this plugin's changes, with our
+// interface indexes shifted past the previous plugins' interfaces.
+func chain(prevRaw types.Result, ours *current.Result) (*current.Result, error) {
+	prev, err := current.NewResultFromResult(prevRaw)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read prevResult: %w", err)
+	}
+	shift := len(prev.Interfaces)
+	prev.Interfaces = append(prev.Interfaces, ours.Interfaces...)
+	for _, ipc := range ours.IPs {
+		if ipc.Interface != nil {
+			ipc.Interface = current.Int(*ipc.Interface + shift)
+		}
+		prev.IPs = append(prev.IPs, ipc)
+	}
+	prev.Routes = append(prev.Routes, ours.Routes...)
+	if len(ours.DNS.Nameservers) > 0 || ours.DNS.Domain != "" {
+		prev.DNS = ours.DNS
+	}
+	return prev, nil
 }
 
 // openPod opens CNI_NETNS for ADD/CHECK and maps failures to CNI codes.

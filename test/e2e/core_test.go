@@ -318,3 +318,28 @@ func ipList(r *current.Result) string {
 	}
 	return strings.Join(out, ",")
 }
+
+// TestChainedAfterAnotherPlugin puts village second in a chain: its result
+// is the previous result plus its own interfaces, indexes shifted.
+func TestChainedAfterAnotherPlugin(t *testing.T) {
+	n := NewNode(t)
+	l := ConfList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":"chained","plugins":[{"type":"loopback"},
+		{"type":"village","bridge":"chained0","isGateway":true,"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.43.0.0/24"}]]}}]}`,
+		filepath.Join(n.Dir, "ipam")))
+	p := n.NewPod()
+	r := n.MustAdd(l, p)
+	if len(r.Interfaces) != 4 || r.Interfaces[0].Name != "lo" || r.Interfaces[3].Name != "eth0" {
+		t.Fatalf("chained interfaces: %+v", r.Interfaces)
+	}
+	found := false
+	for _, ipc := range r.IPs {
+		if ipc.Address.IP.String() == "10.43.0.2" {
+			found = ipc.Interface != nil && *ipc.Interface == 3
+		}
+	}
+	if !found {
+		t.Fatalf("village's address must point at eth0 (index 3): %+v", r.IPs)
+	}
+	must(t, n.Check(l, p), "CHECK")
+	must(t, n.Del(l, p), "DEL")
+}
