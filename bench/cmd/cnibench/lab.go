@@ -8,9 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -80,12 +80,17 @@ func (l *lab) delAll(names []string) {
 	parallel(len(names), 4, func(i int) { l.delNS(names[i]) })
 }
 
-// cleanup removes every namespace still recorded.
+// cleanup removes every namespace still recorded, and the results cnitool
+// cached for this run's networks (pods removed without a DEL leave them).
 func (l *lab) cleanup() {
 	l.mu.Lock()
 	names := append([]string(nil), l.names...)
 	l.mu.Unlock()
 	l.delAll(names)
+	left, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", l.prefix+"*"))
+	for _, f := range left {
+		_ = os.Remove(f)
+	}
 }
 
 // parallel runs f(0..n-1) with at most width at a time.
@@ -119,16 +124,17 @@ func inNS(path string, f func() error) error {
 
 // suite is one plugin pair with its own binaries, conflists and cnitool cache.
 type suite struct {
-	name     string // "village" or "reference"
-	short    string // "v" or "r"
-	main     string // main plugin type
-	ipam     string // IPAM plugin type
-	binDir   string // CNI_PATH
-	confDir  string // NETCONFPATH
-	cacheDir string // CNI_CACHE_DIR
-	dataDir  string // ipam dataDir
-	node     string // node namespace name
-	cnitool  string
+	name      string // "village" or "reference"
+	short     string // "v" or "r"
+	main      string // main plugin type
+	ipam      string // IPAM plugin type
+	binDir    string // CNI_PATH
+	confDir   string // NETCONFPATH
+	cacheDir  string // unused by cnitool v1.3.1, which keeps results in /var/lib/cni/results
+	netPrefix string // network names are <lab prefix><suite>-<name>: unique, and cleaned up from cnitool's cache
+	dataDir   string // ipam dataDir
+	node      string // node namespace name
+	cnitool   string
 }
 
 // netConf is the conflist every suite gets: the same shape, only the types
@@ -136,7 +142,11 @@ type suite struct {
 func (s *suite) netConf(name, bridge, subnet string, masq bool, extra string) string {
 	return fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":%q,"bridge":%q,"isGateway":true,"ipMasq":%v%s,
   "ipam":{"type":%q,"dataDir":%q,"subnet":%q,"routes":[{"dst":"0.0.0.0/0"}]}}]}`,
-		name, s.main, bridge, masq, extra, s.ipam, s.dataDir, subnet)
+		s.netPrefix+name, s.main, bridge, masq, extra, s.ipam, s.dataDir, subnet)
+}
+
+func (s *suite) loConf() string {
+	return fmt.Sprintf(`{"cniVersion":"1.1.0","name":"%slo","plugins":[{"type":"loopback"}]}`, s.netPrefix)
 }
 
 func (s *suite) writeConf(name, body string) error {
@@ -165,11 +175,10 @@ func pluginConf(list string) ([]byte, error) {
 func (s *suite) cnitoolRun(verb, network, pod string) (time.Duration, error) {
 	var d time.Duration
 	err := inNS(netnsPath(s.node), func() error {
-		cmd := exec.Command(s.cnitool, verb, network, netnsPath(pod))
+		cmd := exec.Command(s.cnitool, verb, s.netPrefix+network, netnsPath(pod))
 		cmd.Env = []string{
 			"CNI_PATH=" + s.binDir,
 			"NETCONFPATH=" + s.confDir,
-			"CNI_CACHE_DIR=" + s.cacheDir,
 			"PATH=" + os.Getenv("PATH"),
 		}
 		var out bytes.Buffer
@@ -185,13 +194,22 @@ func (s *suite) cnitoolRun(verb, network, pod string) (time.Duration, error) {
 	return d, err
 }
 
-// execPlugin runs a plugin binary directly, as a runtime does, and returns
-// the ru_maxrss (bytes) wait4 reports for it: the largest of the process
-// and the children it waited for.
+// execPlugin runs a plugin binary directly, as a runtime does, under
+// /usr/bin/time, and returns the maximum resident set size (bytes) it
+// reports: the largest of the plugin and the children it waited for. The
+// plugin is forked by time (a small C program), not by this process: a
+// child created with vfork from a Go program inherits that program's RSS
+// high-water mark into its own ru_maxrss at exec.
 func (s *suite) execPlugin(bin, verb, containerID, pod string, stdin []byte) (int64, error) {
 	var rss int64
 	err := inNS(netnsPath(s.node), func() error {
-		cmd := exec.Command(filepath.Join(s.binDir, bin))
+		f, err := os.CreateTemp("", "cnibench-time-")
+		if err != nil {
+			return err
+		}
+		f.Close()
+		defer os.Remove(f.Name())
+		cmd := exec.Command("/usr/bin/time", "-f", "%M", "-o", f.Name(), filepath.Join(s.binDir, bin))
 		cmd.Env = []string{
 			"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=" + netnsPath(pod),
 			"CNI_IFNAME=eth0", "CNI_PATH=" + s.binDir, "PATH=" + os.Getenv("PATH"),
@@ -202,9 +220,15 @@ func (s *suite) execPlugin(bin, verb, containerID, pod string, stdin []byte) (in
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("%s %s: %v: %s", bin, verb, err, out.String())
 		}
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			rss = ru.Maxrss * 1024
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			return err
 		}
+		kb, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			return fmt.Errorf("/usr/bin/time output %q: %v", b, err)
+		}
+		rss = kb * 1024
 		return nil
 	})
 	return rss, err

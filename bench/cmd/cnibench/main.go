@@ -117,6 +117,7 @@ func benchmark(l *lab, o options) error {
 	suites := []*suite{v, r}
 	for _, s := range suites {
 		s.cnitool = o.cnitool
+		s.netPrefix = l.prefix + s.short + "-"
 		base := filepath.Join(l.tmp, s.name)
 		s.confDir, s.cacheDir, s.dataDir = filepath.Join(base, "net.d"), filepath.Join(base, "cache"), filepath.Join(base, "ipam")
 		for _, d := range []string{s.confDir, s.cacheDir, s.dataDir} {
@@ -136,7 +137,7 @@ func benchmark(l *lab, o options) error {
 			"nomasq": s.netConf("nomasq", "cbr1", "10.91.0.0/24", false, ""),
 			"burst":  s.netConf("burst", "cbr2", "10.92.0.0/24", true, ""),
 			"scale":  s.netConf("scale", "cbr3", "10.93.0.0/24", true, ""),
-			"lo":     `{"cniVersion":"1.1.0","name":"lo","plugins":[{"type":"loopback"}]}`,
+			"lo":     s.loConf(),
 		}
 		for name, body := range confs {
 			if err := s.writeConf(name, body); err != nil {

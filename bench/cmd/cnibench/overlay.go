@@ -145,6 +145,7 @@ func villagePath(l *lab, v *suite, mode string, n int) (tputPath, error) {
 		nodeIdx := i % nodes
 		su := *v
 		su.node = names[nodeIdx]
+		su.netPrefix = fmt.Sprintf("%s%d", v.netPrefix, nodeIdx)
 		base := filepath.Join(l.tmp, fmt.Sprintf("tput-%d-%d", n, nodeIdx))
 		su.confDir, su.cacheDir, su.dataDir = filepath.Join(base, "net.d"), filepath.Join(base, "cache"), filepath.Join(base, "ipam")
 		for _, d := range []string{su.confDir, su.cacheDir, su.dataDir} {
