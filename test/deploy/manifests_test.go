@@ -1,0 +1,387 @@
+// Package deploy tests the Kubernetes manifests in deploy/kubernetes: every
+// document decodes strictly into the typed API objects of k8s.io/api (with
+// client-go's scheme), and the fields Village depends on are what they must
+// be. The Kubernetes modules are used here only, never by the binaries.
+package deploy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/install"
+	"github.com/village-cni/village/pkg/netconf"
+)
+
+type objects struct {
+	daemonSets      []*appsv1.DaemonSet
+	configMaps      []*corev1.ConfigMap
+	serviceAccounts []*corev1.ServiceAccount
+	all             []runtime.Object
+}
+
+func load(t *testing.T) *objects {
+	t.Helper()
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob(filepath.Join(root, "deploy", "kubernetes", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in deploy/kubernetes: %v", err)
+	}
+	// Strict: a misspelt or misplaced field is an error, not silently dropped.
+	decoder := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+	o := &objects{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+		for i := 0; ; i++ {
+			doc, err := r.Read()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s document %d: %v", f, i, err)
+			}
+			if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+				continue
+			}
+			obj, gvk, err := decoder.Decode(doc, nil, nil)
+			if err != nil {
+				t.Fatalf("%s document %d does not decode into a Kubernetes API object: %v", filepath.Base(f), i, err)
+			}
+			o.all = append(o.all, obj)
+			switch v := obj.(type) {
+			case *appsv1.DaemonSet:
+				o.daemonSets = append(o.daemonSets, v)
+			case *corev1.ConfigMap:
+				o.configMaps = append(o.configMaps, v)
+			case *corev1.ServiceAccount:
+				o.serviceAccounts = append(o.serviceAccounts, v)
+			case *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *rbacv1.Role, *rbacv1.RoleBinding:
+				t.Errorf("%s: %s: Village's agent uses etcd, not the Kubernetes API; RBAC is not needed", filepath.Base(f), gvk.Kind)
+			default:
+				t.Errorf("%s: unexpected kind %s", filepath.Base(f), gvk)
+			}
+		}
+	}
+	if len(o.daemonSets) != 1 || len(o.configMaps) != 1 || len(o.serviceAccounts) != 1 {
+		t.Fatalf("want one DaemonSet, ConfigMap and ServiceAccount; got %d, %d, %d", len(o.daemonSets), len(o.configMaps), len(o.serviceAccounts))
+	}
+	return o
+}
+
+func stripComments(doc []byte) []byte {
+	var out [][]byte
+	for _, l := range bytes.Split(doc, []byte("\n")) {
+		if !bytes.HasPrefix(bytes.TrimSpace(l), []byte("#")) {
+			out = append(out, l)
+		}
+	}
+	return bytes.Join(out, []byte("\n"))
+}
+
+func container(t *testing.T, cs []corev1.Container, name string) *corev1.Container {
+	t.Helper()
+	for i := range cs {
+		if cs[i].Name == name {
+			return &cs[i]
+		}
+	}
+	t.Fatalf("no container %q", name)
+	return nil
+}
+
+// hostMount returns the host path behind the volume mounted at mountPath.
+func hostMount(t *testing.T, spec *corev1.PodSpec, c *corev1.Container, mountPath string) (host string, readOnly bool) {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != mountPath {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name {
+				if v.HostPath == nil {
+					t.Fatalf("%s: %s is mounted from volume %s, which is not a hostPath", c.Name, mountPath, v.Name)
+				}
+				return v.HostPath.Path, m.ReadOnly
+			}
+		}
+		t.Fatalf("%s: mount %s names a missing volume %s", c.Name, mountPath, m.Name)
+	}
+	t.Fatalf("%s: nothing mounted at %s", c.Name, mountPath)
+	return "", false
+}
+
+func TestDaemonSet(t *testing.T) {
+	o := load(t)
+	ds := o.daemonSets[0]
+	spec := &ds.Spec.Template.Spec
+	if !spec.HostNetwork {
+		t.Error("hostNetwork must be true: the agent configures the node's own network")
+	}
+	if ds.Namespace != "kube-system" || spec.PriorityClassName != "system-node-critical" {
+		t.Errorf("namespace %q priority %q", ds.Namespace, spec.PriorityClassName)
+	}
+	if sel := ds.Spec.Selector.MatchLabels; len(sel) == 0 || !subset(sel, ds.Spec.Template.Labels) {
+		t.Errorf("selector %v does not match the template labels %v", sel, ds.Spec.Template.Labels)
+	}
+	// Runs on every node: control plane, tainted, and not-ready ones.
+	for _, taint := range []corev1.Taint{
+		{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "node.kubernetes.io/not-ready", Effect: corev1.TaintEffectNoExecute},
+		{Key: "node.kubernetes.io/not-ready", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "node.kubernetes.io/network-unavailable", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "node.kubernetes.io/unreachable", Effect: corev1.TaintEffectNoExecute},
+		{Key: "dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule},
+	} {
+		if !tolerated(spec.Tolerations, &taint) {
+			t.Errorf("the DaemonSet does not tolerate %s", taint.ToString())
+		}
+	}
+
+	if len(spec.InitContainers) != 1 || len(spec.Containers) != 1 {
+		t.Fatalf("want one init container and one container, got %d and %d", len(spec.InitContainers), len(spec.Containers))
+	}
+	inst := container(t, spec.InitContainers, "install")
+	agent := container(t, spec.Containers, "agent")
+	for _, c := range []*corev1.Container{inst, agent} {
+		if !strings.HasPrefix(c.Image, "ghcr.io/village-cni/village:") || strings.HasSuffix(c.Image, ":latest") {
+			t.Errorf("%s: image %q: want ghcr.io/village-cni/village at a pinned tag", c.Name, c.Image)
+		}
+		sc := c.SecurityContext
+		if sc == nil || (sc.Privileged != nil && *sc.Privileged) {
+			t.Errorf("%s: must not be privileged", c.Name)
+			continue
+		}
+		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("%s: allowPrivilegeEscalation must be false", c.Name)
+		}
+		if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+			t.Errorf("%s: must drop ALL capabilities", c.Name)
+		}
+		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+			t.Errorf("%s: resource requests missing: %v", c.Name, c.Resources.Requests)
+		}
+	}
+	if inst.Image != agent.Image {
+		t.Errorf("init and agent images differ: %s vs %s", inst.Image, agent.Image)
+	}
+	if add := inst.SecurityContext.Capabilities.Add; len(add) != 0 {
+		t.Errorf("install needs no capability, has %v", add)
+	}
+	add := agent.SecurityContext.Capabilities.Add
+	slices.Sort(add)
+	if !slices.Equal(add, []corev1.Capability{"NET_ADMIN", "NET_RAW"}) {
+		t.Errorf("agent capabilities %v, want exactly NET_ADMIN and NET_RAW", add)
+	}
+
+	// The installer: villaged install writing the host's CNI directories,
+	// mounted at the same paths so its manifest names real host files.
+	if len(inst.Command) < 2 || inst.Command[0] != "villaged" || inst.Command[1] != "install" {
+		t.Fatalf("init command %v, want villaged install ...", inst.Command)
+	}
+	args := flagMap(inst.Command[2:])
+	for _, p := range []struct{ flag, path string }{{"--cni-bin-dir", "/opt/cni/bin"}, {"--cni-conf-dir", "/etc/cni/net.d"}, {"--state-dir", "/var/lib/village"}} {
+		if got := args[p.flag]; got != p.path {
+			t.Errorf("install %s = %q, want %s", p.flag, got, p.path)
+		}
+		host, ro := hostMount(t, spec, inst, p.path)
+		if host != p.path || ro {
+			t.Errorf("install: %s comes from host %s (readOnly %v), want the host's %s writable", p.path, host, ro, p.path)
+		}
+	}
+	if args["--node-name"] != "$(NODE_NAME)" || !envFromField(inst, "NODE_NAME", "spec.nodeName") {
+		t.Errorf("install must get the node name from the downward API: %v", inst.Command)
+	}
+	// The template it reads is the ConfigMap's key.
+	tmplPath := args["--conf"]
+	cm := o.configMaps[0]
+	if !mountsConfigMapKey(spec, inst, tmplPath, cm.Name, cm.Data) {
+		t.Errorf("install --conf %s is not a key of ConfigMap %s mounted in the init container", tmplPath, cm.Name)
+	}
+
+	// The agent: villaged run on the conflist install wrote.
+	if len(agent.Command) < 2 || agent.Command[0] != "villaged" || agent.Command[1] != "run" {
+		t.Fatalf("agent command %v, want villaged run ...", agent.Command)
+	}
+	confPath := flagMap(agent.Command[2:])["--conf"]
+	if confPath != filepath.Join("/etc/cni/net.d", install.DefaultConfName) {
+		t.Errorf("agent --conf %q, want the file install writes: /etc/cni/net.d/%s", confPath, install.DefaultConfName)
+	}
+	if host, _ := hostMount(t, spec, agent, "/etc/cni/net.d"); host != "/etc/cni/net.d" {
+		t.Errorf("agent reads /etc/cni/net.d from host %s", host)
+	}
+	if host, ro := hostMount(t, spec, agent, "/run/village"); host != "/run/village" || ro {
+		t.Errorf("agent publishes leased subnets in /run/village: host %s readOnly %v", host, ro)
+	}
+	// etcd TLS from a Secret, read-only, where the conflist points.
+	tlsDir := ""
+	for _, m := range agent.VolumeMounts {
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name && v.Secret != nil {
+				if v.Secret.SecretName != "village-etcd-tls" || !m.ReadOnly {
+					t.Errorf("secret mount %+v of %+v", m, v.Secret)
+				}
+				tlsDir = m.MountPath
+			}
+		}
+	}
+	if tlsDir == "" {
+		t.Fatal("agent mounts no Secret for etcd TLS")
+	}
+	reg := renderVillage(t, cm).Overlay.Registry
+	if reg == nil {
+		t.Fatal("the ConfigMap's conflist has no registry (the agent needs one to lease subnets)")
+	}
+	for _, f := range []string{reg.CAFile, reg.CertFile, reg.KeyFile} {
+		if filepath.Dir(f) != tlsDir {
+			t.Errorf("conflist TLS file %s is not in the Secret mount %s", f, tlsDir)
+		}
+	}
+
+	// The ServiceAccount: used, and without an API token.
+	sa := o.serviceAccounts[0]
+	if spec.ServiceAccountName != sa.Name || sa.Namespace != ds.Namespace {
+		t.Errorf("serviceAccountName %q, ServiceAccount %s/%s", spec.ServiceAccountName, sa.Namespace, sa.Name)
+	}
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Error("the pods do not use the Kubernetes API: automountServiceAccountToken must be false")
+	}
+}
+
+// renderVillage renders the ConfigMap's template the way the init container
+// does and returns the parsed village entry, after checking the whole
+// conflist with libcni.
+func renderVillage(t *testing.T, cm *corev1.ConfigMap) *netconf.NetConf {
+	t.Helper()
+	if len(cm.Data) != 1 {
+		t.Fatalf("ConfigMap %s: want one key (the template), got %d", cm.Name, len(cm.Data))
+	}
+	var tmpl string
+	for _, v := range cm.Data {
+		tmpl = v
+	}
+	vars := map[string]string{"NODE_NAME": "node1", "NODE_IP": "192.0.2.10", "DEFAULT_IFACE": "eth0"}
+	out, err := install.Render([]byte(tmpl), func(k string) (string, bool) { v, ok := vars[k]; return v, ok })
+	if err != nil {
+		t.Fatalf("ConfigMap template: %v", err)
+	}
+	list, err := libcni.ConfListFromBytes(out)
+	if err != nil {
+		t.Fatalf("ConfigMap conflist does not parse with libcni: %v\n%s", err, out)
+	}
+	for _, p := range list.Plugins {
+		if p.Network.Type != "village" {
+			continue
+		}
+		m := map[string]any{}
+		if err := json.Unmarshal(p.Bytes, &m); err != nil {
+			t.Fatal(err)
+		}
+		m["name"], m["cniVersion"] = list.Name, list.CNIVersion
+		b, _ := json.Marshal(m)
+		nc, err := netconf.Parse(b, "")
+		if err != nil {
+			t.Fatalf("ConfigMap village entry rejected by netconf.Parse: %v", err)
+		}
+		return nc
+	}
+	t.Fatal("the ConfigMap conflist has no village entry")
+	return nil
+}
+
+func TestConfigMapConflist(t *testing.T) {
+	o := load(t)
+	nc := renderVillage(t, o.configMaps[0])
+	if nc.Bridge != "village0" || nc.ClusterNet == nil || nc.ClusterNet.String() != "10.244.0.0/16" || !nc.IPMasq {
+		t.Errorf("village entry: bridge %s clusterCIDR %v ipMasq %v", nc.Bridge, nc.ClusterNet, nc.IPMasq)
+	}
+	if nc.Overlay.Type != "auto" || nc.Overlay.Underlay != "eth0" {
+		t.Errorf("backend %+v", nc.Overlay)
+	}
+	if nc.IPAMType != "village-ipam" {
+		t.Errorf("ipam type %q", nc.IPAMType)
+	}
+	// The log goes where the init container makes sure a directory exists.
+	ds := o.daemonSets[0]
+	inst := container(t, ds.Spec.Template.Spec.InitContainers, "install")
+	if host, _ := hostMount(t, &ds.Spec.Template.Spec, inst, filepath.Dir(nc.LogFile)); host != filepath.Dir(nc.LogFile) {
+		t.Errorf("logFile %s: its directory is not created on the host by the init container", nc.LogFile)
+	}
+}
+
+func flagMap(args []string) map[string]string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(args); i++ {
+		if strings.HasPrefix(args[i], "--") {
+			m[args[i]] = args[i+1]
+			i++
+		}
+	}
+	return m
+}
+
+func tolerated(ts []corev1.Toleration, taint *corev1.Taint) bool {
+	for i := range ts {
+		if ts[i].ToleratesTaint(klog.Background(), taint, false) {
+			return true
+		}
+	}
+	return false
+}
+
+func subset(a, b map[string]string) bool {
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func envFromField(c *corev1.Container, name, field string) bool {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == field {
+			return true
+		}
+	}
+	return false
+}
+
+func mountsConfigMapKey(spec *corev1.PodSpec, c *corev1.Container, path, cmName string, data map[string]string) bool {
+	for _, m := range c.VolumeMounts {
+		if filepath.Dir(path) != m.MountPath {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name && v.ConfigMap != nil && v.ConfigMap.Name == cmName {
+				_, ok := data[filepath.Base(path)]
+				return ok
+			}
+		}
+	}
+	return false
+}
