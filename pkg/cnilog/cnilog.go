@@ -171,7 +171,11 @@ func run(logger *slog.Logger, verb string, args *skel.CmdArgs, f func(*skel.CmdA
 	ms := float64(time.Since(start).Microseconds()) / 1000
 	if err != nil {
 		code, msg, details := describe(err)
-		logger.Error(verb+" failed", append(attrs, "result", "error", "code", code, "error", msg, "details", details, "duration_ms", ms)...)
+		attrs = append(attrs, "result", "error", "code", code, "error", msg)
+		if details != "" {
+			attrs = append(attrs, "details", details)
+		}
+		logger.Error(verb+" failed", append(attrs, "duration_ms", ms)...)
 		return err
 	}
 	if captured != nil {
