@@ -1,0 +1,92 @@
+package etcdtest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+)
+
+// StartIn starts a plain-HTTP etcd whose listening sockets live in the
+// network namespace n (one the test made), on ip:2379 (clients) and
+// ip:2380 (peers), ip being an address of n. Nodes in other namespaces
+// reach it over whatever links the test made to n; nothing listens in the
+// test's own namespace. It stops when the test ends.
+//
+// A socket belongs to the namespace of the thread that creates it, and
+// embed.StartEtcd creates its listeners before it returns, so it is called
+// on a thread switched into n (ns.Do locks it); the serving goroutines run
+// anywhere, on sockets that stay in n. The gRPC gateway, which would dial
+// the client URL from an arbitrary thread (the wrong namespace), is off:
+// clients use gRPC. Restart is not supported for such a server.
+func StartIn(t testing.TB, n ns.NetNS, ip string) *Server {
+	t.Helper()
+	if net.ParseIP(ip) == nil {
+		t.Fatalf("etcdtest: %q is not an IP address", ip)
+	}
+	s := &Server{t: t, Dir: t.TempDir(), level: zap.NewAtomicLevelAt(zap.ErrorLevel)}
+	s.clientURL = url.URL{Scheme: "http", Host: net.JoinHostPort(ip, "2379")}
+	s.peerURL = url.URL{Scheme: "http", Host: net.JoinHostPort(ip, "2380")}
+	cfg := s.config()
+	cfg.EnableGRPCGateway = false
+	var e *embed.Etcd
+	err := n.Do(func(ns.NetNS) error {
+		var err error
+		e, err = embed.StartEtcd(cfg)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("etcdtest: starting etcd on %s in %s: %v", s.clientURL.String(), n.Path(), err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		t.Fatalf("etcdtest: etcd in %s failed while starting: %v", n.Path(), err)
+	case <-time.After(StartTimeout):
+		e.Close()
+		t.Fatalf("etcdtest: %v", errors.New("etcd in "+n.Path()+" did not become ready within "+StartTimeout.String()))
+	}
+	s.mu.Lock()
+	s.etcd = e
+	s.mu.Unlock()
+	s.Endpoints = []string{s.clientURL.String()}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// ClientIn returns a client of s whose connections are made from inside n
+// (each TCP socket is created on a thread switched into n), so a test can
+// read and write a server that StartIn put in a namespace without any
+// traffic leaving from its own namespace. It is closed when the test ends.
+func (s *Server) ClientIn(t testing.TB, n ns.NetNS) *clientv3.Client {
+	t.Helper()
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := n.Do(func(ns.NetNS) error {
+			var err error
+			c, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			return err
+		})
+		return c, err
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   s.Endpoints,
+		DialTimeout: 5 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithContextDialer(dial)},
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		t.Fatalf("etcdtest: client of %v from %s: %v", s.Endpoints, n.Path(), err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}

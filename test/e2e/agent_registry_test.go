@@ -1,0 +1,454 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/village-cni/village/internal/etcdtest"
+	"github.com/village-cni/village/internal/testenv"
+)
+
+// The registry scenario: a namespace LAN, etcd in a "LAN host" namespace on
+// it, three node namespaces each running the real `villaged run` binary
+// with one identical conflist that names no pod range, so every node leases
+// its subnet from clusterCIDR.
+
+const (
+	agentLANPrefix = "192.168.79."
+	agentEtcdIP    = "192.168.79.5"
+	agentCluster   = "10.70.0.0/16"
+	agentTTL       = 5
+)
+
+// envExec runs plugins with extra environment: here VILLAGE_RUN_DIR, so
+// that each test node's village-ipam reads the subnet its own villaged
+// published (on a real node it is /run/village, one per machine).
+type envExec struct {
+	invoke.Exec
+	env []string
+}
+
+func (e envExec) ExecPlugin(ctx context.Context, path string, stdin []byte, environ []string) ([]byte, error) {
+	return e.Exec.ExecPlugin(ctx, path, stdin, append(environ, e.env...))
+}
+
+type agentNode struct {
+	*Node
+	name, ip string
+	runDir   string
+	log      *lockedBuffer
+	cmd      *exec.Cmd
+	exited   chan error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type agentLab struct {
+	t     *testing.T
+	host  ns.NetNS // the LAN host etcd listens in
+	etcd  *etcdtest.Server
+	conf  string // the one conflist every node uses
+	list  *libcni.NetworkConfigList
+	nodes []*agentNode
+}
+
+func agentConflist(mode, dataDir string) string {
+	return fmt.Sprintf(`{"cniVersion":"1.1.0","name":"agt","plugins":[{"type":"village","bridge":"village0","isDefaultGateway":true,
+		"ipMasq":true,"clusterCIDR":%q,
+		"ipam":{"type":"village-ipam","dataDir":%q},
+		"backend":{"type":%q,"underlay":"lan0","vni":9,
+			"registry":{"type":"etcd","endpoints":["http://%s:2379"],"prefix":"/village","ttl":%d}}}]}`,
+		agentCluster, dataDir, mode, agentEtcdIP, agentTTL)
+}
+
+func newAgentLab(t *testing.T, mode string) *agentLab {
+	t.Helper()
+	lan := NewLAN(t)
+	host := testenv.NewNS(t)
+	lan.Attach(t, host, "eth0", agentEtcdIP+"/24")
+	lab := &agentLab{t: t, host: host, etcd: etcdtest.StartIn(t, host, agentEtcdIP)}
+	dir := t.TempDir()
+	lab.conf = filepath.Join(dir, "10-agt.conflist")
+	text := agentConflist(mode, filepath.Join(dir, "ipam"))
+	must(t, os.WriteFile(lab.conf, []byte(text), 0o644), "writing the conflist")
+	lab.list = ConfList(t, text)
+	for i := 1; i <= 3; i++ {
+		n := &agentNode{Node: NewNode(t), name: fmt.Sprintf("node%d", i), ip: fmt.Sprintf("%s1%d", agentLANPrefix, i)}
+		lan.Attach(t, n.NS, "lan0", n.ip+"/24")
+		n.runDir = filepath.Join(n.Dir, "run")
+		n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"),
+			envExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}},
+				env: []string{"VILLAGE_RUN_DIR=" + n.runDir}})
+		n.log = &lockedBuffer{}
+		lab.nodes = append(lab.nodes, n)
+	}
+	t.Cleanup(func() {
+		for _, n := range lab.nodes {
+			n.stop(t, syscall.SIGTERM)
+			if t.Failed() {
+				t.Logf("villaged log of %s:\n%s", n.name, n.log.String())
+			}
+		}
+	})
+	return lab
+}
+
+// villaged is the command line of the real binary inside node n.
+func (n *agentNode) villaged(t *testing.T, args ...string) *exec.Cmd {
+	full := append([]string{"netns", "exec", n.Name(), filepath.Join(testenv.Bins(t), "villaged")}, args...)
+	return exec.Command("ip", full...)
+}
+
+func (lab *agentLab) start(n *agentNode) {
+	t := lab.t
+	t.Helper()
+	if n.cmd != nil {
+		t.Fatalf("villaged already runs on %s", n.name)
+	}
+	cmd := n.villaged(t, "run", "--conf", lab.conf, "--node-name", n.name, "--run-dir", n.runDir)
+	cmd.Stdout, cmd.Stderr = n.log, n.log
+	must(t, cmd.Start(), "starting villaged on %s", n.name)
+	n.cmd, n.exited = cmd, make(chan error, 1)
+	go func() { n.exited <- cmd.Wait() }()
+}
+
+// stop signals the agent and waits for it; SIGKILL after 10 s.
+func (n *agentNode) stop(t *testing.T, sig syscall.Signal) error {
+	if n.cmd == nil {
+		return nil
+	}
+	_ = n.cmd.Process.Signal(sig)
+	var err error
+	select {
+	case err = <-n.exited:
+	case <-time.After(10 * time.Second):
+		_ = n.cmd.Process.Kill()
+		err = fmt.Errorf("villaged on %s did not stop within 10s of %v", n.name, sig)
+		<-n.exited
+	}
+	n.cmd = nil
+	return err
+}
+
+// waitFor polls cond every 50 ms until it holds, and returns how long that
+// took; it fails the test after within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() (bool, string)) time.Duration {
+	t.Helper()
+	began := time.Now()
+	last := ""
+	for time.Since(began) < within {
+		ok, state := cond()
+		if ok {
+			return time.Since(began)
+		}
+		last = state
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s; last state:\n%s", what, within, last)
+	return 0
+}
+
+func (n *agentNode) subnet(t *testing.T) string {
+	b, err := os.ReadFile(filepath.Join(n.runDir, "agt", "subnet"))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line != "" && !strings.HasPrefix(line, "#") {
+			return line
+		}
+	}
+	return ""
+}
+
+func (n *agentNode) routes(t *testing.T) string {
+	out, _ := testenv.IP(n.NS, "route", "show", "proto", "86")
+	return out
+}
+
+// hasRoutes: n has a route to every subnet in want and to none in gone.
+func (n *agentNode) hasRoutes(t *testing.T, want, gone []string) (bool, string) {
+	r := n.routes(t)
+	for _, s := range want {
+		if !strings.Contains(r, s+" ") {
+			return false, r
+		}
+	}
+	for _, s := range gone {
+		if strings.Contains(r, s+" ") {
+			return false, r
+		}
+	}
+	return true, r
+}
+
+func (lab *agentLab) startAll() []string {
+	t := lab.t
+	for _, n := range lab.nodes {
+		lab.start(n)
+	}
+	var subnets []string
+	for _, n := range lab.nodes {
+		waitFor(t, 20*time.Second, n.name+" publishes its leased subnet", func() (bool, string) {
+			return n.subnet(t) != "", n.log.String()
+		})
+		subnets = append(subnets, n.subnet(t))
+	}
+	if len(slices.Compact(slices.Sorted(slices.Values(subnets)))) != 3 {
+		t.Fatalf("leased subnets are not distinct: %v", subnets)
+	}
+	for _, s := range subnets {
+		if !regexp.MustCompile(`^10\.70\.\d+\.0/24$`).MatchString(s) {
+			t.Fatalf("leased subnet %s is not a /24 of %s", s, agentCluster)
+		}
+	}
+	for i, n := range lab.nodes {
+		others := slices.Delete(slices.Clone(subnets), i, i+1)
+		waitFor(t, 20*time.Second, n.name+" has routes to the other nodes", func() (bool, string) {
+			return n.hasRoutes(t, others, nil)
+		})
+	}
+	return subnets
+}
+
+// podsPing adds one pod per node with the shared conflist and pings every
+// pod from every other.
+func (lab *agentLab) podsPing(subnets []string) []*Pod {
+	t := lab.t
+	var pods []*Pod
+	var addrs []string
+	for i, n := range lab.nodes {
+		p := n.NewPod()
+		r := n.MustAdd(lab.list, p)
+		a := r.IPs[0].Address
+		if !strings.HasPrefix(a.String(), strings.TrimSuffix(subnets[i], "0/24")) {
+			t.Fatalf("pod on %s got %s, outside the node's leased %s", n.name, a.String(), subnets[i])
+		}
+		pods = append(pods, p)
+		addrs = append(addrs, a.IP.String())
+	}
+	for i := range pods {
+		for j := range pods {
+			if i != j {
+				must(t, testenv.Ping(pods[i].NS, addrs[j], 2), "pod on %s -> pod on %s (%s)", lab.nodes[i].name, lab.nodes[j].name, addrs[j])
+			}
+		}
+	}
+	return pods
+}
+
+func TestAgentRegistryCluster(t *testing.T) {
+	for _, mode := range []string{"vxlan", "host-gw"} {
+		t.Run(mode, func(t *testing.T) {
+			lab := newAgentLab(t, mode)
+			subnets := lab.startAll()
+			lab.podsPing(subnets)
+			if mode == "vxlan" {
+				lab.repairAndStatus(subnets)
+				lab.masqRepair()
+			}
+			lab.deadNodeDisappears(subnets)
+		})
+	}
+}
+
+// repairAndStatus: a route (and a neighbour entry) deleted by hand comes
+// back; with the agent stopped (SIGTERM: routes stay) status names the
+// missing route and fails; a restarted agent keeps its subnet and repairs,
+// and status is clean again.
+func (lab *agentLab) repairAndStatus(subnets []string) {
+	t := lab.t
+	n1 := lab.nodes[0]
+	testenv.MustIP(t, n1.NS, "route", "del", subnets[1])
+	d := waitFor(t, 20*time.Second, "the route deleted by hand comes back", func() (bool, string) {
+		return n1.hasRoutes(t, subnets[1:], nil)
+	})
+	t.Logf("FIGURE: a route deleted by hand came back after %s", d.Round(time.Millisecond))
+	vtep2 := strings.TrimSuffix(subnets[1], "/24")
+	testenv.MustIP(t, n1.NS, "neigh", "del", vtep2, "dev", "village.9")
+	d = waitFor(t, 20*time.Second, "the neighbour entry deleted by hand comes back", func() (bool, string) {
+		out, _ := testenv.IP(n1.NS, "neigh", "show", "dev", "village.9")
+		return strings.Contains(out, vtep2+" lladdr") && strings.Contains(out, "PERMANENT"), out
+	})
+	t.Logf("FIGURE: a neighbour entry deleted by hand came back after %s", d.Round(time.Millisecond))
+
+	// SIGTERM: a clean stop, routes stay.
+	must(t, n1.stop(t, syscall.SIGTERM), "villaged on %s after SIGTERM", n1.name)
+	if ok, r := n1.hasRoutes(t, subnets[1:], nil); !ok {
+		t.Fatalf("routes gone after a clean stop: %s", r)
+	}
+	if !strings.Contains(n1.log.String(), "routes stay") {
+		t.Fatalf("no clean-stop message in the log:\n%s", n1.log.String())
+	}
+	testenv.MustIP(t, n1.NS, "route", "del", subnets[2])
+	out, err := n1.villaged(t, "status", "--conf", lab.conf, "--node-name", n1.name, "--run-dir", n1.runDir).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "missing route "+subnets[2]) || !strings.Contains(string(out), "node3") {
+		t.Fatalf("status while drifted: %v\n%s\nwant a failure naming the missing route %s of node3", err, out, subnets[2])
+	}
+	t.Logf("status while drifted:\n%s", out)
+
+	// Restart: same subnet (the published file and the registry agree),
+	// the route comes back, status is clean.
+	lab.start(n1)
+	waitFor(t, 20*time.Second, "the restarted agent repairs", func() (bool, string) {
+		return n1.hasRoutes(t, subnets[1:], nil)
+	})
+	if got := n1.subnet(t); got != subnets[0] {
+		t.Fatalf("subnet changed across a restart: %s, was %s", got, subnets[0])
+	}
+	if !strings.Contains(n1.log.String(), "holds pod subnet "+subnets[0]) {
+		t.Fatalf("restarted agent did not report its held subnet %s:\n%s", subnets[0], n1.log.String())
+	}
+	waitFor(t, 20*time.Second, "status is clean after the repair", func() (bool, string) {
+		out, err := n1.villaged(t, "status", "--conf", lab.conf, "--node-name", n1.name, "--run-dir", n1.runDir).CombinedOutput()
+		return err == nil && strings.Contains(string(out), "status: in sync"), string(out)
+	})
+}
+
+// masqRepair: the masquerade rule set flushed by hand is restored by the
+// periodic pass (iptables sends no events).
+func (lab *agentLab) masqRepair() {
+	t := lab.t
+	n2 := lab.nodes[1]
+	has := func() (bool, string) {
+		out, _ := exec.Command("ip", "netns", "exec", n2.Name(), "iptables", "-t", "nat", "-S", "POSTROUTING").CombinedOutput()
+		return strings.Contains(string(out), "village:agt"), string(out)
+	}
+	if ok, out := has(); !ok {
+		t.Fatalf("no masquerade rule on %s: %s", n2.name, out)
+	}
+	inNS(t, n2.NS, "iptables", "-t", "nat", "-F", "POSTROUTING")
+	d := waitFor(t, 25*time.Second, "the flushed masquerade rule set comes back", has)
+	t.Logf("FIGURE: a flushed masquerade rule set came back after %s (period 10s)", d.Round(time.Millisecond))
+}
+
+// deadNodeDisappears: SIGKILL node3's agent; after its lease TTL its
+// routes are gone from node1 and node2, and its record from etcd.
+func (lab *agentLab) deadNodeDisappears(subnets []string) {
+	t := lab.t
+	n3 := lab.nodes[2]
+	_ = n3.stop(t, syscall.SIGKILL)
+	killed := time.Now()
+	for _, n := range lab.nodes[:2] {
+		waitFor(t, time.Duration(agentTTL)*time.Second+10*time.Second, n.name+" drops the dead node's routes", func() (bool, string) {
+			return n.hasRoutes(t, nil, []string{subnets[2]})
+		})
+	}
+	t.Logf("FIGURE: a SIGKILLed node's routes vanished from both peers %s after the kill (lease TTL %ds)", time.Since(killed).Round(time.Millisecond), agentTTL)
+	// The others still reach each other, and still route to each other.
+	if ok, r := lab.nodes[0].hasRoutes(t, []string{subnets[1]}, nil); !ok {
+		t.Fatalf("node1 lost its route to node2: %s", r)
+	}
+	// The dead node's subnet lease stays (no TTL): it keeps it when back.
+	cli := lab.etcd.ClientIn(t, lab.host)
+	resp, err := cli.Get(context.Background(), "/village/subnets/agt/"+subnets[2])
+	must(t, err, "reading node3's subnet lease")
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "node3" {
+		t.Fatalf("node3's subnet lease: %v", resp.Kvs)
+	}
+	resp, err = cli.Get(context.Background(), "/village/nodes/agt/node3")
+	must(t, err, "reading node3's record")
+	if len(resp.Kvs) != 0 {
+		t.Fatalf("node3's record outlived its lease: %s", resp.Kvs[0].Value)
+	}
+	lab.start(n3)
+	waitFor(t, 20*time.Second, "node3 is back with the same subnet", func() (bool, string) {
+		return lab.nodes[0].hasRoutes(t, []string{subnets[2]}, nil)
+	})
+}
+
+// With no range in the config and nothing published, village-ipam says so
+// with code 11 (try again later).
+func TestAgentIPAMWaitsForLease(t *testing.T) {
+	n := NewNode(t)
+	stdin, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "agt", "type": "village-ipam",
+		"ipam": map[string]any{"type": "village-ipam", "dataDir": filepath.Join(n.Dir, "ipam")}})
+	out := n.Exec(testenv.Call{Bin: "village-ipam", Command: "ADD", ContainerID: "c1", IfName: "eth0", Netns: "/x",
+		Stdin: stdin, Env: []string{"VILLAGE_RUN_DIR=" + filepath.Join(n.Dir, "run")}})
+	e := CNIError(t, out)
+	if e.Code != types.ErrTryAgainLater || !strings.Contains(e.Msg, "villaged has not leased one yet (is `villaged run` running?)") {
+		t.Fatalf("ADD before a lease: code %d %q, want code 11 saying villaged has not leased", e.Code, e.Msg)
+	}
+}
+
+// `villaged sync` with static peers does one pass and exits; a second pass
+// changes nothing; a peer removed from the list is removed; status agrees.
+func TestAgentSyncStaticPeers(t *testing.T) {
+	nodes := staticCluster(t)
+	n1 := nodes[0]
+	conf := filepath.Join(n1.Dir, "static.conflist")
+	write := func(peers []*clusterNode) {
+		must(t, os.WriteFile(conf, n1.list(t, "vxlan", peers, "").Bytes, 0o644), "conflist")
+	}
+	run := func(args ...string) (string, error) {
+		cmd := exec.Command("ip", append([]string{"netns", "exec", n1.Name(), filepath.Join(testenv.Bins(t), "villaged")}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	write(nodes)
+	out, err := run("status", "--conf", conf, "--node-name", "node-"+n1.ip)
+	if err == nil || !strings.Contains(out, "missing route 10.60.2.0/24") {
+		t.Fatalf("status before any sync: %v\n%s", err, out)
+	}
+	out, err = run("sync", "--conf", conf, "--node-name", "node-"+n1.ip)
+	must(t, err, "sync: %s", out)
+	for _, want := range []string{"add route 10.60.2.0/24", "add route 10.60.3.0/24", "add fdb", "add neigh"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("sync output lacks %q:\n%s", want, out)
+		}
+	}
+	if r := testenv.MustIP(t, n1.NS, "route", "show", "proto", "86"); !strings.Contains(r, "10.60.2.0/24") || !strings.Contains(r, "10.60.3.0/24") {
+		t.Fatalf("routes after sync: %s", r)
+	}
+	out, err = run("sync", "--conf", conf, "--node-name", "node-"+n1.ip)
+	if err != nil || !strings.Contains(out, "(0 changes)") {
+		t.Fatalf("second sync: %v\n%s", err, out)
+	}
+	out, err = run("status", "--conf", conf, "--node-name", "node-"+n1.ip)
+	if err != nil || !strings.Contains(out, "status: in sync") {
+		t.Fatalf("status after sync: %v\n%s", err, out)
+	}
+	write(nodes[:2])
+	out, err = run("sync", "--conf", conf, "--node-name", "node-"+n1.ip)
+	must(t, err, "sync without node 3: %s", out)
+	if r := testenv.MustIP(t, n1.NS, "route", "show", "proto", "86"); strings.Contains(r, "10.60.3.0/24") || !strings.Contains(r, "10.60.2.0/24") {
+		t.Fatalf("after node 3 left the list: %s", r)
+	}
+	if out, err := run("sync", "--conf", filepath.Join(n1.Dir, "missing.conflist")); err == nil || !strings.Contains(out, "missing.conflist") {
+		t.Fatalf("sync with a missing file: %v %s", err, out)
+	}
+}
+
