@@ -171,15 +171,33 @@ func EnsureVeth(v Veth) (*VethLinks, error) {
 
 // adopt accepts an existing pod interface when a previous ADD of this very
 // container made it.
+//
+// An untagged veth is ours too when its peer is the host end with this
+// attachment's name: an ADD killed between creating the pair and tagging it
+// leaves exactly that, and the retried ADD must not refuse it forever.
 func (v Veth) adopt(l netlink.Link, hostName string) (*VethLinks, error) {
-	if _, ok := l.(*netlink.Veth); !ok || l.Attrs().Alias != ownerAlias(v.ContainerID) {
-		return nil, fmt.Errorf("interface %q already exists in netns %q and was not made for container %q: choose another CNI_IFNAME or remove it", v.IfName, v.Pod.Path, v.ContainerID)
+	foreign := fmt.Errorf("interface %q already exists in netns %q and was not made for container %q: choose another CNI_IFNAME or remove it", v.IfName, v.Pod.Path, v.ContainerID)
+	if _, ok := l.(*netlink.Veth); !ok {
+		return nil, foreign
+	}
+	tagged := l.Attrs().Alias == ownerAlias(v.ContainerID)
+	if !tagged && l.Attrs().Alias != "" {
+		return nil, foreign
 	}
 	host, err := netlinksafe.LinkByName(hostName)
 	if err != nil {
+		if !tagged {
+			return nil, foreign
+		}
 		return nil, fmt.Errorf("pod interface %q exists but its host end %q does not: %w", v.IfName, hostName, err)
 	}
 	links := &VethLinks{Host: host, Pod: l}
+	if !tagged {
+		if host.Attrs().ParentIndex != l.Attrs().Index || l.Attrs().ParentIndex != host.Attrs().Index {
+			return nil, foreign
+		}
+		links.Pod = nil // finish tags it
+	}
 	return links, v.finish(links)
 }
 
