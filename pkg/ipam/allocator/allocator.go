@@ -62,11 +62,23 @@ type AddressError struct {
 
 func (e *AddressError) Error() string { return fmt.Sprintf("requested address %s %s", e.IP, e.Reason) }
 
+// Preparer is implemented by stores that can do part of a claim for owner
+// before the store-wide lock is taken. Prepare is best effort: when it
+// cannot, the claim does the work itself under the lock.
+type Preparer interface {
+	Prepare(owner store.Owner)
+}
+
 // Allocate returns one address per range set for req.Owner. When the owner
 // already holds addresses (a repeated ADD) they are returned again, and only
 // range sets it holds nothing in get a new one. On error nothing claimed by
 // this call is kept.
 func (a *Allocator) Allocate(ctx context.Context, req Request) (_ []Assignment, err error) {
+	if p, ok := a.Store.(Preparer); ok {
+		// Before the lock: whatever a claim can do without it (the disk
+		// store's record write and fsync) does not serialise parallel ADDs.
+		p.Prepare(req.Owner)
+	}
 	unlock, err := a.Store.Lock(ctx)
 	if err != nil {
 		return nil, err

@@ -283,3 +283,53 @@ func BenchmarkDelIn250(b *testing.B) {
 		d.Release(ctx, ip, o)
 	}
 }
+
+// TestPreparedRecord: a record prepared before the lock becomes the claimed
+// address's file (same content and mode as one written under the lock), is
+// used once, survives a claim that finds its address taken, and leaves no
+// file behind in the meta directory.
+func TestPreparedRecord(t *testing.T) {
+	root := t.TempDir()
+	d := open(t, root)
+	dir := filepath.Join(root, "net1")
+	ownerB := store.Owner{ContainerID: "ctr-b", IfName: "eth0"}
+	claim(t, d, "10.0.0.2", ownerB, 0)
+	d.Prepare(ownerA)
+	if claim(t, d, "10.0.0.2", ownerA, 0) {
+		t.Fatal("claimed an address ownerB holds")
+	}
+	if !claim(t, d, "10.0.0.3", ownerA, 0) || !claim(t, d, "fd00::3", ownerA, 1) {
+		t.Fatal("claims failed")
+	}
+	for _, name := range []string{"10.0.0.3", "fd00::3"} {
+		path := filepath.Join(dir, name)
+		b, err := os.ReadFile(path)
+		if err != nil || string(b) != "ctr-a\r\neth0" {
+			t.Errorf("%s = %q, %v", name, b, err)
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Nlink != 1 {
+			t.Errorf("%s: mode %v, %d links; want 0600 and one link", name, fi.Mode().Perm(), fi.Sys().(*syscall.Stat_t).Nlink)
+		}
+	}
+	d.Prepare(ownerB) // never used: Close drops it
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, metaName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != indexName {
+			t.Errorf("left in the meta directory: %s", e.Name())
+		}
+	}
+	d2 := open(t, root)
+	if got, _ := d2.ListByOwner(ctx, ownerA); len(got) != 2 {
+		t.Errorf("ownerA holds %v after reopening; want two addresses", got)
+	}
+}
