@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -170,10 +171,17 @@ func pluginConf(list string) ([]byte, error) {
 	return jsonMarshal(p)
 }
 
-// cnitool runs `cnitool verb network pod` in the suite's node and returns
-// how long the exec took.
+// cnitoolRun runs `cnitool verb network pod` in the suite's node and
+// returns how long the exec took.
 func (s *suite) cnitoolRun(verb, network, pod string) (time.Duration, error) {
-	var d time.Duration
+	d, _, err := s.cnitoolCPU(verb, network, pod)
+	return d, err
+}
+
+// cnitoolCPU is cnitoolRun that also returns the CPU time (user + system)
+// of cnitool and every process it waited for (the plugins, IPAM, iptables).
+func (s *suite) cnitoolCPU(verb, network, pod string) (time.Duration, time.Duration, error) {
+	var d, cpu time.Duration
 	err := inNS(netnsPath(s.node), func() error {
 		cmd := exec.Command(s.cnitool, verb, s.netPrefix+network, netnsPath(pod))
 		cmd.Env = []string{
@@ -186,12 +194,15 @@ func (s *suite) cnitoolRun(verb, network, pod string) (time.Duration, error) {
 		start := time.Now()
 		err := cmd.Run()
 		d = time.Since(start)
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		}
 		if err != nil {
 			return fmt.Errorf("%s: cnitool %s %s %s: %v: %s", s.name, verb, network, pod, err, strings.TrimSpace(out.String()))
 		}
 		return nil
 	})
-	return d, err
+	return d, cpu, err
 }
 
 // execPlugin runs a plugin binary directly, as a runtime does, under

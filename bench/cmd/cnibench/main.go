@@ -30,6 +30,7 @@ type options struct {
 	overlayCount                   int
 	iperfSecs, iperfRounds         int
 	only                           string
+	dataRoot                       string
 	verbose                        bool
 }
 
@@ -50,6 +51,7 @@ func main() {
 	flag.IntVar(&o.iperfRounds, "iperf-rounds", 3, "iperf3 runs per path and mode")
 	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,burst,scale,memory,overlay,throughput); empty: all")
 	flag.BoolVar(&o.verbose, "v", false, "print every sample series")
+	flag.StringVar(&o.dataRoot, "data-root", "", "directory for the IPAM data directories (default: the run's temp dir; e.g. /dev/shm to take fsync cost out, for diagnosis)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fatal(fmt.Errorf("cnibench needs root: it makes network namespaces"))
@@ -120,6 +122,14 @@ func benchmark(l *lab, o options) error {
 		s.netPrefix = l.prefix + s.short + "-"
 		base := filepath.Join(l.tmp, s.name)
 		s.confDir, s.cacheDir, s.dataDir = filepath.Join(base, "net.d"), filepath.Join(base, "cache"), filepath.Join(base, "ipam")
+		if o.dataRoot != "" {
+			d, err := os.MkdirTemp(o.dataRoot, "cnibench-ipam-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(d)
+			s.dataDir = d
+		}
 		for _, d := range []string{s.confDir, s.cacheDir, s.dataDir} {
 			if err := os.MkdirAll(d, 0o700); err != nil {
 				return err
@@ -214,20 +224,22 @@ func latency(l *lab, o options, v, r *suite, s samples, t *table) error {
 		for _, verb := range []string{"add", "del"} {
 			for i := 0; i < o.seq; i++ {
 				for _, su := range order(i, v, r) {
-					d, err := su.cnitoolRun(verb, network, pods[su][i])
+					d, cpu, err := su.cnitoolCPU(verb, network, pods[su][i])
 					if err != nil {
 						return err
 					}
 					s.add(su.short+"."+network+"."+verb, ms(d))
+					s.add(su.short+".cpu."+network+"."+verb, ms(cpu))
 				}
 				if network == "masq" {
 					// The exec floor: loopback only, same pods, same run.
 					for _, su := range order(i+1, v, r) {
-						d, err := su.cnitoolRun(verb, "lo", pods[su][i])
+						d, cpu, err := su.cnitoolCPU(verb, "lo", pods[su][i])
 						if err != nil {
 							return err
 						}
 						s.add(su.short+".lo."+verb, ms(d))
+						s.add(su.short+".cpu.lo."+verb, ms(cpu))
 					}
 				}
 			}
@@ -261,6 +273,10 @@ func latency(l *lab, o options, v, r *suite, s samples, t *table) error {
 	}
 	t.add(row{metric: "exec floor: loopback-only ADD via cnitool", village: floor, reference: s.med("r.lo.add"), unit: "ms", ratio: math.NaN()})
 	t.add(row{metric: "exec floor: loopback-only DEL via cnitool", village: s.med("v.lo.del"), reference: s.med("r.lo.del"), unit: "ms", ratio: math.NaN()})
+	t.add(row{metric: "CPU time of one ADD, ipMasq on (cnitool and every process it waits for)", village: s.med("v.cpu.masq.add"),
+		reference: s.med("r.cpu.masq.add"), unit: "ms", ratio: math.NaN()})
+	t.add(row{metric: "CPU time of one DEL, ipMasq on", village: s.med("v.cpu.masq.del"), reference: s.med("r.cpu.masq.del"), unit: "ms", ratio: math.NaN()})
+	t.add(row{metric: "CPU time of the exec floor (loopback ADD)", village: s.med("v.cpu.lo.add"), reference: s.med("r.cpu.lo.add"), unit: "ms", ratio: math.NaN()})
 	gap := s.med("v.masq.add") - floor
 	t.add(row{metric: "ADD (ipMasq on) above the exec floor", village: gap, reference: s.med("r.masq.add") - s.med("r.lo.add"), unit: "ms",
 		ratio: math.NaN(), target: "village ≤ 8 ms", met: yes(gap <= 8)})
@@ -287,11 +303,17 @@ func burst(l *lab, o options, v, r *suite, s samples, t *table) error {
 		for _, verb := range []string{"add", "del"} {
 			for _, su := range order(round, v, r) {
 				errs := make([]error, o.burst)
+				cpus := make([]time.Duration, o.burst)
 				start := time.Now()
 				parallel(o.burst, o.width, func(i int) {
-					_, errs[i] = su.cnitoolRun(verb, "burst", pods[su][i])
+					_, cpus[i], errs[i] = su.cnitoolCPU(verb, "burst", pods[su][i])
 				})
 				wall := time.Since(start)
+				var cpu time.Duration
+				for _, c := range cpus {
+					cpu += c
+				}
+				s.add(su.short+".burstcpu."+verb, ms(cpu))
 				for _, err := range errs {
 					if err != nil {
 						return err
@@ -308,6 +330,7 @@ func burst(l *lab, o options, v, r *suite, s samples, t *table) error {
 	rw := row2(fmt.Sprintf("burst ADD wall, %d pods %d at a time", o.burst, o.width), add, radd, "ms")
 	rw.target, rw.met = "≤ 0.50×", yes(add/radd <= 0.5)
 	t.add(rw)
+	t.add(row2(fmt.Sprintf("burst ADD, CPU time of all %d ADDs (all processes)", o.burst), s.med("v.burstcpu.add"), s.med("r.burstcpu.add"), "ms"))
 	del, rdel := s.med("v.burst.del"), s.med("r.burst.del")
 	rw = row2(fmt.Sprintf("burst DEL wall, %d pods %d at a time", o.burst, o.width), del, rdel, "ms")
 	rw.target, rw.met = "≤ 0.30×", yes(del/rdel <= 0.3)
