@@ -275,11 +275,12 @@ func TestAgentRegistryCluster(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			lab := newAgentLab(t, mode)
 			subnets := lab.startAll()
-			lab.podsPing(subnets)
+			pods := lab.podsPing(subnets)
 			if mode == "vxlan" {
 				lab.repairAndStatus(subnets)
 				lab.masqRepair()
 			}
+			lab.underlayMoves(pods)
 			lab.deadNodeDisappears(subnets)
 		})
 	}
@@ -335,6 +336,36 @@ func (lab *agentLab) repairAndStatus(subnets []string) {
 	waitFor(t, 20*time.Second, "status is clean after the repair", func() (bool, string) {
 		out, err := n1.villaged(t, "status", "--conf", lab.conf, "--node-name", n1.name, "--run-dir", n1.runDir).CombinedOutput()
 		return err == nil && strings.Contains(string(out), "status: in sync"), string(out)
+	})
+}
+
+// underlayMoves: node2's underlay address changes; its agent registers the
+// new one and the others follow (VXLAN destination or host-gw next hop),
+// and pods still reach each other.
+func (lab *agentLab) underlayMoves(pods []*Pod) {
+	t := lab.t
+	n2 := lab.nodes[1]
+	newIP := agentLANPrefix + "22"
+	testenv.MustIP(t, n2.NS, "addr", "del", n2.ip+"/24", "dev", "lan0")
+	testenv.MustIP(t, n2.NS, "addr", "add", newIP+"/24", "dev", "lan0")
+	n2.ip = newIP
+	d := waitFor(t, 30*time.Second, "node1 follows node2's new underlay address", func() (bool, string) {
+		r := lab.nodes[0].routes(t)
+		if strings.Contains(r, "via "+newIP) {
+			return true, r
+		}
+		out, _ := exec.Command("ip", "netns", "exec", lab.nodes[0].Name(), "bridge", "fdb", "show", "dev", "village.9").CombinedOutput()
+		return strings.Contains(string(out), "dst "+newIP+" "), r + string(out)
+	})
+	t.Logf("FIGURE: peers followed a changed underlay address after %s", d.Round(time.Millisecond))
+	if !strings.Contains(n2.log.String(), "underlay address changed") {
+		t.Fatalf("node2's agent did not report the address change:\n%s", n2.log.String())
+	}
+	addr := strings.Fields(testenv.MustIP(t, pods[1].NS, "-4", "-o", "addr", "show", "dev", "eth0"))[3]
+	dst := strings.Split(addr, "/")[0]
+	waitFor(t, 10*time.Second, "pod on node1 reaches the pod on node2 after the move", func() (bool, string) {
+		err := testenv.Ping(pods[0].NS, dst, 1)
+		return err == nil, fmt.Sprint(err)
 	})
 }
 

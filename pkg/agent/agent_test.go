@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/overlay"
+	"github.com/village-cni/village/pkg/registry"
+)
+
+func write(t *testing.T, name, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const registryList = `{"cniVersion":"1.1.0","name":"agt","plugins":[
+	{"type":"loopback"},
+	{"type":"village","clusterCIDR":"10.70.0.0/16","ipam":{"type":"village-ipam"},
+	 "backend":{"type":"vxlan","underlay":"lan0","registry":{"endpoints":["http://192.0.2.1:2379"],"ttl":5}}},
+	{"type":"portmap","capabilities":{"portMappings":true}}]}`
+
+func TestLoadConflist(t *testing.T) {
+	f := write(t, "10-agt.conflist", registryList)
+	c, err := Load(Options{ConfFile: f, NodeName: "n1", RunDir: "/tmp/run-x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Net.Name != "agt" || c.Backend.Type != "vxlan" || c.Registry().TTL != 5 || c.Registry().SubnetLen != 24 || c.Registry().Prefix != "/village" {
+		t.Fatalf("parsed: name %q backend %+v registry %+v", c.Net.Name, c.Backend, c.Registry())
+	}
+	if len(c.PodCIDRs) != 0 {
+		t.Fatalf("no range in the list, got %v", c.PodCIDRs)
+	}
+	if c.SubnetFile != "/tmp/run-x/agt/subnet" {
+		t.Fatalf("subnet file %s", c.SubnetFile)
+	}
+	sp, err := c.subnetSpace()
+	if err != nil || sp.Cluster.String() != "10.70.0.0/16" || sp.Bits != 24 {
+		t.Fatalf("space %+v %v", sp, err)
+	}
+}
+
+func TestLoadRangesAndSingleConf(t *testing.T) {
+	f := write(t, "10-one.conf", `{"cniVersion":"1.0.0","name":"one","type":"village",
+		"ipam":{"type":"village-ipam","ranges":[[{"subnet":"10.1.2.0/24"}],[{"subnet":"fd00:1:2::/64"}]],"subnetFile":"/elsewhere/s"},
+		"backend":{"type":"host-gw","nodes":[{"name":"b","ip":"192.0.2.2","podCIDR":"10.1.3.0/24"}]}}`)
+	c, err := Load(Options{ConfFile: f, NodeName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cidrList(c.PodCIDRs) != "10.1.2.0/24,fd00:1:2::/64" || c.SubnetFile != "/elsewhere/s" {
+		t.Fatalf("pod CIDRs %s, file %s", cidrList(c.PodCIDRs), c.SubnetFile)
+	}
+	if p := c.staticPeers(); len(p) != 1 || p[0].Name != "b" {
+		t.Fatalf("static peers %+v", p)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	for _, tc := range []struct{ name, text, opt, want string }{
+		{"no village", `{"name":"x","plugins":[{"type":"bridge"}]}`, "n", `no plugin of type "village"`},
+		{"other single", `{"name":"x","type":"bridge"}`, "n", `not village`},
+		{"not json", `{`, "n", "not JSON"},
+		{"bad node name", registryList, "a/b", "node name"},
+		{"bad backend", `{"name":"x","type":"village","backend":{"type":"carrier-pigeon"}}`, "n", "carrier-pigeon"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := write(t, "x.conflist", tc.text)
+			_, err := Load(Options{ConfFile: f, NodeName: tc.opt})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Load(Options{ConfFile: "/nonexistent/x.conflist", NodeName: "n"}); err == nil || !strings.Contains(err.Error(), "/nonexistent/x.conflist") {
+		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func TestPublishAtomicAndIdempotent(t *testing.T) {
+	dir := t.TempDir()
+	c := &Conf{Node: "n1", SubnetFile: filepath.Join(dir, "agt", "subnet")}
+	c.Net = mustNet(t)
+	_, sn, _ := net.ParseCIDR("10.70.3.0/24")
+	changed, err := c.publish([]*net.IPNet{sn})
+	if err != nil || !changed {
+		t.Fatalf("first publish: %v %v", changed, err)
+	}
+	got, err := c.publishedCIDRs()
+	if err != nil || cidrList(got) != "10.70.3.0/24" {
+		t.Fatalf("read back %v %v", got, err)
+	}
+	if changed, err := c.publish([]*net.IPNet{sn}); err != nil || changed {
+		t.Fatalf("second publish rewrote: %v %v", changed, err)
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, "agt"))
+	if len(entries) != 1 {
+		t.Fatalf("temporary files left: %v", entries)
+	}
+	if st, _ := os.Stat(c.SubnetFile); st.Mode().Perm() != 0o644 {
+		t.Fatalf("mode %v", st.Mode())
+	}
+}
+
+func mustNet(t *testing.T) *netconf.NetConf {
+	t.Helper()
+	f := write(t, "c.conflist", registryList)
+	c, err := Load(Options{ConfFile: f, NodeName: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Net
+}
+
+func TestPeersOfAndMerge(t *testing.T) {
+	nodes := []registry.Node{
+		{Name: "a", IP: "192.0.2.1", PodCIDRs: []string{"10.1.1.0/24"}},
+		{Name: "self", IP: "192.0.2.9", PodCIDRs: []string{"10.1.9.0/24"}},
+		{Name: "b", IP: "192.0.2.2", PodCIDRs: []string{"10.1.2.0/24"}, VtepMAC: "0e:76:00:00:00:02"},
+		{Name: "bad", IP: "nope"},
+	}
+	peers, bad := peersOf(nodes, "self")
+	if len(peers) != 2 || len(bad) != 1 || peers[1].VtepMAC.String() != "0e:76:00:00:00:02" {
+		t.Fatalf("peers %+v bad %v", peers, bad)
+	}
+	_, sn, _ := net.ParseCIDR("10.1.7.0/24")
+	static := []overlay.Node{{Name: "b", IP: net.ParseIP("192.0.2.22"), PodCIDRs: []*net.IPNet{sn}}}
+	m := mergePeers(static, peers)
+	if len(m) != 2 || m[0].IP.String() != "192.0.2.22" || m[1].Name != "a" {
+		t.Fatalf("merge: %+v", m)
+	}
+	r := record("self", net.ParseIP("192.0.2.9"), []*net.IPNet{sn})
+	if r.VtepMAC != overlay.DeriveMAC(net.ParseIP("192.0.2.9")).String() || r.PodCIDRs[0] != "10.1.7.0/24" {
+		t.Fatalf("record %+v", r)
+	}
+}
+
+func TestDescribe(t *testing.T) {
+	ch := overlay.Change{Op: overlay.OpAdd, Object: overlay.Object{Kind: overlay.KindRoute, Desc: "10.1.2.0/24 via 10.1.2.0 dev village.1 onlink", Peer: "b"}}
+	if got := describe(ch); got != "missing route 10.1.2.0/24 via 10.1.2.0 dev village.1 onlink" {
+		t.Fatal(got)
+	}
+}
