@@ -27,7 +27,7 @@ const registryList = `{"cniVersion":"1.1.0","name":"agt","plugins":[
 	 "backend":{"type":"vxlan","underlay":"lan0","registry":{"endpoints":["http://192.0.2.1:2379"],"ttl":5}}},
 	{"type":"portmap","capabilities":{"portMappings":true}}]}`
 
-func TestLoadConflist(t *testing.T) {
+func TestAgentLoadConflist(t *testing.T) {
 	f := write(t, "10-agt.conflist", registryList)
 	c, err := Load(Options{ConfFile: f, NodeName: "n1", RunDir: "/tmp/run-x"})
 	if err != nil {
@@ -48,7 +48,7 @@ func TestLoadConflist(t *testing.T) {
 	}
 }
 
-func TestLoadRangesAndSingleConf(t *testing.T) {
+func TestAgentLoadRangesAndSingleConf(t *testing.T) {
 	f := write(t, "10-one.conf", `{"cniVersion":"1.0.0","name":"one","type":"village",
 		"ipam":{"type":"village-ipam","ranges":[[{"subnet":"10.1.2.0/24"}],[{"subnet":"fd00:1:2::/64"}]],"subnetFile":"/elsewhere/s"},
 		"backend":{"type":"host-gw","nodes":[{"name":"b","ip":"192.0.2.2","podCIDR":"10.1.3.0/24"}]}}`)
@@ -64,7 +64,7 @@ func TestLoadRangesAndSingleConf(t *testing.T) {
 	}
 }
 
-func TestLoadErrors(t *testing.T) {
+func TestAgentLoadErrors(t *testing.T) {
 	for _, tc := range []struct{ name, text, opt, want string }{
 		{"no village", `{"name":"x","plugins":[{"type":"bridge"}]}`, "n", `no plugin of type "village"`},
 		{"other single", `{"name":"x","type":"bridge"}`, "n", `not village`},
@@ -85,7 +85,7 @@ func TestLoadErrors(t *testing.T) {
 	}
 }
 
-func TestPublishAtomicAndIdempotent(t *testing.T) {
+func TestAgentPublishAtomicAndIdempotent(t *testing.T) {
 	dir := t.TempDir()
 	c := &Conf{Node: "n1", SubnetFile: filepath.Join(dir, "agt", "subnet")}
 	c.Net = mustNet(t)
@@ -120,7 +120,7 @@ func mustNet(t *testing.T) *netconf.NetConf {
 	return c.Net
 }
 
-func TestPeersOfAndMerge(t *testing.T) {
+func TestAgentPeersOfAndMerge(t *testing.T) {
 	nodes := []registry.Node{
 		{Name: "a", IP: "192.0.2.1", PodCIDRs: []string{"10.1.1.0/24"}},
 		{Name: "self", IP: "192.0.2.9", PodCIDRs: []string{"10.1.9.0/24"}},
@@ -143,7 +143,7 @@ func TestPeersOfAndMerge(t *testing.T) {
 	}
 }
 
-func TestDescribe(t *testing.T) {
+func TestAgentDescribe(t *testing.T) {
 	ch := overlay.Change{Op: overlay.OpAdd, Object: overlay.Object{Kind: overlay.KindRoute, Desc: "10.1.2.0/24 via 10.1.2.0 dev village.1 onlink", Peer: "b"}}
 	if got := describe(ch); got != "missing route 10.1.2.0/24 via 10.1.2.0 dev village.1 onlink" {
 		t.Fatal(got)

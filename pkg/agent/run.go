@@ -95,9 +95,8 @@ func Run(ctx context.Context, opts Options) error {
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait() // after cancel: every goroutine is gone when Run returns
+	defer func() { cancel(); wg.Wait() }() // every goroutine is gone when Run returns
 
 	kernel := make(chan struct{}, 1)
 	wg.Go(func() { watchKernel(ctx, kernel, opts.logf) })
