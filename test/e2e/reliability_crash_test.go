@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,13 +90,38 @@ func (p *proc) kill(t *testing.T, mode killMode) (killed bool) {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for syscall.Kill(-pid, 0) == nil {
+	for groupAlive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("process group %d still alive 30s after its plugin was killed", pid)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	return killed
+}
+
+// groupAlive reports whether a process of group pgid is still running.
+// Zombies do not count: orphans are reaped by PID 1, which may take its time.
+func groupAlive(pgid int) bool {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 2 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
+			return true
+		}
+	}
+	return false
 }
 
 // holdIPAM writes a village-ipam wrapper that runs the real plugin and, on
@@ -233,7 +259,7 @@ func TestCrashDuringAdd(t *testing.T) {
 		t.Logf("an ADD takes %s, %s of it after IPAM answered", whole, linkPart)
 	}
 	// 1. Random moments of the whole ADD.
-	for i := range 12 {
+	for i := range 20 {
 		p := n.NewPod()
 		pr := start(p)
 		time.Sleep(rand.N(whole))
@@ -257,7 +283,7 @@ func TestCrashDuringAdd(t *testing.T) {
 	}
 	// 3. In link setup: IPAM answers at once, village is killed at a random
 	// moment of the rest.
-	for i := range 8 {
+	for i := range 12 {
 		p := n.NewPod()
 		hold := filepath.Join(n.Dir, "hold-"+p.ID)
 		pr := start(p, "VILLAGE_TEST_HOLD="+hold, "VILLAGE_TEST_HOLD_SECS=0")
@@ -321,6 +347,7 @@ func TestCrashDuringAdd(t *testing.T) {
 	}
 	slices.Sort(wantVeths)
 	var veths []string
+	waitStart := time.Now()
 	// The kernel tears a removed namespace (and the veths in it) down
 	// asynchronously: give it a moment.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -330,6 +357,7 @@ func TestCrashDuringAdd(t *testing.T) {
 			break
 		}
 	}
+	t.Logf("namespace teardown took %s", time.Since(waitStart).Round(time.Millisecond))
 	if !slices.Equal(veths, wantVeths) {
 		t.Errorf("veths on the node %v, want exactly the survivors' %v", veths, wantVeths)
 	}
@@ -395,5 +423,86 @@ func TestRetriedAddAdoptsUntaggedPair(t *testing.T) {
 	}
 	if got := ownersOf(t, data); len(got) != 1 {
 		t.Fatalf("allocations %v, want only the warm-up pod's", got)
+	}
+}
+
+// TestCorruptStoreThroughBinaries damages the disk store's data directory
+// the ways crashes, full disks and people do (truncated, torn, oversized and
+// garbage records, a symlink and a directory named as an address, a garbage
+// round-robin marker and index, leftover temporary files) and runs the real
+// binaries over it: no panic, every error a CNI error, no damaged address
+// handed out again, and GC repairs the damage.
+func TestCorruptStoreThroughBinaries(t *testing.T) {
+	n := NewNode(t)
+	data := filepath.Join(n.Dir, "ipam")
+	dir := filepath.Join(data, "corrupt")
+	l := ConfList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":"corrupt","plugins":[{"type":"village","bridge":"corrupt0","isGateway":true,
+		"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.63.0.0/28"}]]}}]}`, data))
+	first := n.NewPod()
+	n.MustAdd(l, first) // creates the directory: 10.63.0.2
+	outside := filepath.Join(n.Dir, "outside")
+	must(t, os.WriteFile(outside, []byte("precious"), 0o600), "write")
+	damage := map[string]string{
+		"10.63.0.3":           "",                               // truncated to nothing
+		"10.63.0.4":           "pod-torn\r\n",                   // torn after the ID
+		"10.63.0.5":           "pod-torn\r\neth",                // torn in the ifname... still parses: a real owner
+		"10.63.0.6":           strings.Repeat("A", 1<<16),       // oversized
+		"10.63.0.7":           "\x00\x00\x00\x00",               // zero-filled block
+		"10.63.0.8":           "../../etc\r\neth0",              // traversal as owner
+		"10.63.0.9":           "pod-x\r\neth0\r\npod-y\r\neth0", // two owners
+		"::ffff:10.63.0.10":   "pod-noncanonical\r\neth0",       // non-canonical (v4-mapped) name
+		"last_reserved_ip.0":  "10.63.0.999",
+		".village/index.json": `{"version":1,"stamp":"x","records":{"10.63.0.2":{"owner":{}}`,
+		".village/tmp-123":    "pod-ghost\r\neth0",
+	}
+	for name, content := range damage {
+		must(t, os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600), "write %s", name)
+	}
+	must(t, os.Symlink(outside, filepath.Join(dir, "10.63.0.11")), "symlink")
+	must(t, os.Mkdir(filepath.Join(dir, "10.63.0.12"), 0o700), "mkdir")
+	damaged := []string{"10.63.0.3", "10.63.0.4", "10.63.0.5", "10.63.0.6", "10.63.0.7", "10.63.0.8", "10.63.0.9", "10.63.0.10", "10.63.0.11", "10.63.0.12"}
+
+	// 10.63.0.0/28: .2-.14; .2 is first's, .3-.12 damaged: .13 and .14 are free.
+	var pods []*Pod
+	got := map[string]bool{}
+	for range 2 {
+		p := n.NewPod()
+		res := n.MustAdd(l, p)
+		ip := res.IPs[0].Address.IP.String()
+		if slices.Contains(damaged, ip) || got[ip] || ip == "10.63.0.2" {
+			t.Fatalf("ADD over a damaged store handed out %s", ip)
+		}
+		got[ip] = true
+		pods = append(pods, p)
+	}
+	extra := n.NewPod()
+	out := n.Exec(testenv.Call{Bin: "village", Command: "ADD", ContainerID: extra.ID, Netns: extra.NS.Path(), IfName: "eth0", Stdin: pluginStdin(t, l)})
+	if e := CNIError(t, out); e.Code != 100 || !strings.Contains(e.Msg, "10.63.0.") {
+		t.Fatalf("ADD into a range full of damaged records: code %d %q, want 100 naming the range", e.Code, e.Msg)
+	}
+	// DEL of an owner whose record is torn releases only when it matches.
+	torn := &Pod{NS: extra.NS, ID: "pod-torn", IfName: "eth"}
+	out = n.Exec(testenv.Call{Bin: "village", Command: "DEL", ContainerID: torn.ID, IfName: "eth", Stdin: pluginStdin(t, l)})
+	if out.ExitCode != 0 {
+		t.Fatalf("DEL of the torn record's owner: %s %s", out.Stdout, out.Stderr)
+	}
+	// GC with the live pods repairs the rest.
+	must(t, n.GC(l, append(pods, first)...), "GC over the damage")
+	owners := ownersOf(t, data)
+	if len(owners) != 3 {
+		t.Fatalf("after GC the store holds %v, want only the 3 live pods", owners)
+	}
+	if b, err := os.ReadFile(outside); err != nil || string(b) != "precious" {
+		t.Fatalf("the symlink's target was touched: %q %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".village", "tmp-123")); err == nil {
+		t.Fatal("a leftover temporary file survived a locked operation")
+	}
+	// Every repaired address is usable again, and no more.
+	for range len(damaged) {
+		n.MustAdd(l, n.NewPod())
+	}
+	if _, err := n.Add(l, n.NewPod()); err == nil {
+		t.Fatal("ADD succeeded with every address of the range held")
 	}
 }
