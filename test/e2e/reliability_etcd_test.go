@@ -1,0 +1,244 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/village-cni/village/internal/etcdtest"
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/etcdclient"
+	"github.com/village-cni/village/pkg/netsetup"
+)
+
+func countKeys(t *testing.T, cli *clientv3.Client, prefix string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	must(t, err, "counting %s", prefix)
+	return r.Count
+}
+
+// TestEtcdStoppedDuringChurn runs village (etcd store) through libcni with
+// 4 workers churning pods on a node whose etcd listens inside the node
+// namespace, and stops etcd in the middle. Before: every verb succeeds and
+// nothing is left. After: every ADD fails with code 11 within the store's
+// bounded wait and leaves no interface, veth or allocation behind; DEL fails
+// with code 11 too (the allocation cannot be released yet) but has removed
+// the pod's links.
+func TestEtcdStoppedDuringChurn(t *testing.T) {
+	n := NewNode(t)
+	srv := etcdtest.StartIn(t, n.NS, "127.0.0.1")
+	l := ConfList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":"echurn","plugins":[{"type":"village","bridge":"echurn0","isGateway":true,
+		"ipam":{"type":"village-ipam","ranges":[[{"subnet":"10.70.0.0/27"}]],
+		"store":{"type":"etcd","endpoints":%q,"prefix":"/soak","nodeName":"node-a"}}}]}`, srv.Endpoints))
+	const workers = 4
+	pods := make([]*Pod, workers)
+	for i := range pods {
+		pods[i] = n.NewPod()
+	}
+	var stopped atomic.Bool
+	var mu sync.Mutex
+	var ok, addFail, delFail int
+	var bad []string
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func(p *Pod) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				p.ID = fmt.Sprintf("echurn-%d-%d", w, i)
+				wasStopped := stopped.Load()
+				_, err := n.Add(l, p)
+				if err != nil {
+					mu.Lock()
+					defer mu.Unlock()
+					var te *types.Error
+					switch {
+					case !wasStopped && !stopped.Load():
+						bad = append(bad, fmt.Sprintf("ADD with etcd up: %v", err))
+					case !errors.As(err, &te) || te.Code != types.ErrTryAgainLater || !strings.Contains(te.Msg, "etcd"):
+						bad = append(bad, fmt.Sprintf("ADD with etcd down: %v, want code 11 naming etcd", err))
+					}
+					addFail++
+					return // one failed ADD per worker after the stop
+				}
+				if err := n.Del(l, p); err != nil {
+					mu.Lock()
+					var te *types.Error
+					if !stopped.Load() {
+						bad = append(bad, fmt.Sprintf("DEL with etcd up: %v", err))
+					} else if !errors.As(err, &te) || te.Code != types.ErrTryAgainLater {
+						bad = append(bad, fmt.Sprintf("DEL with etcd down: %v, want code 11", err))
+					}
+					delFail++
+					mu.Unlock()
+					if out := testenv.MustIP(t, p.NS, "-o", "link"); strings.Contains(out, "eth0") {
+						t.Errorf("DEL with etcd down left eth0: %s", out)
+					}
+					continue
+				}
+				mu.Lock()
+				ok++
+				mu.Unlock()
+			}
+		}(pods[w])
+	}
+	time.Sleep(1500 * time.Millisecond)
+	mu.Lock()
+	before := ok
+	mu.Unlock()
+	stopped.Store(true)
+	srv.Stop()
+	stopAt := time.Now()
+	wg.Wait()
+	t.Logf("%d ADD/DEL pairs with etcd up; after the stop %d ADDs and %d DELs failed, all within %s",
+		before, addFail, delFail, time.Since(stopAt).Round(time.Millisecond))
+	if len(bad) > 0 {
+		t.Fatalf("%d wrong outcomes:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+	if before == 0 {
+		t.Fatal("no ADD/DEL pair completed before etcd was stopped")
+	}
+	if time.Since(stopAt) > 60*time.Second {
+		t.Fatalf("verbs against a stopped etcd took %s", time.Since(stopAt))
+	}
+	// Nothing of the failed ADDs on the node.
+	for _, p := range pods {
+		if out := testenv.MustIP(t, p.NS, "-o", "link"); strings.Contains(out, "eth0") {
+			t.Errorf("failed ADD left eth0 in %s: %s", p.ID, out)
+		}
+		if _, err := testenv.IP(n.NS, "link", "show", netsetup.HostVethName(p.ID, "eth0")); err == nil {
+			t.Errorf("failed ADD left the host veth of %s", p.ID)
+		}
+	}
+}
+
+// TestEtcdRestartDuringIPAMChurn churns village-ipam (etcd store, through
+// the village-ipam-etcd helper) with 4 workers while etcd is stopped and
+// started again. The runtime's behaviour is modelled: a failed DEL is
+// retried until it succeeds, a failed ADD is followed by DEL. Afterwards no
+// allocation is left in etcd and the whole range can be filled. The plugins
+// run in the test's own namespace, where this etcd listens: village-ipam
+// changes no network configuration.
+func TestEtcdRestartDuringIPAMChurn(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cfg := srv.ClientConfig()
+	cli, err := etcdclient.New(cfg)
+	must(t, err, "etcd client")
+	t.Cleanup(func() { cli.Close() })
+	pod := testenv.NewNS(t) // CNI_NETNS must name something; IPAM does not enter it
+	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"erestart","ipam":{"type":"village-ipam","ranges":[[{"subnet":"10.71.0.0/27"}]],
+		"store":{"type":"etcd","endpoints":%q,"prefix":"/soak","nodeName":"node-b"}}}`, srv.Endpoints))
+	run := func(cmd, id string) testenv.Output {
+		return testenv.Exec(t, testenv.Call{Bin: testenv.Bins(t) + "/village-ipam", Command: cmd, ContainerID: id, IfName: "eth0",
+			Netns: pod.Path(), Path: testenv.CNIPath(t), Stdin: conf})
+	}
+	// Warm-up (builds the binaries when this test runs alone): the outage
+	// must meet running verbs, not a build.
+	if out := run("ADD", "warm"); out.ExitCode != 0 {
+		t.Fatalf("warm-up ADD: %s", out.Stdout)
+	}
+	if out := run("DEL", "warm"); out.ExitCode != 0 {
+		t.Fatalf("warm-up DEL: %s", out.Stdout)
+	}
+	const workers = 4
+	var restarted atomic.Bool
+	var mu sync.Mutex
+	var bad []string
+	var pairs, addFail, delRetries atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			after := 0 // pairs done since the restart
+			for i := 0; after < 5; i++ {
+				if restarted.Load() {
+					after++
+				}
+				id := fmt.Sprintf("er-%d-%d", w, i)
+				out := run("ADD", id)
+				if out.ExitCode != 0 {
+					addFail.Add(1)
+					if e, err := decodeErr(out); err != nil || e.Code != types.ErrTryAgainLater {
+						mu.Lock()
+						bad = append(bad, fmt.Sprintf("ADD %s: %s (want code 11)", id, out.Stdout))
+						mu.Unlock()
+					}
+				}
+				for try := 0; ; try++ { // DEL until it succeeds
+					out := run("DEL", id)
+					if out.ExitCode == 0 {
+						break
+					}
+					delRetries.Add(1)
+					if e, err := decodeErr(out); err != nil || e.Code != types.ErrTryAgainLater || try > 30 {
+						mu.Lock()
+						bad = append(bad, fmt.Sprintf("DEL %s (try %d): %s", id, try, out.Stdout))
+						mu.Unlock()
+						return
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+				pairs.Add(1)
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	srv.Stop()
+	// Longer than the store's 5 s bound, so verbs fail rather than wait.
+	time.Sleep(7 * time.Second)
+	srv.Restart()
+	restarted.Store(true)
+	wg.Wait()
+	t.Logf("%d ADD/DEL pairs; %d ADDs failed while etcd was down, %d DELs retried", pairs.Load(), addFail.Load(), delRetries.Load())
+	if len(bad) > 0 {
+		t.Fatalf("%d wrong outcomes:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+	if addFail.Load()+delRetries.Load() == 0 {
+		t.Fatal("no verb met the stopped etcd: the outage tested nothing")
+	}
+	if c := countKeys(t, cli, "/soak/ipam/erestart/ips/"); c != 0 {
+		t.Fatalf("%d allocations left in etcd after every DEL succeeded", c)
+	}
+	// 10.71.0.0/27: .2-.30, 29 addresses.
+	seen := map[string]bool{}
+	addr := regexp.MustCompile(`"address":\s*"([^"]+)"`)
+	for i := range 29 {
+		out := run("ADD", fmt.Sprintf("fill-%d", i))
+		if out.ExitCode != 0 {
+			t.Fatalf("fill %d: %s", i, out.Stdout)
+		}
+		ip := addr.FindStringSubmatch(string(out.Stdout))[1]
+		if seen[ip] {
+			t.Fatalf("%s handed out twice", ip)
+		}
+		seen[ip] = true
+	}
+	if out := run("ADD", "fill-extra"); out.ExitCode == 0 {
+		t.Fatalf("ADD past a full range succeeded: %s", out.Stdout)
+	}
+}
+
+func decodeErr(out testenv.Output) (*types.Error, error) {
+	e := &types.Error{}
+	if err := json.Unmarshal(out.Stdout, e); err != nil {
+		return nil, err
+	}
+	if strings.Contains(string(out.Stderr), "panic") {
+		return nil, fmt.Errorf("panic: %s", out.Stderr)
+	}
+	return e, nil
+}
