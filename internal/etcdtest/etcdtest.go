@@ -9,6 +9,7 @@ package etcdtest
 import (
 	"errors"
 	"fmt"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"net"
 	"net/url"
 	"os"
@@ -43,6 +44,8 @@ type Server struct {
 	mu        sync.Mutex
 	etcd      *embed.Etcd
 	level     zap.AtomicLevel // raised while stopping: shutdown logs errors
+	// netns, when set (StartIn), is where the listeners are created.
+	netns ns.NetNS
 }
 
 // Start starts a plain-HTTP etcd and stops it when the test ends. It fails
@@ -136,7 +139,20 @@ func (s *Server) config() *embed.Config {
 
 func (s *Server) run() error {
 	s.level.SetLevel(zap.ErrorLevel)
-	e, err := embed.StartEtcd(s.config())
+	cfg := s.config()
+	var e *embed.Etcd
+	var err error
+	if s.netns == nil {
+		e, err = embed.StartEtcd(cfg)
+	} else {
+		// Sockets belong to the namespace of the thread that creates them;
+		// the gRPC gateway would dial from an arbitrary thread, so it is off.
+		cfg.EnableGRPCGateway = false
+		err = s.netns.Do(func(ns.NetNS) error {
+			e, err = embed.StartEtcd(cfg)
+			return err
+		})
+	}
 	if err != nil {
 		return err
 	}

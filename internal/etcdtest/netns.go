@@ -2,7 +2,6 @@ package etcdtest
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/url"
 	"testing"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
@@ -26,7 +24,7 @@ import (
 // on a thread switched into n (ns.Do locks it); the serving goroutines run
 // anywhere, on sockets that stay in n. The gRPC gateway, which would dial
 // the client URL from an arbitrary thread (the wrong namespace), is off:
-// clients use gRPC. Restart is not supported for such a server.
+// clients use gRPC. Restart starts it again in n.
 func StartIn(t testing.TB, n ns.NetNS, ip string) *Server {
 	t.Helper()
 	if net.ParseIP(ip) == nil {
@@ -35,29 +33,10 @@ func StartIn(t testing.TB, n ns.NetNS, ip string) *Server {
 	s := &Server{t: t, Dir: t.TempDir(), level: zap.NewAtomicLevelAt(zap.ErrorLevel)}
 	s.clientURL = url.URL{Scheme: "http", Host: net.JoinHostPort(ip, "2379")}
 	s.peerURL = url.URL{Scheme: "http", Host: net.JoinHostPort(ip, "2380")}
-	cfg := s.config()
-	cfg.EnableGRPCGateway = false
-	var e *embed.Etcd
-	err := n.Do(func(ns.NetNS) error {
-		var err error
-		e, err = embed.StartEtcd(cfg)
-		return err
-	})
-	if err != nil {
+	s.netns = n
+	if err := s.run(); err != nil {
 		t.Fatalf("etcdtest: starting etcd on %s in %s: %v", s.clientURL.String(), n.Path(), err)
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		t.Fatalf("etcdtest: etcd in %s failed while starting: %v", n.Path(), err)
-	case <-time.After(StartTimeout):
-		e.Close()
-		t.Fatalf("etcdtest: %v", errors.New("etcd in "+n.Path()+" did not become ready within "+StartTimeout.String()))
-	}
-	s.mu.Lock()
-	s.etcd = e
-	s.mu.Unlock()
 	s.Endpoints = []string{s.clientURL.String()}
 	t.Cleanup(s.Stop)
 	return s
