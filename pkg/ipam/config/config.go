@@ -32,6 +32,10 @@ import (
 // empty; it is host-local's default, so both plugins share allocations.
 const DefaultDataDir = "/var/lib/cni/networks"
 
+// MaxConfigSize bounds the configuration Parse reads (the main plugin's
+// bound too): a conflist entry is a few kilobytes.
+const MaxConfigSize = 1 << 20
+
 // Store types accepted in ipam.store.type.
 const (
 	StoreDisk = "disk"
@@ -343,6 +347,9 @@ func parseAddr(s string) (netip.Addr, error) {
 // CNI_ARGS string, and returns the validated IPAM configuration. Errors are
 // *Error naming the field, or wrap ErrDecode when stdin is not valid JSON.
 func Parse(stdin []byte, cniArgs string) (*Config, error) {
+	if len(stdin) > MaxConfigSize {
+		return nil, fieldErr("config", "%d bytes, more than the %d a plugin config may have", len(stdin), MaxConfigSize)
+	}
 	var n rawNet
 	if err := json.Unmarshal(stdin, &n); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrDecode, err)
@@ -366,6 +373,11 @@ func Parse(stdin []byte, cniArgs string) (*Config, error) {
 	}
 	if c.DataDir == "" {
 		c.DataDir = DefaultDataDir
+	}
+	// A relative directory would be resolved against whatever working
+	// directory the runtime happens to exec the plugin in.
+	if !filepath.IsAbs(c.DataDir) || strings.IndexByte(c.DataDir, 0) >= 0 {
+		return nil, fieldErr("ipam.dataDir", "%q must be an absolute path", c.DataDir)
 	}
 	for i, r := range c.Routes {
 		if r == nil {
