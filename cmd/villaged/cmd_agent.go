@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/village-cni/village/pkg/agent"
+	"github.com/village-cni/village/pkg/metrics"
 )
 
 // The agent's subcommands: run, sync, status. The work is in pkg/agent.
@@ -55,8 +56,12 @@ func cmdRun(args []string, _, stderr io.Writer) error {
 	var opts agent.Options
 	fs := agentFlags("run", stderr, &opts)
 	fs.DurationVar(&opts.Period, "period", agent.DefaultPeriod, "time between repair passes when nothing happens")
+	fs.StringVar(&opts.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "where to serve /metrics and /healthz (\"off\" for nowhere)")
 	if err := parseAgentFlags(fs, args, &opts); err != nil {
 		return err
+	}
+	if opts.MetricsAddr == "off" {
+		opts.MetricsAddr = ""
 	}
 	lg := log.New(stderr, "villaged: ", log.LstdFlags|log.Lmicroseconds)
 	opts.Logf = lg.Printf

@@ -34,6 +34,9 @@ type Options struct {
 	RunDir string
 	// Period between repair passes (DefaultPeriod when 0).
 	Period time.Duration
+	// MetricsAddr is where run serves /metrics and /healthz; "" turns
+	// them off.
+	MetricsAddr string
 	// Logf receives what run does; nil discards.
 	Logf func(format string, args ...any)
 }
@@ -54,6 +57,9 @@ type Conf struct {
 	PodCIDRs []*net.IPNet
 	// SubnetFile is where a leased subnet is published.
 	SubnetFile string
+	// DataDir is the disk store's directory (host-local's layout), read to
+	// report allocations per pool.
+	DataDir string
 	// Node is this node's name.
 	Node string
 }
@@ -84,6 +90,7 @@ func Load(opts Options) (*Conf, error) {
 			Subnet     string                      `json:"subnet"`
 			Ranges     [][]struct{ Subnet string } `json:"ranges"`
 			SubnetFile string                      `json:"subnetFile"`
+			DataDir    string                      `json:"dataDir"`
 		} `json:"ipam"`
 	}
 	if err := json.Unmarshal(entry, &ip); err != nil {
@@ -104,6 +111,10 @@ func Load(opts Options) (*Conf, error) {
 			return nil, fmt.Errorf("%s: ipam range subnet %q: %w", opts.ConfFile, s, err)
 		}
 		c.PodCIDRs = append(c.PodCIDRs, n)
+	}
+	c.DataDir = ip.IPAM.DataDir
+	if c.DataDir == "" {
+		c.DataDir = defaultDataDir
 	}
 	c.SubnetFile = ip.IPAM.SubnetFile
 	if c.SubnetFile == "" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/village-cni/village/pkg/masq"
+	"github.com/village-cni/village/pkg/metrics"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
 )
@@ -42,7 +43,7 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer r.Close()
-	a := &agent{c: c, opts: opts, r: r}
+	a := &agent{c: c, opts: opts, r: r, health: newHealth()}
 
 	var reg *registry.Registry
 	if c.Registry() != nil {
@@ -98,6 +99,15 @@ func Run(ctx context.Context, opts Options) error {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }() // every goroutine is gone when Run returns
 
+	if opts.MetricsAddr != "" {
+		a.m = metrics.New()
+		wg.Go(func() {
+			if err := a.m.Serve(ctx, opts.MetricsAddr, a.health.get); err != nil && ctx.Err() == nil {
+				opts.logf("metrics: %v", err)
+			}
+		})
+	}
+
 	kernel := make(chan struct{}, 1)
 	wg.Go(func() { watchKernel(ctx, kernel, opts.logf) })
 
@@ -108,13 +118,13 @@ func Run(ctx context.Context, opts Options) error {
 		records = make(chan registry.Node, 1)
 		first := record(c.Node, ip, cidrs)
 		wg.Go(func() { _ = reg.Follow(ctx, snaps, opts.logf) })
-		wg.Go(func() { keep(ctx, reg, first, records, opts.logf) })
+		wg.Go(func() { keep(ctx, reg, first, records, a.m, opts.logf) })
 		opts.logf("node %s: %s, pods %s; registering in etcd at %v under %s (lease TTL %ds)",
 			c.Node, ip, cidrList(cidrs), c.Registry().Endpoints, reg.NodesPrefix()+c.Node, c.Registry().TTL)
 	} else {
 		a.peers, a.haveView = c.staticPeers(), true
 		opts.logf("node %s: %s, pods %s; %d static peers, no registry", c.Node, ip, cidrList(cidrs), len(a.peers))
-		a.pass(ctx, "start (sweep)")
+		a.pass(ctx, "start (sweep)", false)
 		a.repairMasq()
 	}
 	a.loop(ctx, snaps, records, kernel)
@@ -131,6 +141,8 @@ type agent struct {
 	peers    []overlay.Node
 	haveView bool // a registry list has arrived (or the peers are static)
 	masq     *masq.Spec
+	m        *metrics.Metrics // nil: metrics off (its methods do nothing)
+	health   *health
 }
 
 func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records chan registry.Node, kernel <-chan struct{}) {
@@ -148,7 +160,7 @@ func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records 
 			if first {
 				why += " (first list: sweep)"
 			}
-			a.pass(ctx, why)
+			a.pass(ctx, why, false)
 			if first {
 				a.repairMasq()
 			}
@@ -159,11 +171,12 @@ func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records 
 		case <-settled:
 			settled = nil
 			a.checkSelf(records)
-			a.pass(ctx, "kernel change")
+			a.pass(ctx, "kernel change", true)
 		case <-tick.C:
 			a.checkSelf(records)
-			a.pass(ctx, "periodic repair")
+			a.pass(ctx, "periodic repair", true)
 			a.repairMasq()
+			a.countAllocations()
 		}
 	}
 }
@@ -193,19 +206,31 @@ func (a *agent) setView(s registry.Snapshot) {
 }
 
 // pass reconciles the kernel with the current view, if there is one.
-func (a *agent) pass(ctx context.Context, why string) {
+// repair says the pass was not asked for by a change of the view, so
+// whatever it has to change is drift.
+func (a *agent) pass(ctx context.Context, why string, repair bool) {
 	if !a.haveView {
+		a.health.set(fmt.Errorf("no peer list from the registry yet"))
 		return
 	}
 	pctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()
+	start := time.Now()
 	rep, err := a.r.Set(pctx, a.self, a.peers)
+	a.m.ObserveReconcile(time.Since(start), err)
+	a.m.SetPeers(len(a.peers))
+	if repair {
+		a.m.AddDrift(len(rep.Applied)+len(rep.Failed), len(rep.Applied))
+	}
 	for _, ch := range rep.Applied {
 		a.opts.logf("%s: %s", why, ch)
 	}
 	if err != nil && ctx.Err() == nil {
 		a.opts.logf("%s: %d peers: %v", why, len(a.peers), err)
+		a.health.set(fmt.Errorf("last reconcile (%s) failed: %w", why, err))
+		return
 	}
+	a.health.set(nil)
 }
 
 // checkSelf re-reads the underlay address; when it changed, the
@@ -247,7 +272,7 @@ func (a *agent) repairMasq() {
 // lease every TTL/3, writes the record back when it was deleted by hand,
 // registers anew when the lease was lost, and takes new records from
 // records. It never revokes the lease.
-func keep(ctx context.Context, reg *registry.Registry, n registry.Node, records <-chan registry.Node, logf func(string, ...any)) {
+func keep(ctx context.Context, reg *registry.Registry, n registry.Node, records <-chan registry.Node, m *metrics.Metrics, logf func(string, ...any)) {
 	every := reg.Config().TTL / 3
 	var g *registry.Registration
 	timer := time.NewTimer(0)
@@ -279,6 +304,9 @@ func keep(ctx context.Context, reg *registry.Registry, n registry.Node, records 
 			}
 		default:
 			renewed, err := g.Refresh(ctx)
+			if ctx.Err() == nil {
+				m.LeaseRenewed(err)
+			}
 			switch {
 			case err != nil && ctx.Err() == nil:
 				logf("keeping node %s registered: %v (retrying in %s)", n.Name, err, retryEvery)

@@ -5,11 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -306,6 +310,17 @@ func (lab *agentLab) repairAndStatus(subnets []string) {
 	})
 	t.Logf("FIGURE: a neighbour entry deleted by hand came back after %s", d.Round(time.Millisecond))
 
+	// The agent serves its metrics and health on the node's loopback; the
+	// repairs above show up as drift found and repaired.
+	waitFor(t, 20*time.Second, "/metrics counts the repairs and /healthz is ok", func() (bool, string) {
+		body, code := httpGetIn(t, n1.NS, "http://127.0.0.1:9696/metrics")
+		health, hcode := httpGetIn(t, n1.NS, "http://127.0.0.1:9696/healthz")
+		ok := code == 200 && hcode == 200 && strings.Contains(body, "village_peers 2") &&
+			metricAtLeast(body, "village_drift_repaired_total", 2) && metricAtLeast(body, "village_reconcile_runs_total", 2) &&
+			metricAtLeast(body, "village_lease_renewals_total", 1)
+		return ok, fmt.Sprintf("healthz %d %s\n%s", hcode, health, body)
+	})
+
 	// A route changed by hand sends no deletion event: the periodic pass
 	// puts it right.
 	vtep3 := strings.TrimSuffix(subnets[2], "/24")
@@ -493,3 +508,36 @@ func TestAgentSyncStaticPeers(t *testing.T) {
 	}
 }
 
+// httpGetIn fetches url with the TCP connection made from inside n.
+func httpGetIn(t *testing.T, n ns.NetNS, url string) (string, int) {
+	t.Helper()
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := n.Do(func(ns.NetNS) error {
+				var err error
+				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		},
+	}}
+	resp, err := client.Get(url)
+	if err != nil {
+		return err.Error(), 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b), resp.StatusCode
+}
+
+// metricAtLeast reports whether the exposition body has name >= min.
+func metricAtLeast(body, name string, min float64) bool {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return err == nil && f >= min
+		}
+	}
+	return false
+}
