@@ -190,10 +190,13 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 			device = append(device, "problem: "+p.Err.Error())
 		}
 	}
-	fmt.Fprintf(w, "peers (%d):\n", len(v.peers))
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
-	peers := slices.Clone(v.peers)
+	// A static list names every node, this one too; it is not its own peer.
+	peers := slices.DeleteFunc(slices.Clone(v.peers), func(p overlay.Node) bool {
+		return p.Name == v.self.Name || p.IP.Equal(v.self.IP)
+	})
 	slices.SortFunc(peers, func(a, b overlay.Node) int { return strings.Compare(a.Name, b.Name) })
+	fmt.Fprintf(w, "peers (%d):\n", len(peers))
 	for _, p := range peers {
 		state := "ok: route, neighbour and FDB entries in place"
 		if c.Backend.Type == netconf.BackendHostGW {
@@ -221,6 +224,16 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 		} else {
 			fmt.Fprintf(w, "masquerade: ok\n")
 		}
+	}
+	orphans, err := c.Orphans()
+	if err != nil {
+		return false, err
+	}
+	for _, o := range orphans {
+		fmt.Fprintf(w, "orphan: %s\n", o)
+	}
+	if len(orphans) > 0 {
+		clean = false
 	}
 	if clean {
 		fmt.Fprintln(w, "status: in sync")
