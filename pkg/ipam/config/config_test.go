@@ -79,6 +79,9 @@ func TestParseOrderAndRequested(t *testing.T) {
 }
 
 func TestParseErrors(t *testing.T) {
+	// "no ranges" looks for the subnet villaged publishes: point it at an
+	// empty directory so the machine's own /run/village cannot answer.
+	t.Setenv(RunDirEnv, t.TempDir())
 	cases := []struct {
 		name, in, args, field, msg string
 	}{
