@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"syscall"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -62,6 +63,18 @@ func invalid(format string, a ...any) *types.Error {
 	return types.NewError(types.ErrInvalidNetworkConfig, "invalid \"macvlan\": "+fmt.Sprintf(format, a...), "")
 }
 
+// validLinkName is utils.ValidateInterfaceName plus NUL, at which the
+// kernel would silently cut the name ("eth0\x00x" would mean eth0).
+func validLinkName(name string) *types.Error {
+	if err := utils.ValidateInterfaceName(name); err != nil {
+		return err
+	}
+	if strings.IndexByte(name, 0) >= 0 {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "interface name contains a NUL byte", name)
+	}
+	return nil
+}
+
 // Parse validates a raw macvlan section; podIfName is CNI_IFNAME, which the
 // LAN interface must not collide with. A nil/empty section returns nil.
 func Parse(raw json.RawMessage, podIfName string) (*Config, error) {
@@ -75,14 +88,14 @@ func Parse(raw json.RawMessage, podIfName string) (*Config, error) {
 	if c.IfName == "" {
 		c.IfName = DefaultIfName
 	}
-	if err := utils.ValidateInterfaceName(c.IfName); err != nil {
+	if err := validLinkName(c.IfName); err != nil {
 		return nil, invalid("\"ifName\" %q: %s", c.IfName, err.Msg)
 	}
 	if c.IfName == podIfName {
 		return nil, invalid("\"ifName\" %q is the same as CNI_IFNAME: pick another name for the LAN interface", c.IfName)
 	}
 	if c.Master != "" {
-		if err := utils.ValidateInterfaceName(c.Master); err != nil {
+		if err := validLinkName(c.Master); err != nil {
 			return nil, invalid("\"master\" %q: %s", c.Master, err.Msg)
 		}
 	}

@@ -89,6 +89,10 @@ func ParseBackend(raw json.RawMessage) (*Backend, error) {
 		if err := utils.ValidateInterfaceName(b.Underlay); err != nil {
 			return nil, Error("invalid \"backend.underlay\" %q: %s", b.Underlay, err.Msg)
 		}
+		// The kernel cuts a link name at NUL (see "bridge").
+		if strings.IndexByte(b.Underlay, 0) >= 0 {
+			return nil, Error("invalid \"backend.underlay\" %q: interface name contains a NUL byte", b.Underlay)
+		}
 	}
 	if b.VNI < 0 || b.VNI > 1<<24-1 {
 		return nil, Error("invalid \"backend.vni\" %d: 1-16777215 (0: default 1)", b.VNI)

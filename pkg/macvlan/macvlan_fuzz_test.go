@@ -1,0 +1,83 @@
+package macvlan_test
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/village-cni/village/pkg/macvlan"
+)
+
+// validIfName mirrors the kernel's dev_valid_name (plus NUL, where the
+// kernel would cut the name).
+func validIfName(name string) bool {
+	if name == "" || len(name) > 15 || name == "." || name == ".." {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		switch b := name[i]; {
+		case b == '/' || b == ':' || b == 0, b == ' ' || (b >= '\t' && b <= '\r') || b == 0xa0:
+			return false
+		}
+	}
+	return true
+}
+
+// FuzzParse feeds arbitrary macvlan sections (and pod interface names) to
+// the parser: rejections are CNI config errors, and what it accepts names
+// valid links, a known mode, a unicast MAC and ordered, zone-free ranges.
+func FuzzParse(f *testing.F) {
+	for _, s := range []struct{ raw, pod string }{
+		{``, "eth0"}, {`null`, "eth0"},
+		{`{"master":"eth0","mode":"bridge","ifName":"net1","hostShim":true,"ipam":{"type":"village-ipam","ranges":[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.50.200","rangeEnd":"192.168.50.250","gateway":"192.168.50.1"}]]}}`, "eth0"},
+		{`{"ipam":{"type":"host-local","subnet":"fd50::/64"},"mtu":1500,"mac":"0a:58:0a:f4:01:05"}`, "eth0"},
+		{`{"ifName":"eth0","ipam":{"type":"x","subnet":"10.0.0.0/24"}}`, "eth0"},
+		{`{"master":"eth0\u0000x","ipam":{"type":"x","subnet":"10.0.0.0/24"}}`, "eth0"},
+		{`{"ipam":{"type":"x","subnet":"10.0.0.0/24","rangeStart":"10.0.0.9","rangeEnd":"10.0.0.2"}}`, "eth0"},
+		{`{"ipam":{"type":"x","subnet":"fe80::/64","rangeStart":"fe80::5%eth0"}}`, "eth0"},
+		{`{"ipam":{"type":"x","subnet":"10.0.0.0/24","rangeStart":"fd00::1"}}`, "eth0"},
+		{`{"mode":"vepa","mtu":-5,"ipam":{"type":"x"}}`, "eth0"},
+		{`{"mac":"01:00:5e:00:00:01","ipam":{"type":"x","subnet":"10.0.0.0/24"}}`, "eth0"},
+		{`{"ipam":{}}`, "eth0"}, {`[`, "eth0"},
+	} {
+		f.Add([]byte(s.raw), s.pod)
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, podIf string) {
+		c, err := macvlan.Parse(json.RawMessage(raw), podIf)
+		if err != nil {
+			var te *types.Error
+			if !errors.As(err, &te) || te.Code != types.ErrInvalidNetworkConfig {
+				t.Fatalf("error %v (%T) is not a CNI config error", err, err)
+			}
+			return
+		}
+		if c == nil {
+			return // no section
+		}
+		if !validIfName(c.IfName) || c.IfName == podIf {
+			t.Fatalf("accepted ifName %q (pod interface %q)", c.IfName, podIf)
+		}
+		if c.Master != "" && !validIfName(c.Master) {
+			t.Fatalf("accepted master %q", c.Master)
+		}
+		if c.MTU < 0 || (c.MTU > 0 && c.MTU < 68) || c.MTU > 65535 {
+			t.Fatalf("accepted mtu %d", c.MTU)
+		}
+		if c.HWAddr != nil && (len(c.HWAddr) != 6 || c.HWAddr[0]&1 != 0) {
+			t.Fatalf("accepted MAC %v", c.HWAddr)
+		}
+		if c.IPAMType == "" {
+			t.Fatal("accepted an ipam block without a type")
+		}
+		for _, r := range c.Ranges {
+			if !r.Start.IsValid() || r.Start.Zone() != "" || r.End.Zone() != "" || r.End.Less(r.Start) || r.Start.Is4() != r.End.Is4() {
+				t.Fatalf("accepted range %v-%v", r.Start, r.End)
+			}
+			if len(r.Prefixes()) == 0 {
+				t.Fatalf("range %v-%v covers no prefix", r.Start, r.End)
+			}
+		}
+	})
+}
