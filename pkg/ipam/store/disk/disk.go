@@ -7,7 +7,7 @@
 //	<dataDir>/<network>/<ip>                "<containerID>\r\n<ifname>", one file per address
 //	<dataDir>/<network>/last_reserved_ip.N  round-robin marker of range set N
 //
-// Village adds <dataDir>/<network>/.village/ (0700) holding index.json, an
+// Village adds <dataDir>/<network>/.village/ (0700) holding index, an
 // owner index that spares ADD and DEL from reading every reservation file,
 // and the temporary files reservations are built in. See index.go for why the
 // index can be trusted and when it is rebuilt.
@@ -41,13 +41,14 @@ import (
 )
 
 const (
-	lockName       = "lock"
-	lastPrefix     = "last_reserved_ip."
-	metaName       = ".village"
-	indexName      = "index.json"
-	tmpPrefix      = "tmp-"
-	lineBreak      = "\r\n"
-	maxRecordBytes = 4096
+	lockName        = "lock"
+	lastPrefix      = "last_reserved_ip."
+	metaName        = ".village"
+	indexName       = "index"
+	legacyIndexName = "index.json" // version 1, JSON; removed when found
+	tmpPrefix       = "tmp-"
+	lineBreak       = "\r\n"
+	maxRecordBytes  = 4096
 	// DefaultLockTimeout is how long an operation waits for the lock.
 	DefaultLockTimeout = 30 * time.Second
 )

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -331,5 +332,46 @@ func TestPreparedRecord(t *testing.T) {
 	d2 := open(t, root)
 	if got, _ := d2.ListByOwner(ctx, ownerA); len(got) != 2 {
 		t.Errorf("ownerA holds %v after reopening; want two addresses", got)
+	}
+}
+
+// TestIndexEncoding: the index round-trips every kind of record, and
+// anything malformed, or written at another stamp, is never trusted.
+func TestIndexEncoding(t *testing.T) {
+	in := map[string]entry{
+		"10.0.0.2":        {Owner: store.Owner{ContainerID: "pod-a", IfName: "eth0"}},
+		"10.0.0.3":        {Owner: store.Owner{ContainerID: "legacy"}},
+		"10.0.0.4":        {Corrupt: true},
+		"::ffff:10.0.0.5": {Owner: store.Owner{ContainerID: "b.c_d-e", IfName: "net1"}},
+		"fd00::2":         {Owner: store.Owner{ContainerID: "pod-a", IfName: "eth0"}},
+		"10.0.0.6":        {Owner: store.Owner{ContainerID: "x", IfName: "-"}},
+	}
+	b := encodeIndex("1:2.3:4.5", in)
+	out, ok := decodeIndex(b, "1:2.3:4.5")
+	if !ok || !maps.Equal(in, out) {
+		t.Fatalf("round trip:\n%s\ngave %v, %v", b, out, ok)
+	}
+	if _, ok := decodeIndex(b, "1:2.3:4.6"); ok {
+		t.Error("index of another stamp trusted")
+	}
+	if out, ok := decodeIndex(encodeIndex("s", nil), "s"); !ok || len(out) != 0 {
+		t.Errorf("empty index: %v, %v", out, ok)
+	}
+	good := indexHeader + "\nstamp s\n"
+	for _, bad := range []string{
+		"", "{garbage", `{"version":1,"stamp":"s","records":{}}`,
+		indexHeader + "\nstamp s",                             // no newline after the stamp
+		good + "10.0.0.2\to\tpod\teth0",                       // torn last line
+		good + "10.0.0.2\to\tpod\n",                           // missing field
+		good + "10.0.0.2\tx\tpod\teth0\n",                     // unknown flag
+		good + "10.0.0.2\to\t\teth0\n",                        // owner without ID
+		good + "10.0.0.2\tc\tpod\t\n",                         // corrupt with an owner
+		good + "10.0.0.2\to\tpod\teth0\textra\n",              // extra field
+		good + "\to\tpod\teth0\n",                             // no name
+		good + "10.0.0.2\to\tp\teth0\n10.0.0.2\to\tq\teth0\n", // listed twice
+	} {
+		if out, ok := decodeIndex([]byte(bad), "s"); ok {
+			t.Errorf("trusted %q: %v", bad, out)
+		}
 	}
 }
