@@ -8,6 +8,9 @@ package overlay_test
 // route, neighbour, FDB entry each) on a node that has none.
 // BenchmarkSetOneChangeOn1000: one peer moved to another underlay address on
 // top of 1000 (3 writes plus the dumps).
+// BenchmarkUpdateOneMovedOn1000: the same move as a known change through
+// Update (no dumps: the peer's neighbour and FDB entries, the old FDB entry
+// removed).
 // BenchmarkIPBatch1000: the floor, the same 3000 objects written by
 // `ip -batch` and `bridge -batch` (process start included).
 // TestMeasureScale logs the same figures once per test run.
@@ -142,6 +145,31 @@ func BenchmarkSetOneChangeOn1000(b *testing.B) {
 	}
 }
 
+func BenchmarkUpdateOneMovedOn1000(b *testing.B) {
+	s := newScaleNode(b)
+	peers := fakePeers(scalePeers)
+	s.set(b, peers)
+	round := 0
+	for b.Loop() {
+		round++
+		s.update(b, moved(peers, round)[500])
+	}
+}
+
+// update applies one moved peer through Update.
+func (s *scaleNode) update(tb testing.TB, peer overlay.Node) time.Duration {
+	tb.Helper()
+	start := time.Now()
+	rep, err := s.r.Update(context.Background(), s.self, overlay.PeerChange{Updated: []overlay.Node{peer}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if len(rep.Applied) != 3 {
+		tb.Fatalf("moving one peer applied %v, want its neighbour, new FDB entry and old FDB entry", rep.Applied)
+	}
+	return time.Since(start)
+}
+
 func BenchmarkIPBatch1000(b *testing.B) {
 	s := newScaleNode(b)
 	ipFile, bridgeFile := batchFiles(b, fakePeers(scalePeers))
@@ -153,7 +181,8 @@ func BenchmarkIPBatch1000(b *testing.B) {
 	}
 }
 
-// TestMeasureScale sets 1000 peers from nothing, applies one change on top,
+// TestMeasureScale sets 1000 peers from nothing, applies one change on top
+// through Set and one through Update,
 // and writes the same objects with ip -batch; it logs the times (no timing
 // assertions) and checks the results are the same objects.
 func TestMeasureScale(t *testing.T) {
@@ -167,6 +196,12 @@ func TestMeasureScale(t *testing.T) {
 	}
 	noop := s.set(t, peers)
 	one := s.set(t, moved(peers, 1))
+	// The same kind of move as a known change (Update), then Status: the
+	// kernel is what Set would make.
+	upd := s.update(t, moved(peers, 2)[500])
+	if d, err := s.r.Status(context.Background(), s.self, moved(peers, 2)); err != nil || !d.Clean() {
+		t.Errorf("after Update, Status: %v, %v", d, err)
+	}
 	ipFile, bridgeFile := batchFiles(t, peers)
 	s.emptyDevice(t)
 	batch := s.ipBatch(t, ipFile, bridgeFile)
@@ -175,4 +210,5 @@ func TestMeasureScale(t *testing.T) {
 	}
 	t.Logf("%d peers from nothing: Set %v; ip -batch + bridge -batch %v", scalePeers, full, batch)
 	t.Logf("on top of %d peers: no change %v, one peer moved %v", scalePeers, noop, one)
+	t.Logf("on top of %d peers: one peer moved by Update %v", scalePeers, upd)
 }

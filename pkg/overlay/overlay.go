@@ -122,14 +122,16 @@ func Overhead(underlayIP net.IP) int {
 	return overhead6
 }
 
-// Reconciler applies a desired set of peers to one network namespace. It
-// keeps no state between calls besides its netlink socket; calls are
-// serialized.
+// Reconciler applies a desired set of peers to one network namespace. Set,
+// Status and Teardown read the kernel every time and keep no state besides
+// the netlink socket; Set leaves a baseline (the peers and plan it applied)
+// that only Update uses. Calls are serialized.
 type Reconciler struct {
 	cfg Config
 
-	mu sync.Mutex
-	h  *netlink.Handle
+	mu   sync.Mutex
+	h    *netlink.Handle
+	base *baseline // last successful Set or Update; nil: Update needs a Set
 }
 
 // New opens a netlink socket in cfg.NetNS (or the current namespace).
@@ -179,5 +181,6 @@ func (r *Reconciler) Close() error {
 		r.h.Close()
 		r.h = nil
 	}
+	r.base = nil
 	return nil
 }

@@ -13,6 +13,8 @@ type outcome struct {
 	underlay string
 	mtu      int
 	problems []Failure
+	env      env     // what the plan was made against (for Update)
+	d        desired // the plan (for Update)
 }
 
 // Set makes the kernel carry traffic to exactly these peers: it computes the
@@ -30,6 +32,11 @@ func (r *Reconciler) Set(ctx context.Context, self Node, peers []Node) (Report, 
 	defer r.mu.Unlock()
 	rc := &recorder{ctx: ctx}
 	out, err := r.reconcile(rc, r.cfg.Mode, self, peers)
+	if err != nil {
+		r.base = nil
+	} else {
+		r.keepBaseline(rc, r.cfg.Mode, self, peers, out)
+	}
 	rc.failed = append(out.problems, rc.failed...)
 	rep := Report{Applied: rc.applied, Failed: rc.failed, Device: out.device, Underlay: out.underlay, MTU: out.mtu}
 	if err != nil {
@@ -59,6 +66,7 @@ func (r *Reconciler) Teardown(ctx context.Context) (Report, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rc := &recorder{ctx: ctx}
+	r.base = nil
 	_, err := r.reconcile(rc, ModeNone, Node{}, nil)
 	rep := Report{Applied: rc.applied, Failed: rc.failed}
 	if err != nil {
@@ -75,7 +83,8 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 		return outcome{}, errClosed
 	}
 	if mode == ModeNone {
-		return outcome{}, r.sweep(rc)
+		d, _ := plan(nil, env{}, self, peers)
+		return outcome{d: d}, r.sweep(rc)
 	}
 	u, err := r.resolveUnderlay(self)
 	if err != nil {
@@ -90,7 +99,7 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 		out.device, out.mtu = spec.name, spec.mtu
 	}
 	d, problems := plan(backendFor(mode), e, self, peers)
-	out.problems = problems
+	out.problems, out.env, out.d = problems, e, d
 	o, err := r.observe(e.vtep, linkRef{index: u.link.Attrs().Index, name: u.name()})
 	if err != nil {
 		return out, err
