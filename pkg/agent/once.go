@@ -225,7 +225,7 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 			fmt.Fprintf(w, "masquerade: ok\n")
 		}
 	}
-	orphans, err := c.Orphans()
+	orphans, err := c.Orphans(v.self.PodCIDRs)
 	if err != nil {
 		return false, err
 	}

@@ -28,9 +28,12 @@ import (
 //
 // Stale overlay routes, neighbour and FDB entries are reported by the
 // overlay's own status. Nothing here changes anything.
-func (c *Conf) Orphans() ([]string, error) {
+//
+// Only allocations inside this node's pod subnets (podCIDRs) are looked at:
+// the others belong to the node that holds those subnets.
+func (c *Conf) Orphans(podCIDRs []*net.IPNet) ([]string, error) {
 	var out []string
-	allocated, lines, err := c.orphanAllocations()
+	allocated, lines, err := c.orphanAllocations(podCIDRs)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +54,7 @@ func (c *Conf) Orphans() ([]string, error) {
 // orphanAllocations reads the disk store (host-local's layout: a file per
 // address holding "<containerID>\r\n<ifname>") without taking its lock; it
 // returns the host veth names the allocations account for.
-func (c *Conf) orphanAllocations() (map[string]bool, []string, error) {
+func (c *Conf) orphanAllocations(podCIDRs []*net.IPNet) (map[string]bool, []string, error) {
 	dir := filepath.Join(c.DataDir, c.Net.Name)
 	entries, err := os.ReadDir(dir)
 	if os.IsNotExist(err) {
@@ -63,7 +66,8 @@ func (c *Conf) orphanAllocations() (map[string]bool, []string, error) {
 	allocated := map[string]bool{}
 	var lines []string
 	for _, e := range entries {
-		if net.ParseIP(e.Name()) == nil || !e.Type().IsRegular() {
+		ip := net.ParseIP(e.Name())
+		if ip == nil || !e.Type().IsRegular() || !slices.ContainsFunc(podCIDRs, func(n *net.IPNet) bool { return n.Contains(ip) }) {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
