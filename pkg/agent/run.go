@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -155,15 +156,14 @@ func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records 
 			return
 		case s := <-snaps:
 			first := !a.haveView
-			a.setView(s)
+			change := a.setView(s)
 			why := fmt.Sprintf("registry revision %d", s.Revision)
 			if first {
-				why += " (first list: sweep)"
-			}
-			a.pass(ctx, why, false)
-			if first {
+				a.pass(ctx, why+" (first list: sweep)", false)
 				a.repairMasq()
+				continue
 			}
+			a.update(ctx, why, change)
 		case <-kernel:
 			if settled == nil {
 				settled = time.After(settle)
@@ -182,8 +182,8 @@ func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records 
 }
 
 // setView takes a registry snapshot as the peer set, logging who came and
-// went.
-func (a *agent) setView(s registry.Snapshot) {
+// went, and returns the change from the previous set.
+func (a *agent) setView(s registry.Snapshot) overlay.PeerChange {
 	peers, bad := peersOf(s.Nodes, a.self.Name)
 	peers = mergePeers(a.c.staticPeers(), peers)
 	for _, err := range bad {
@@ -202,7 +202,62 @@ func (a *agent) setView(s registry.Snapshot) {
 	for _, name := range slices.Sorted(maps.Keys(old)) {
 		a.opts.logf("peer %s left (record deleted or lease expired)", name)
 	}
+	change := diffPeers(a.peers, peers)
 	a.peers, a.haveView = peers, true
+	return change
+}
+
+// diffPeers is the change from the peer set before to after, by name.
+func diffPeers(before, after []overlay.Node) overlay.PeerChange {
+	var ch overlay.PeerChange
+	was := make(map[string]overlay.Node, len(before))
+	for _, p := range before {
+		was[p.Name] = p
+	}
+	for _, p := range after {
+		old, ok := was[p.Name]
+		switch {
+		case !ok:
+			ch.Added = append(ch.Added, p)
+		case !sameNode(old, p):
+			ch.Updated = append(ch.Updated, p)
+		}
+		delete(was, p.Name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(was)) {
+		ch.Removed = append(ch.Removed, was[name])
+	}
+	return ch
+}
+
+func sameNode(a, b overlay.Node) bool {
+	return a.Name == b.Name && a.IP.Equal(b.IP) && a.VtepMAC.String() == b.VtepMAC.String() && cidrList(a.PodCIDRs) == cidrList(b.PodCIDRs)
+}
+
+// update applies a known change of the peer set without reading the kernel
+// (a watch event: a few netlink writes); anything it cannot do that way
+// falls back to a full pass. Drift made by hand is the periodic pass's job.
+func (a *agent) update(ctx context.Context, why string, change overlay.PeerChange) {
+	if len(change.Added)+len(change.Updated)+len(change.Removed) == 0 {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
+	start := time.Now()
+	rep, err := a.r.Update(pctx, a.self, change)
+	if err != nil {
+		if !errors.Is(err, overlay.ErrNeedSet) && ctx.Err() == nil {
+			a.opts.logf("%s: incremental update: %v; running a full pass", why, err)
+		}
+		a.pass(ctx, why, false)
+		return
+	}
+	a.m.ObserveReconcile(time.Since(start), nil)
+	a.m.SetPeers(len(a.peers))
+	for _, ch := range rep.Applied {
+		a.opts.logf("%s: %s", why, ch)
+	}
+	a.health.set(nil)
 }
 
 // pass reconciles the kernel with the current view, if there is one.
