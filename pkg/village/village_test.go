@@ -1,0 +1,96 @@
+package village
+
+import (
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+func TestStamps(t *testing.T) {
+	for _, c := range []struct {
+		alias, stamp string
+		has          bool
+		next         string
+	}{
+		{"", "m1", false, "village:m1"},
+		{"someone else's alias", "m1", false, "village:m1"},
+		{"village:m1", "m1", true, "village:m1,m1"},
+		{"village:m0,m1", "m1", true, "village:m0,m1,m1"},
+		{"village:m0", "m1", false, "village:m0,m1"},
+		{"village:" + strings.Repeat("x", 240), "m1", false, "village:m1"},
+	} {
+		if got := hasStamp(c.alias, c.stamp); got != c.has {
+			t.Errorf("hasStamp(%q, %q) = %v", c.alias, c.stamp, got)
+		}
+		if got := addStamp(c.alias, c.stamp); got != c.next {
+			t.Errorf("addStamp(%q, %q) = %q, want %q", c.alias, c.stamp, got, c.next)
+		}
+	}
+}
+
+func TestWithIPAMRewritesGCList(t *testing.T) {
+	in := []byte(`{"cniVersion":"1.1.0","name":"n","type":"village","ipam":{"type":"village-ipam","subnet":"10.0.0.0/24"},
+		"cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"}],"cni.dev/attachments":[{"containerID":"a","ifname":"eth0"}]}`)
+	out, err := withIPAM(in, json.RawMessage(`{"type":"village-ipam","subnet":"192.168.50.0/24"}`), "net1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		IPAM  struct{ Subnet string } `json:"ipam"`
+		Valid []types.GCAttachment    `json:"cni.dev/valid-attachments"`
+		Old   []types.GCAttachment    `json:"cni.dev/attachments"`
+	}
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.IPAM.Subnet != "192.168.50.0/24" || len(m.Valid) != 1 || m.Valid[0].IfName != "net1" || m.Old[0].IfName != "net1" || m.Valid[0].ContainerID != "a" {
+		t.Fatalf("rewritten config: %s", out)
+	}
+}
+
+func TestChainShiftsIndexes(t *testing.T) {
+	prev := &current.Result{CNIVersion: "1.1.0",
+		Interfaces: []*current.Interface{{Name: "lo"}},
+		IPs:        []*current.IPConfig{{Interface: current.Int(0), Address: net.IPNet{IP: net.ParseIP("127.0.0.1"), Mask: net.CIDRMask(8, 32)}}},
+	}
+	ours := &current.Result{CNIVersion: "1.1.0",
+		Interfaces: []*current.Interface{{Name: "br"}, {Name: "veth"}, {Name: "eth0", Sandbox: "/x"}},
+		IPs:        []*current.IPConfig{{Interface: current.Int(2), Address: net.IPNet{IP: net.ParseIP("10.0.0.2"), Mask: net.CIDRMask(24, 32)}}},
+		DNS:        types.DNS{Nameservers: []string{"10.0.0.10"}},
+	}
+	got, err := chain(prev, ours)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Interfaces) != 4 || got.Interfaces[3].Name != "eth0" || *got.IPs[1].Interface != 3 || *got.IPs[0].Interface != 0 || got.DNS.Nameservers[0] != "10.0.0.10" {
+		t.Fatalf("chained result %+v", got)
+	}
+}
+
+func TestPodIfaceRoutesUseTheirFamilysGateway(t *testing.T) {
+	_, def4, _ := net.ParseCIDR("0.0.0.0/0")
+	_, def6, _ := net.ParseCIDR("::/0")
+	res := &current.Result{
+		IPs: []*current.IPConfig{
+			{Address: net.IPNet{IP: net.ParseIP("10.0.0.2").To4(), Mask: net.CIDRMask(24, 32)}, Gateway: net.ParseIP("10.0.0.1")},
+			{Address: net.IPNet{IP: net.ParseIP("fd00::2"), Mask: net.CIDRMask(64, 128)}, Gateway: net.ParseIP("fd00::1")},
+		},
+		Routes: []*types.Route{{Dst: *def4}, {Dst: *def6}, {Dst: *def4, GW: net.ParseIP("10.0.0.254")}},
+	}
+	c := podIface(nil, res, res.IPs)
+	if len(c.Addrs) != 2 || len(c.Routes) != 3 {
+		t.Fatalf("%+v", c)
+	}
+	if !c.Routes[0].GW.Equal(net.ParseIP("10.0.0.1")) || !c.Routes[1].GW.Equal(net.ParseIP("fd00::1")) || !c.Routes[2].GW.Equal(net.ParseIP("10.0.0.254")) {
+		t.Fatalf("gateways %v %v %v", c.Routes[0].GW, c.Routes[1].GW, c.Routes[2].GW)
+	}
+	// A route of a family the interface has no address in is not installed.
+	only4 := res.IPs[:1]
+	if c := podIface(nil, res, only4); len(c.Routes) != 2 {
+		t.Fatalf("IPv6 route kept on an IPv4-only interface: %+v", c.Routes)
+	}
+}
