@@ -28,13 +28,13 @@ import (
 // Node is a test node: a network namespace where plugins run, a libcni
 // runtime with its own cache directory, and a directory for IPAM data.
 type Node struct {
-	t   *testing.T
+	t   testing.TB
 	NS  ns.NetNS
 	CNI *libcni.CNIConfig
 	Dir string
 }
 
-func NewNode(t *testing.T) *Node {
+func NewNode(t testing.TB) *Node {
 	t.Helper()
 	n := &Node{t: t, NS: testenv.NewNS(t), Dir: t.TempDir()}
 	n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"), nil)
@@ -66,7 +66,7 @@ func (p *Pod) rt() *libcni.RuntimeConf {
 }
 
 // ConfList parses a conflist, failing the test on error.
-func ConfList(t *testing.T, s string) *libcni.NetworkConfigList {
+func ConfList(t testing.TB, s string) *libcni.NetworkConfigList {
 	t.Helper()
 	l, err := libcni.ConfListFromBytes([]byte(s))
 	if err != nil {
@@ -136,7 +136,7 @@ func (n *Node) Exec(c testenv.Call) testenv.Output {
 }
 
 // CNIError decodes the error JSON a failed plugin printed on stdout.
-func CNIError(t *testing.T, out testenv.Output) *types.Error {
+func CNIError(t testing.TB, out testenv.Output) *types.Error {
 	t.Helper()
 	if out.ExitCode == 0 {
 		t.Fatalf("plugin succeeded, want an error; stdout: %s", out.Stdout)
@@ -202,7 +202,7 @@ func ipFiles(t *testing.T, dir string) []string {
 	return out
 }
 
-func must(t *testing.T, err error, what string, args ...any) {
+func must(t testing.TB, err error, what string, args ...any) {
 	t.Helper()
 	if err != nil {
 		t.Fatalf("%s: %v", fmt.Sprintf(what, args...), err)

@@ -21,7 +21,7 @@ type LAN struct {
 	ports int
 }
 
-func NewLAN(t *testing.T) *LAN {
+func NewLAN(t testing.TB) *LAN {
 	t.Helper()
 	l := &LAN{NS: testenv.NewNS(t)}
 	testenv.MustIP(t, l.NS, "link", "add", "lanbr", "type", "bridge")
@@ -31,7 +31,7 @@ func NewLAN(t *testing.T) *LAN {
 
 // Attach connects n to the LAN with an interface named ifName holding addr
 // (CIDR notation; empty for none).
-func (l *LAN) Attach(t *testing.T, n ns.NetNS, ifName, addr string) {
+func (l *LAN) Attach(t testing.TB, n ns.NetNS, ifName, addr string) {
 	t.Helper()
 	l.ports++
 	port := fmt.Sprintf("p%d", l.ports)

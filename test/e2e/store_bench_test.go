@@ -1,0 +1,42 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/village-cni/village/internal/etcdtest"
+	"github.com/village-cni/village/internal/testenv"
+)
+
+// BenchmarkPodWithLANAddress measures ADD+DEL of a pod with a LAN interface
+// whose pool is in the node-local disk store against the same pool in etcd
+// (on a LAN host namespace), through libcni and the real binaries:
+//
+//	sudo go test ./test/e2e -run '^$' -bench PodWithLANAddress -benchtime 40x
+func BenchmarkPodWithLANAddress(b *testing.B) {
+	for _, store := range []string{"disk", "etcd"} {
+		b.Run(store, func(b *testing.B) {
+			lan := NewLAN(b)
+			host := testenv.NewNS(b)
+			lan.Attach(b, host, "eth0", "192.168.77.5/24")
+			n := NewNode(b)
+			lan.Attach(b, n.NS, "lan0", "192.168.77.10/24")
+			storeConf := ""
+			if store == "etcd" {
+				etcd := etcdtest.StartIn(b, host, "192.168.77.5")
+				storeConf = fmt.Sprintf(`,"store":{"type":"etcd","endpoints":[%q],"prefix":"/bench"}`, etcd.Endpoints[0])
+			}
+			l := ConfList(b, lanList(n, "bench"+store, "10.53.1.0/24", "192.168.77.200", "192.168.77.250", storeConf))
+			pod := n.NewPod()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := n.Add(l, pod); err != nil {
+					b.Fatal(err)
+				}
+				if err := n.Del(l, pod); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
