@@ -507,3 +507,55 @@ func TestCorruptStoreThroughBinaries(t *testing.T) {
 		t.Fatal("ADD succeeded with every address of the range held")
 	}
 }
+
+// TestCrashDuringDel SIGKILLs DEL at random moments (alone, or with the IPAM
+// plugin it runs): the runtime's repeated DEL must succeed and leave
+// nothing of the pod.
+func TestCrashDuringDel(t *testing.T) {
+	n := NewNode(t)
+	data := filepath.Join(n.Dir, "ipam")
+	l := ConfList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":"crashdel","plugins":[{"type":"village","bridge":"cdel0","isGateway":true,"ipMasq":true,
+		"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.75.0.0/24"}],[{"subnet":"fd75::/64"}]]}}]}`, data))
+	stdin := pluginStdin(t, l)
+	del := func(p *Pod) *proc {
+		return startPlugin(t, n, testenv.Call{Bin: "village", Command: "DEL", ContainerID: p.ID, Netns: p.NS.Path(), IfName: "eth0", Stdin: stdin})
+	}
+	// How long a DEL takes here.
+	first := n.NewPod()
+	n.MustAdd(l, first)
+	t0 := time.Now()
+	if err := <-del(first).done; err != nil {
+		t.Fatalf("uninterrupted DEL: %v", err)
+	}
+	whole := time.Since(t0)
+	var pods []*Pod
+	for range 16 {
+		p := n.NewPod()
+		n.MustAdd(l, p)
+		pods = append(pods, p)
+	}
+	killed := 0
+	for i, p := range pods {
+		pr := del(p)
+		time.Sleep(rand.N(whole))
+		if pr.kill(t, killMode(i%2)) {
+			killed++
+		}
+		out := n.Exec(testenv.Call{Bin: "village", Command: "DEL", ContainerID: p.ID, Netns: p.NS.Path(), IfName: "eth0", Stdin: stdin})
+		if out.ExitCode != 0 {
+			t.Fatalf("DEL repeated after a killed DEL: %s %s", out.Stdout, out.Stderr)
+		}
+	}
+	t.Logf("a DEL takes %s; %d of %d DELs killed mid-way", whole, killed, len(pods))
+	if left := ipFiles(t, data); len(left) != 0 {
+		t.Fatalf("allocations left: %v", left)
+	}
+	if veths := linkNames(testenv.MustIP(t, n.NS, "-o", "link", "show", "type", "veth")); len(veths) != 0 {
+		t.Fatalf("veths left: %v", veths)
+	}
+	for _, p := range pods {
+		if out := testenv.MustIP(t, p.NS, "-o", "link"); strings.Contains(out, "eth0") {
+			t.Fatalf("eth0 left in %s", p.ID)
+		}
+	}
+}
