@@ -246,3 +246,66 @@ func TestChurnSoak(t *testing.T) {
 		t.Fatalf("ADD past a full range: %q, want an error naming the range", e.Msg)
 	}
 }
+
+// fdCount is the number of open file descriptors of process pid.
+func fdCount(t *testing.T, pid int) int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	must(t, err, "listing the descriptors of %d", pid)
+	return len(ents)
+}
+
+// TestAgentFDsUnderChurn churns pods on a node whose villaged runs (etcd
+// registry, leased subnet, VXLAN peers) and checks the agent's open file
+// descriptors do not grow with the number of pods that came and went, and
+// that the churn leaves no allocation.
+func TestAgentFDsUnderChurn(t *testing.T) {
+	lab := newAgentLab(t, "vxlan")
+	lab.startAll()
+	n := lab.nodes[0]
+	pid := n.cmd.Process.Pid // `ip netns exec` execs villaged in place
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || strings.TrimSpace(string(comm)) != "villaged" {
+		t.Fatalf("process %d is %q (%v), not villaged", pid, comm, err)
+	}
+	time.Sleep(time.Second) // let the agent settle after its first passes
+	before := fdCount(t, pid)
+	cycles := soakCycles(t)
+	const workers = 4
+	var next atomic.Int64
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func(p *Pod) {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(cycles); i = next.Add(1) {
+				p.ID = fmt.Sprintf("fd-%d-%s", i, randHex(3))
+				if _, err := n.Add(lab.list, p); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				if err := n.Del(lab.list, p); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}(n.NewPod())
+	}
+	wg.Wait()
+	if f := failed.Load(); f != 0 {
+		t.Fatalf("%d verbs failed during the churn; first: %v", f, firstErr.Load())
+	}
+	// The agent's periodic pass runs meanwhile; give it one more.
+	time.Sleep(2 * time.Second)
+	after := fdCount(t, pid)
+	t.Logf("villaged on %s: %d descriptors before %d ADD/DEL pairs, %d after", n.name, before, cycles, after)
+	if after > before+2 {
+		t.Fatalf("villaged's descriptors grew from %d to %d over %d pods", before, after, cycles)
+	}
+	data := filepath.Join(filepath.Dir(lab.conf), "ipam")
+	if left := ipFiles(t, data); len(left) != 0 {
+		t.Fatalf("allocations left: %v", left)
+	}
+}
