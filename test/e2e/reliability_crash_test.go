@@ -452,7 +452,7 @@ func TestCorruptStoreThroughBinaries(t *testing.T) {
 		"10.63.0.9":           "pod-x\r\neth0\r\npod-y\r\neth0", // two owners
 		"::ffff:10.63.0.10":   "pod-noncanonical\r\neth0",       // non-canonical (v4-mapped) name
 		"last_reserved_ip.0":  "10.63.0.999",
-		".village/index.json": `{"version":1,"stamp":"x","records":{"10.63.0.2":{"owner":{}}`,   // the old format
+		".village/index.json": `{"version":1,"stamp":"x","records":{"10.63.0.2":{"owner":{}}`,        // the old format
 		".village/index":      "village-ipam index 2\nstamp 0:0.0:0.0\n10.63.0.13\to\tghost\teth0\n", // a stale index
 		".village/tmp-123":    "pod-ghost\r\neth0",
 	}
