@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"strings"
 	"sync"
@@ -241,4 +242,149 @@ func decodeErr(out testenv.Output) (*types.Error, error) {
 		return nil, fmt.Errorf("panic: %s", out.Stderr)
 	}
 	return e, nil
+}
+
+// slowProxy forwards 127.0.0.1:<port> to target, holding every chunk of
+// data, in both directions, for the current delay: a slow etcd (or a slow
+// network to it) without touching any interface.
+type slowProxy struct {
+	ln    net.Listener
+	delay atomic.Int64 // nanoseconds
+}
+
+func newSlowProxy(t *testing.T, target string) *slowProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err, "listen")
+	p := &slowProxy{ln: ln}
+	var conns sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			conns.Add(2)
+			pipe := func(dst, src net.Conn) {
+				defer conns.Done()
+				defer dst.Close()
+				defer src.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := src.Read(buf)
+					if n > 0 {
+						time.Sleep(time.Duration(p.delay.Load()))
+						if _, werr := dst.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}
+			go pipe(u, c)
+			go pipe(c, u)
+		}
+	}()
+	return p
+}
+
+// TestEtcdSlowDuringIPAMChurn churns village-ipam (etcd store) with 4
+// workers through a proxy that makes etcd slow: at 100 ms per exchange
+// every verb still succeeds; past the store's 5 s bound verbs fail with
+// code 11 in bounded time instead of hanging; once etcd is fast again the
+// runtime's retried DELs succeed, no allocation is left and the range
+// fills exactly, without a duplicate.
+func TestEtcdSlowDuringIPAMChurn(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli, err := etcdclient.New(srv.ClientConfig())
+	must(t, err, "etcd client")
+	t.Cleanup(func() { cli.Close() })
+	proxy := newSlowProxy(t, strings.TrimPrefix(srv.Endpoints[0], "http://"))
+	pod := testenv.NewNS(t)
+	testenv.CNIPath(t) // build first: the timings below are the verbs'
+	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"eslow","ipam":{"type":"village-ipam","ranges":[[{"subnet":"10.76.0.0/27"}]],
+		"store":{"type":"etcd","endpoints":["http://%s"],"prefix":"/slow","nodeName":"node-c"}}}`, proxy.ln.Addr()))
+	run := func(cmd, id string) (testenv.Output, time.Duration) {
+		t0 := time.Now()
+		out := testenv.Exec(t, testenv.Call{Bin: testenv.Bins(t) + "/village-ipam", Command: cmd, ContainerID: id, IfName: "eth0",
+			Netns: pod.Path(), Path: testenv.CNIPath(t), Stdin: conf})
+		return out, time.Since(t0)
+	}
+	churn := func(phase string, pairs int, wantOK bool) (failed int, longest time.Duration) {
+		var mu sync.Mutex
+		var bad []string
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range pairs {
+					id := fmt.Sprintf("%s-%d-%d", phase, w, i)
+					for _, verb := range []string{"ADD", "DEL"} {
+						out, took := run(verb, id)
+						mu.Lock()
+						longest = max(longest, took)
+						if out.ExitCode != 0 {
+							failed++
+							e, err := decodeErr(out)
+							if wantOK || err != nil || e.Code != types.ErrTryAgainLater {
+								bad = append(bad, fmt.Sprintf("%s %s %s: %s", phase, verb, id, out.Stdout))
+							}
+						}
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if len(bad) > 0 {
+			t.Fatalf("%d wrong outcomes:\n%s", len(bad), strings.Join(bad, "\n"))
+		}
+		return failed, longest
+	}
+	_, fast := churn("warm", 1, true)
+	proxy.delay.Store(int64(100 * time.Millisecond))
+	_, slow := churn("slow", 3, true)
+	proxy.delay.Store(int64(6 * time.Second))
+	failed, stuck := churn("stuck", 1, false)
+	if failed == 0 {
+		t.Fatal("no verb failed with etcd 6 s per exchange: the store's bound was not exercised")
+	}
+	if stuck > 30*time.Second {
+		t.Fatalf("a verb took %s against a stuck etcd", stuck)
+	}
+	proxy.delay.Store(0)
+	t.Logf("longest verb: %s fast, %s at 100 ms per exchange, %s at 6 s (%d of 8 verbs failed with code 11)", fast.Round(time.Millisecond),
+		slow.Round(time.Millisecond), stuck.Round(time.Millisecond), failed)
+	// The runtime retries DEL for every pod whose ADD or DEL failed.
+	for w := range 4 {
+		id := fmt.Sprintf("stuck-%d-0", w)
+		if out, _ := run("DEL", id); out.ExitCode != 0 {
+			t.Fatalf("DEL %s once etcd is fast again: %s", id, out.Stdout)
+		}
+	}
+	if c := countKeys(t, cli, "/slow/ipam/eslow/ips/"); c != 0 {
+		t.Fatalf("%d allocations left after every DEL succeeded", c)
+	}
+	seen := map[string]bool{}
+	addr := regexp.MustCompile(`"address":\s*"([^"]+)"`)
+	for i := range 29 {
+		out, _ := run("ADD", fmt.Sprintf("fill-%d", i))
+		if out.ExitCode != 0 {
+			t.Fatalf("fill %d: %s", i, out.Stdout)
+		}
+		ip := addr.FindStringSubmatch(string(out.Stdout))[1]
+		if seen[ip] {
+			t.Fatalf("%s handed out twice", ip)
+		}
+		seen[ip] = true
+	}
 }
