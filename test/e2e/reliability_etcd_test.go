@@ -33,14 +33,16 @@ func countKeys(t *testing.T, cli *clientv3.Client, prefix string) int64 {
 
 // TestEtcdStoppedDuringChurn runs village (etcd store) through libcni with
 // 4 workers churning pods on a node whose etcd listens inside the node
-// namespace, and stops etcd in the middle. Before: every verb succeeds and
-// nothing is left. After: every ADD fails with code 11 within the store's
-// bounded wait and leaves no interface, veth or allocation behind; DEL fails
-// with code 11 too (the allocation cannot be released yet) but has removed
-// the pod's links.
+// namespace, and stops etcd in the middle. Before: every verb succeeds.
+// While it is down: every ADD fails with code 11 within the store's bounded
+// wait and leaves no interface or veth behind; DEL fails with code 11 too
+// (the allocation cannot be released yet) but has removed the pod's links.
+// Once etcd is back, the runtime's retried DELs succeed and no allocation
+// is left in etcd.
 func TestEtcdStoppedDuringChurn(t *testing.T) {
 	n := NewNode(t)
 	srv := etcdtest.StartIn(t, n.NS, "127.0.0.1")
+	cli := srv.ClientIn(t, n.NS)
 	l := ConfList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":"echurn","plugins":[{"type":"village","bridge":"echurn0","isGateway":true,
 		"ipam":{"type":"village-ipam","ranges":[[{"subnet":"10.70.0.0/27"}]],
 		"store":{"type":"etcd","endpoints":%q,"prefix":"/soak","nodeName":"node-a"}}}]}`, srv.Endpoints))
@@ -53,6 +55,7 @@ func TestEtcdStoppedDuringChurn(t *testing.T) {
 	var mu sync.Mutex
 	var ok, addFail, delFail int
 	var bad []string
+	var retry []*Pod // attachments whose DEL the runtime has to repeat
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -73,6 +76,7 @@ func TestEtcdStoppedDuringChurn(t *testing.T) {
 						bad = append(bad, fmt.Sprintf("ADD with etcd down: %v, want code 11 naming etcd", err))
 					}
 					addFail++
+					retry = append(retry, &Pod{NS: p.NS, ID: p.ID, IfName: p.IfName})
 					return // one failed ADD per worker after the stop
 				}
 				if err := n.Del(l, p); err != nil {
@@ -84,6 +88,7 @@ func TestEtcdStoppedDuringChurn(t *testing.T) {
 						bad = append(bad, fmt.Sprintf("DEL with etcd down: %v, want code 11", err))
 					}
 					delFail++
+					retry = append(retry, &Pod{NS: p.NS, ID: p.ID, IfName: p.IfName})
 					mu.Unlock()
 					if out := testenv.MustIP(t, p.NS, "-o", "link"); strings.Contains(out, "eth0") {
 						t.Errorf("DEL with etcd down left eth0: %s", out)
@@ -124,6 +129,15 @@ func TestEtcdStoppedDuringChurn(t *testing.T) {
 			t.Errorf("failed ADD left the host veth of %s", p.ID)
 		}
 	}
+	// etcd back: the runtime's retried DELs release everything.
+	srv.Restart()
+	for _, p := range retry {
+		must(t, n.Del(l, p), "DEL %s retried once etcd is back", p.ID)
+	}
+	if c := countKeys(t, cli, "/soak/ipam/echurn/ips/"); c != 0 {
+		t.Fatalf("%d allocations left in etcd after the retried DELs", c)
+	}
+	t.Logf("etcd restarted: %d retried DELs succeeded, no allocation left", len(retry))
 }
 
 // TestEtcdRestartDuringIPAMChurn churns village-ipam (etcd store, through

@@ -44,6 +44,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/village-cni/village/pkg/etcdclient"
 	"github.com/village-cni/village/pkg/ipam/config"
@@ -206,7 +208,15 @@ func (s *Store) op(ctx context.Context, what string, fn func(ctx context.Context
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return s.cfg.Describe(timeout, what+" in network "+strconv.Quote(s.network()), fn(ctx))
+	err := fn(ctx)
+	derr := s.cfg.Describe(timeout, what+" in network "+strconv.Quote(s.network()), err)
+	// etcd going away in the middle of a call (connection reset: gRPC
+	// Unavailable) is as temporary as one that does not answer in time:
+	// the runtime should retry (CNI code 11), not give up on an I/O error.
+	if derr != nil && status.Code(err) == codes.Unavailable {
+		return fmt.Errorf("%w (%w)", derr, store.ErrBusy)
+	}
+	return derr
 }
 
 func (s *Store) network() string {
