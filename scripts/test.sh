@@ -23,7 +23,7 @@ echo "== fuzz (${FUZZTIME} each)"
 for pkg in $(go list ./...); do
   for target in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
     echo "-- $pkg $target"
-    go test -run='^$' -fuzz="^${target}\$" -fuzztime="$FUZZTIME" "$pkg"
+    go test -run='^$' -fuzz="^${target}\$" -fuzztime="$FUZZTIME" -fuzzminimizetime=2s "$pkg"
   done
 done
 echo "== all tests passed"
