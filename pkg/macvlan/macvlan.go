@@ -25,6 +25,8 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+
+	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 )
 
 // Config is the `macvlan` section of a village config.
@@ -177,7 +179,7 @@ func lanRange(subnet, start, end string) (Range, error) {
 		return Range{}, err
 	}
 	p = p.Masked()
-	r := Range{Start: p.Addr().Next(), End: lastAddr(p).Prev()}
+	r := Range{Start: p.Addr().Next(), End: ipamconfig.LastAddr(p).Prev()}
 	if start != "" {
 		if r.Start, err = netip.ParseAddr(start); err != nil {
 			return Range{}, fmt.Errorf("rangeStart: %w", err)
@@ -194,20 +196,6 @@ func lanRange(subnet, start, end string) (Range, error) {
 	return r, nil
 }
 
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Addr().AsSlice()
-	bits := p.Bits()
-	for i := range b {
-		for j := 0; j < 8; j++ {
-			if i*8+j >= bits {
-				b[i] |= 0x80 >> j
-			}
-		}
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
 // Prefixes returns the smallest set of CIDR blocks that covers r exactly.
 func (r Range) Prefixes() []netip.Prefix {
 	var out []netip.Prefix
@@ -218,13 +206,13 @@ func (r Range) Prefixes() []netip.Prefix {
 		best := netip.PrefixFrom(cur, bits)
 		for l := bits - 1; l >= 0; l-- {
 			p := netip.PrefixFrom(cur, l).Masked()
-			if p.Addr() != cur || r.End.Less(lastAddr(p)) {
+			if p.Addr() != cur || r.End.Less(ipamconfig.LastAddr(p)) {
 				break
 			}
 			best = p
 		}
 		out = append(out, best)
-		last := lastAddr(best)
+		last := ipamconfig.LastAddr(best)
 		if last == r.End || !last.Next().IsValid() {
 			return out
 		}

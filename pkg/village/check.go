@@ -20,7 +20,7 @@ import (
 // Check is the CNI CHECK verb: it compares what the kernel has with the
 // prevResult and names every piece that drifted.
 func Check(args *skel.CmdArgs) error {
-	conf, err := netconf.Parse(args.StdinData, args.Args)
+	conf, calls, err := load(args)
 	if err != nil {
 		return err
 	}
@@ -30,10 +30,6 @@ func Check(args *skel.CmdArgs) error {
 	prev, err := current.NewResultFromResult(conf.PrevResult)
 	if err != nil {
 		return fmt.Errorf("failed to read prevResult: %w", err)
-	}
-	calls, err := ipamCalls(conf, args)
-	if err != nil {
-		return err
 	}
 	ctx, cancel := ipamTimeout()
 	defer cancel()

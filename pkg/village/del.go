@@ -16,11 +16,7 @@ import (
 // the allocation is already gone, and is safe to repeat. It removes what it
 // can even after an error and reports every failure.
 func Del(args *skel.CmdArgs) error {
-	conf, err := netconf.Parse(args.StdinData, args.Args)
-	if err != nil {
-		return err
-	}
-	calls, err := ipamCalls(conf, args)
+	conf, calls, err := load(args)
 	if err != nil {
 		return err
 	}
@@ -38,14 +34,23 @@ func Del(args *skel.CmdArgs) error {
 	return errors.Join(errs...)
 }
 
+// load parses the config and lists the attachment's IPAM calls.
+func load(args *skel.CmdArgs) (*netconf.NetConf, []ipamCall, error) {
+	conf, err := netconf.Parse(args.StdinData, args.Args)
+	if err != nil {
+		return nil, nil, err
+	}
+	calls, err := ipamCalls(conf, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conf, calls, nil
+}
+
 // forEachIPAM runs verb on every IPAM call of the attachment, keeps going
 // after a failure and reports them all.
 func forEachIPAM(args *skel.CmdArgs, verb func(ipamCall, context.Context) error) error {
-	conf, err := netconf.Parse(args.StdinData, args.Args)
-	if err != nil {
-		return err
-	}
-	calls, err := ipamCalls(conf, args)
+	_, calls, err := load(args)
 	if err != nil {
 		return err
 	}
