@@ -64,7 +64,7 @@ func hostileCases(bin string) []hostile {
 		{name: "IPv6 zone in subnet", edit: setRanges(map[string]any{"subnet": "fe80::%eth0/64"}), code: types.ErrInvalidNetworkConfig, field: "subnet"},
 		{name: "IPv6 zone in gateway", edit: setRanges(map[string]any{"subnet": "fd50::/64", "gateway": "fd50::1%lo"}), code: types.ErrInvalidNetworkConfig, field: "gateway"},
 		{name: "IPv6 zone in runtimeConfig.ips", edit: func(m map[string]any) { m["runtimeConfig"] = map[string]any{"ips": []string{"10.50.0.9%eth0"}} }, code: types.ErrInvalidNetworkConfig, field: "runtimeConfig.ips"},
-		{name: "IPv6 zone in CNI_ARGS IP", call: testenv.Call{Args: "IP=fd50::9%eth0"}, code: types.ErrInvalidNetworkConfig, field: "IP"},
+		{name: "IPv6 zone in CNI_ARGS IP", call: testenv.Call{Args: "IP=fd50::9%eth0"}, code: types.ErrInvalidEnvironmentVariables, field: "IP"},
 		{name: "subnet /32", edit: setRanges(map[string]any{"subnet": "10.50.0.1/32"}), code: types.ErrInvalidNetworkConfig, field: "subnet"},
 		{name: "string where a list is", edit: setIPAM("ranges", "10.50.0.0/24"), code: types.ErrInvalidNetworkConfig, field: "ranges"},
 		{name: "null route", edit: setIPAM("routes", []any{nil}), code: types.ErrInvalidNetworkConfig, field: "routes"},
@@ -82,14 +82,7 @@ func hostileCases(bin string) []hostile {
 		{name: "CNI_ARGS without =", call: testenv.Call{Args: "garbage"}, code: types.ErrInvalidEnvironmentVariables, field: "garbage"},
 	}
 	if ipam {
-		// The IPAM plugin's own view: fields under its config, CNI_ARGS
-		// errors reported as config errors (village-ipam's convention).
-		for i := range cases {
-			switch cases[i].name {
-			case "unknown CNI_ARGS key", "CNI_ARGS without =":
-				cases[i].code, cases[i].field = types.ErrInvalidNetworkConfig, "CNI_ARGS"
-			}
-		}
+		// The IPAM plugin reports a bad CNI_ARGS as village does (code 4).
 		return cases
 	}
 	return append(cases,

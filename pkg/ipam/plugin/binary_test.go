@@ -291,7 +291,7 @@ func TestBinaryBadInputs(t *testing.T) {
 		{"GC in 1.0.0", call{cmd: "GC", stdin: netConf{Version: "1.0.0", DataDir: dir}.bytes()}, types.ErrIncompatibleCNIVersion, "GC"},
 		{"STATUS in 1.0.0", call{cmd: "STATUS", stdin: netConf{Version: "1.0.0", DataDir: dir}.bytes()}, types.ErrIncompatibleCNIVersion, "STATUS"},
 		{"unknown command", call{cmd: "FROB", stdin: good}, types.ErrInvalidEnvironmentVariables, "FROB"},
-		{"unknown CNI_ARGS", call{cmd: "ADD", id: "c", args: "FOO=bar", stdin: good}, types.ErrInvalidNetworkConfig, "CNI_ARGS"},
+		{"unknown CNI_ARGS", call{cmd: "ADD", id: "c", args: "FOO=bar", stdin: good}, types.ErrInvalidEnvironmentVariables, "CNI_ARGS"},
 		{"etcd store unreachable (served by village-ipam-etcd)", call{cmd: "ADD", id: "c", stdin: netConf{DataDir: dir, IPAM: `"subnet":"10.0.0.0/24","store":{"type":"etcd","endpoints":["https://127.0.0.1:2379"]}`}.bytes()}, types.ErrTryAgainLater, "etcd at [https://127.0.0.1:2379] unreachable"},
 		{"unknown store", call{cmd: "ADD", id: "c", stdin: netConf{DataDir: dir, IPAM: `"subnet":"10.0.0.0/24","store":{"type":"zk"}`}.bytes()}, types.ErrInvalidNetworkConfig, "ipam.store.type"},
 		{"GC without attachments", call{cmd: "GC", stdin: good}, types.ErrInvalidNetworkConfig, "valid-attachments"},

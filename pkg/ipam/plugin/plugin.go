@@ -110,6 +110,11 @@ func configError(err error) error {
 	if errors.Is(err, config.ErrNotLeased) {
 		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
 	}
+	// A bad CNI_ARGS is a bad environment (code 4), as in village itself.
+	var fe *config.Error
+	if errors.As(err, &fe) && fe.Field == "CNI_ARGS" {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, err.Error(), "")
+	}
 	return types.NewError(types.ErrInvalidNetworkConfig, "invalid IPAM configuration: "+err.Error(), "")
 }
 
