@@ -107,11 +107,18 @@ func goBuild(root, out string, pkgs ...string) error {
 // loopback, and villaged once it exists), built once per test process.
 func Bins(t testing.TB) string {
 	t.Helper()
+	mustBuild(t)
+	return binDir
+}
+
+// mustBuild builds both binary directories once per test process and fails
+// the test when that did not work.
+func mustBuild(t testing.TB) {
+	t.Helper()
 	buildOnce.Do(build)
 	if buildErr != nil {
 		t.Fatalf("building binaries: %v", buildErr)
 	}
-	return binDir
 }
 
 // RefBins returns a directory holding the reference plugins (bridge,
@@ -119,10 +126,7 @@ func Bins(t testing.TB) string {
 // cnitool, built from the module cache at the versions go.mod pins.
 func RefBins(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(build)
-	if buildErr != nil {
-		t.Fatalf("building binaries: %v", buildErr)
-	}
+	mustBuild(t)
 	return refDir
 }
 

@@ -4,14 +4,16 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+
+	"github.com/vishvananda/netlink"
 )
 
 // applyDiff brings the kernel from o to d: additions and replacements first
 // (FDB, then neighbours, then the routes using them), deletions after
 // (routes, then neighbours, then FDB), each in a stable order.
 func (r *Reconciler) applyDiff(rc *recorder, d desired, o observed) {
-	r.addFDBs(rc, d, o)
-	r.addNeighs(rc, d, o)
+	addEntries(r, rc, d.fdbs, o.fdbByMAC)
+	addEntries(r, rc, d.neighs, o.neighByIP)
 	r.addRoutes(rc, d, o)
 	r.deleteRoutes(rc, d, o)
 	r.deleteNeighs(rc, d, o)
@@ -22,29 +24,24 @@ func sortedKeys[V any](m map[string]V) []string {
 	return slices.Sorted(maps.Keys(m))
 }
 
-func (r *Reconciler) addFDBs(rc *recorder, d desired, o observed) {
-	for _, k := range sortedKeys(d.fdbs) {
-		want := d.fdbs[k]
-		op := OpAdd
-		found := false
-		for _, have := range o.fdbByMAC[k] {
-			op = OpReplace
-			found = found || want.matches(have)
-		}
-		if !found {
-			_ = rc.do(Change{op, want.object()}, func() error { return r.h.NeighSet(want.spec()) })
-		}
-	}
+// entry is a desired permanent neighbour or FDB entry: both are written
+// with NeighSet and compared with what the kernel has under the same key.
+type entry interface {
+	object() Object
+	spec() *netlink.Neigh
+	matches(netlink.Neigh) bool
 }
 
-func (r *Reconciler) addNeighs(rc *recorder, d desired, o observed) {
-	for _, k := range sortedKeys(d.neighs) {
-		want := d.neighs[k]
+// addEntries writes every wanted entry the kernel does not have exactly:
+// an add when nothing is under its key, a replace when something else is.
+func addEntries[E entry](r *Reconciler, rc *recorder, wanted map[string]E, have map[string][]netlink.Neigh) {
+	for _, k := range sortedKeys(wanted) {
+		want := wanted[k]
 		op := OpAdd
 		found := false
-		for _, have := range o.neighByIP[k] {
+		for _, h := range have[k] {
 			op = OpReplace
-			found = found || want.matches(have)
+			found = found || want.matches(h)
 		}
 		if !found {
 			_ = rc.do(Change{op, want.object()}, func() error { return r.h.NeighSet(want.spec()) })
