@@ -36,24 +36,13 @@ func parse(stdin []byte) (*types.PluginConf, error) {
 	return conf, nil
 }
 
-func openPod(path string) (*netsetup.Pod, error) {
-	pod, err := netsetup.OpenPod(path)
-	if errors.Is(err, netsetup.ErrHostNetNS) {
-		return nil, types.NewError(types.ErrInvalidNetNS, err.Error(), "")
-	}
-	if err != nil {
-		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %q is not a usable network namespace", path), err.Error())
-	}
-	return pod, nil
-}
-
 // withLo parses the config, opens the pod and finds its lo, then runs f.
 func withLo(args *skel.CmdArgs, f func(conf *types.PluginConf, pod *netsetup.Pod, lo netlink.Link) error) error {
 	conf, err := parse(args.StdinData)
 	if err != nil {
 		return err
 	}
-	pod, err := openPod(args.Netns)
+	pod, err := netsetup.OpenPodCNI(args.Netns)
 	if err != nil {
 		return err
 	}
@@ -115,7 +104,7 @@ func del(args *skel.CmdArgs) error {
 	pod, err := netsetup.OpenPod(args.Netns)
 	if err != nil {
 		if errors.Is(err, netsetup.ErrHostNetNS) {
-			return types.NewError(types.ErrInvalidNetNS, err.Error(), "")
+			return netsetup.PodError(args.Netns, err)
 		}
 		return nil
 	}

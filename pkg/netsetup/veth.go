@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -317,4 +318,36 @@ func (p *Pod) TagOwner(l netlink.Link, containerID string) error {
 // OwnedBy reports whether a pod link was made for containerID.
 func OwnedBy(l netlink.Link, containerID string) bool {
 	return l.Attrs().Alias == ownerAlias(containerID)
+}
+
+// OpenPodCNI is OpenPod with its failures as CNI errors (see PodError).
+func OpenPodCNI(path string) (*Pod, error) {
+	pod, err := OpenPod(path)
+	if err != nil {
+		return nil, PodError(path, err)
+	}
+	return pod, nil
+}
+
+// PodError turns an OpenPod failure into a CNI error: the plugin's own
+// namespace is code 8 (what skel uses), a path that is not a network
+// namespace (or does not exist) code 4 naming CNI_NETNS; anything else is
+// returned as it is.
+func PodError(path string, err error) error {
+	switch {
+	case errors.Is(err, ErrHostNetNS):
+		return types.NewError(types.ErrInvalidNetNS, err.Error(), "")
+	case IsGone(err):
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %q is not a network namespace", path), err.Error())
+	default:
+		return err
+	}
+}
+
+// IsGone reports whether err from OpenPod says the path is no (longer a)
+// network namespace: for DEL, the pod is already gone.
+func IsGone(err error) bool {
+	var notExist ns.NSPathNotExistErr
+	var notNS ns.NSPathNotNSErr
+	return errors.As(err, &notExist) || errors.As(err, &notNS)
 }

@@ -1,7 +1,6 @@
 package village
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/village-cni/village/pkg/cleanup"
@@ -28,7 +26,7 @@ func Add(args *skel.CmdArgs) (err error) {
 	if !conf.HasIPAM {
 		return netconf.Error("\"ipam\" with a \"type\" is required: village needs addresses for the pod")
 	}
-	pod, err := openPod(args.Netns)
+	pod, err := netsetup.OpenPodCNI(args.Netns)
 	if err != nil {
 		return err
 	}
@@ -70,23 +68,6 @@ func chain(prevRaw types.Result, ours *current.Result) (*current.Result, error) 
 		prev.DNS = ours.DNS
 	}
 	return prev, nil
-}
-
-// openPod opens CNI_NETNS for ADD/CHECK and maps failures to CNI codes.
-func openPod(path string) (*netsetup.Pod, error) {
-	pod, err := netsetup.OpenPod(path)
-	switch {
-	case errors.Is(err, netsetup.ErrHostNetNS):
-		return nil, types.NewError(types.ErrInvalidNetNS, err.Error(), "")
-	case err != nil:
-		var notNS ns.NSPathNotNSErr
-		var notExist ns.NSPathNotExistErr
-		if errors.As(err, &notNS) || errors.As(err, &notExist) {
-			return nil, invalidNetNS(fmt.Sprintf("CNI_NETNS %q is not a network namespace", path), err)
-		}
-		return nil, err
-	}
-	return pod, nil
 }
 
 // adder carries the state of one ADD between its steps.

@@ -38,7 +38,7 @@ func Check(args *skel.CmdArgs) error {
 			return err
 		}
 	}
-	pod, err := openPod(args.Netns)
+	pod, err := netsetup.OpenPodCNI(args.Netns)
 	if err != nil {
 		return err
 	}

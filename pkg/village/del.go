@@ -3,10 +3,8 @@ package village
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netsetup"
@@ -91,21 +89,13 @@ func deleteLinks(conf *netconf.NetConf, args *skel.CmdArgs) error {
 			if err := pod.DeleteLink(args.IfName); err != nil {
 				return err
 			}
-		case errors.Is(err, netsetup.ErrHostNetNS):
-			return invalidNetNS(err.Error(), nil)
-		case isGone(err):
+		case netsetup.IsGone(err):
 			// The runtime already removed the namespace: nothing inside to do.
 		default:
-			return fmt.Errorf("DEL: %w", err)
+			return netsetup.PodError(args.Netns, err) // the host's own namespace: code 8
 		}
 	}
 	return netsetup.DeleteHostLink(netsetup.HostVethName(args.ContainerID, args.IfName))
-}
-
-func isGone(err error) bool {
-	var notExist ns.NSPathNotExistErr
-	var notNS ns.NSPathNotNSErr
-	return errors.As(err, &notExist) || errors.As(err, &notNS)
 }
 
 // Status is the CNI STATUS verb: ready when every IPAM plugin is.

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 )
 
 const ipamDeadline = 2 * time.Minute
@@ -24,15 +23,4 @@ const ipamDeadline = 2 * time.Minute
 // Funcs are the verbs for skel.PluginMainFuncs.
 func Funcs() skel.CNIFuncs {
 	return skel.CNIFuncs{Add: Add, Del: Del, Check: Check, Status: Status, GC: GC}
-}
-
-func invalidNetNS(msg string, err error) error {
-	return types.NewError(types.ErrInvalidEnvironmentVariables, msg, errString(err))
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }

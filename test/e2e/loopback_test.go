@@ -42,6 +42,12 @@ func TestLoopback(t *testing.T) {
 	if e := CNIError(t, out); e.Code != types.ErrInvalidNetNS {
 		t.Fatalf("ADD on the host netns: code %d %s", e.Code, e.Msg)
 	}
+	// village refuses the host's namespace on DEL as on ADD, with the same code.
+	out = n.Exec(testenv.Call{Bin: "village", Command: "DEL", ContainerID: "x", Netns: "/proc/self/ns/net", IfName: "eth0",
+		Stdin: []byte(`{"cniVersion":"1.1.0","name":"hostdel","type":"village"}`)})
+	if e := CNIError(t, out); e.Code != types.ErrInvalidNetNS {
+		t.Fatalf("village DEL on the host netns: code %d %s", e.Code, e.Msg)
+	}
 	out = n.Exec(testenv.Call{Bin: "loopback", Command: "DEL", ContainerID: "x", Netns: "/run/netns/gone-village-lo", IfName: "lo",
 		Stdin: []byte(`{"cniVersion":"1.1.0","name":"lo","type":"loopback"}`)})
 	if out.ExitCode != 0 {
