@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/village"
@@ -31,22 +32,8 @@ func underlayAddr(name string) (string, net.IP, error) {
 			return name, nil, fmt.Errorf("underlay interface %s: %w", name, err)
 		}
 	} else {
-		for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-			routes, err := netlink.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-			if err != nil {
-				return "", nil, fmt.Errorf("listing routes to find the underlay: %w", err)
-			}
-			for _, rt := range routes {
-				if isDefault(rt) && rt.LinkIndex != 0 {
-					if link, err = netlink.LinkByIndex(rt.LinkIndex); err != nil {
-						return "", nil, fmt.Errorf("default route interface %d: %w", rt.LinkIndex, err)
-					}
-					break
-				}
-			}
-			if link != nil {
-				break
-			}
+		if link, _, err = netsetup.DefaultRouteLink(nil); err != nil {
+			return "", nil, err
 		}
 		if link == nil {
 			return "", nil, fmt.Errorf("no default route to find the underlay interface; set backend.underlay")
@@ -73,14 +60,6 @@ func underlayAddr(name string) (string, net.IP, error) {
 		return name, nil, fmt.Errorf("underlay %s has no global address", name)
 	}
 	return name, v6, nil
-}
-
-func isDefault(rt netlink.Route) bool {
-	if rt.Dst == nil {
-		return true
-	}
-	ones, _ := rt.Dst.Mask.Size()
-	return ones == 0
 }
 
 // record is the registry entry of a node with these attributes.

@@ -4,13 +4,14 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/village-cni/village/pkg/netsetup"
 )
 
 // DefaultTemplate is the conflist written when no template is given: a
@@ -88,32 +89,15 @@ func NodeVars() map[string]string {
 }
 
 func defaultRoute() (iface, ip string) {
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := netlink.RouteList(nil, fam)
-		if err != nil {
-			continue
-		}
-		for _, r := range routes {
-			if (r.Dst != nil && !isDefault(r.Dst)) || r.LinkIndex == 0 {
-				continue
-			}
-			link, err := netlink.LinkByIndex(r.LinkIndex)
-			if err != nil {
-				continue
-			}
-			addrs, _ := netlink.AddrList(link, fam)
-			for _, a := range addrs {
-				if a.IP.IsGlobalUnicast() {
-					return link.Attrs().Name, a.IP.String()
-				}
-			}
-			return link.Attrs().Name, ""
+	link, family, err := netsetup.DefaultRouteLink(nil)
+	if err != nil || link == nil {
+		return "", ""
+	}
+	addrs, _ := netlink.AddrList(link, family)
+	for _, a := range addrs {
+		if a.IP.IsGlobalUnicast() {
+			return link.Attrs().Name, a.IP.String()
 		}
 	}
-	return "", ""
-}
-
-func isDefault(n *net.IPNet) bool {
-	ones, _ := n.Mask.Size()
-	return ones == 0
+	return link.Attrs().Name, ""
 }

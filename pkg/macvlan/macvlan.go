@@ -27,6 +27,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/netsetup"
 )
 
 // Config is the `macvlan` section of a village config.
@@ -242,27 +243,15 @@ func ResolveMaster(name string) (netlink.Link, error) {
 }
 
 func defaultRouteLink() (string, error) {
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := netlinksafe.RouteList(nil, fam)
-		if err != nil {
-			return "", fmt.Errorf("failed to list routes to find the default route's interface: %w", err)
-		}
-		for _, r := range routes {
-			if (r.Dst == nil || r.Dst.IP.IsUnspecified() && maskZero(r.Dst.Mask)) && r.LinkIndex > 0 {
-				l, err := netlink.LinkByIndex(r.LinkIndex)
-				if err == nil {
-					return l.Attrs().Name, nil
-				}
-			}
-		}
+	link, _, err := netsetup.DefaultRouteLink(nil)
+	if err != nil {
+		return "", err
 	}
-	return "", types.NewError(types.ErrInvalidNetworkConfig,
-		"\"macvlan.master\" is empty and this node has no default route to take the LAN interface from: set \"macvlan.master\"", "")
-}
-
-func maskZero(m net.IPMask) bool {
-	ones, _ := m.Size()
-	return ones == 0
+	if link == nil {
+		return "", types.NewError(types.ErrInvalidNetworkConfig,
+			"\"macvlan.master\" is empty and this node has no default route to take the LAN interface from: set \"macvlan.master\"", "")
+	}
+	return link.Attrs().Name, nil
 }
 
 // PodLink describes the macvlan to create inside a pod.

@@ -2,6 +2,7 @@ package overlay
 
 import (
 	"fmt"
+	"github.com/village-cni/village/pkg/netsetup"
 	"net"
 
 	"github.com/vishvananda/netlink"
@@ -88,41 +89,12 @@ func (r *Reconciler) underlayLink() (netlink.Link, error) {
 		}
 		return link, nil
 	}
-	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		index, err := r.defaultRouteLink(family)
-		if err != nil {
-			return nil, err
-		}
-		if index != 0 {
-			link, err := r.h.LinkByIndex(index)
-			if err != nil {
-				return nil, fmt.Errorf("default route interface %d: %w", index, err)
-			}
-			return link, nil
-		}
+	link, _, err := netsetup.DefaultRouteLink(r.h)
+	if err != nil {
+		return nil, err
+	}
+	if link != nil {
+		return link, nil
 	}
 	return nil, fmt.Errorf("%w: no default route to find the underlay interface; set underlay", ErrConfig)
-}
-
-// defaultRouteLink is the interface index of the main table's default route
-// of one family, 0 when there is none.
-func (r *Reconciler) defaultRouteLink(family int) (int, error) {
-	routes, err := r.routeDump(family)
-	if err != nil {
-		return 0, err
-	}
-	for _, rt := range routes {
-		if rt.Dst != nil {
-			if ones, _ := rt.Dst.Mask.Size(); ones != 0 {
-				continue
-			}
-		}
-		if rt.LinkIndex != 0 {
-			return rt.LinkIndex, nil
-		}
-		if len(rt.MultiPath) > 0 {
-			return rt.MultiPath[0].LinkIndex, nil
-		}
-	}
-	return 0, nil
 }
