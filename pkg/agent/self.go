@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/netsetup"
@@ -44,22 +43,14 @@ func underlayAddr(name string) (string, net.IP, error) {
 	if err != nil {
 		return name, nil, fmt.Errorf("listing addresses of underlay %s: %w", name, err)
 	}
-	var v6 net.IP
-	for _, a := range addrs {
-		if a.Scope != unix.RT_SCOPE_UNIVERSE || a.IP.IsLinkLocalUnicast() {
-			continue
-		}
-		if a.IP.To4() != nil {
-			return name, a.IP.To4(), nil
-		}
-		if v6 == nil {
-			v6 = a.IP
-		}
-	}
-	if v6 == nil {
+	ip := overlay.FirstGlobal(addrs)
+	if ip == nil {
 		return name, nil, fmt.Errorf("underlay %s has no global address", name)
 	}
-	return name, v6, nil
+	if v4 := ip.To4(); v4 != nil {
+		ip = v4
+	}
+	return name, ip, nil
 }
 
 // record is the registry entry of a node with these attributes.

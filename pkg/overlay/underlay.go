@@ -45,7 +45,7 @@ func (r *Reconciler) resolveUnderlay(self Node) (underlay, error) {
 	}
 	u := underlay{link: link, addrs: addrs, ip: self.IP}
 	if u.ip == nil {
-		u.ip = firstGlobal(addrs)
+		u.ip = FirstGlobal(addrs)
 	}
 	if u.ip == nil {
 		return u, fmt.Errorf("%w: underlay %s has no global address; give the node's IP", ErrConfig, u.name())
@@ -65,7 +65,10 @@ func (u underlay) hasAddr(ip net.IP) bool {
 	return false
 }
 
-func firstGlobal(addrs []netlink.Addr) net.IP {
+// FirstGlobal is the node address Village takes from an underlay's
+// addresses: the first global IPv4 one, else the first global IPv6 one, nil
+// when there is none.
+func FirstGlobal(addrs []netlink.Addr) net.IP {
 	var v6 net.IP
 	for _, a := range addrs {
 		if a.Scope != unix.RT_SCOPE_UNIVERSE || a.IP.IsLinkLocalUnicast() {
