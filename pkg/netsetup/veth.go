@@ -131,13 +131,6 @@ func EnsureVeth(v Veth) (*VethLinks, error) {
 	if existing != nil {
 		return v.adopt(existing, hostName)
 	}
-	// A host end with our deterministic name but no pod end is debris of an
-	// interrupted ADD whose pod end was moved or renamed: it is ours, remove it.
-	if stale, err := netlinksafe.LinkByName(hostName); err == nil {
-		if err := netlink.LinkDel(stale); err != nil && !isNotFound(err) {
-			return nil, fmt.Errorf("failed to remove stale host veth %q: %w", hostName, err)
-		}
-	}
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = hostName
 	attrs.MTU = v.MTU
@@ -152,7 +145,21 @@ func EnsureVeth(v Veth) (*VethLinks, error) {
 	if v.MTU > 0 {
 		veth.PeerMTU = uint32(v.MTU)
 	}
-	if err := netlink.LinkAdd(veth); err != nil {
+	err = netlink.LinkAdd(veth)
+	if errors.Is(err, syscall.EEXIST) {
+		// The pod has no such interface (looked up above), so the name taken
+		// is the host end's: debris of an interrupted ADD whose pod end was
+		// moved or renamed. The name is derived from this attachment, so it
+		// is ours: remove it and try once more. Looking only on EEXIST keeps
+		// the common ADD free of the extra lookup.
+		if stale, lerr := netlinksafe.LinkByName(hostName); lerr == nil {
+			if derr := netlink.LinkDel(stale); derr != nil && !isNotFound(derr) {
+				return nil, fmt.Errorf("failed to remove stale host veth %q: %w", hostName, derr)
+			}
+			err = netlink.LinkAdd(veth)
+		}
+	}
+	if err != nil {
 		if errors.Is(err, syscall.EEXIST) {
 			return nil, fmt.Errorf("failed to create veth %q for %q in netns %q: a link of that name already exists: %w", hostName, v.IfName, v.Pod.Path, err)
 		}
