@@ -8,9 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 [ "$(id -u)" = 0 ] || { echo "demo.sh: run as root (it makes network namespaces)" >&2; exit 1; }
-for tool in ip ping iptables; do
-  command -v "$tool" >/dev/null || { echo "demo.sh: needs '$tool' (apt-get install -y iproute2 iputils-ping iptables)" >&2; exit 1; }
-done
+export PATH="$PATH:/usr/local/go/bin"
+DEPS_PROFILE=demo ./scripts/deps.sh
 
 ./build_linux.sh
 

@@ -2,10 +2,13 @@
 # Runs every test: vet, the unit and namespace tests, the end-to-end tests
 # through libcni and cnitool with the built binaries, and each fuzz target for
 # a short time. Needs root (tests make network namespaces) and the packages
-# .ci/run installs (iproute2, iptables, iputils-ping, tcpdump, iperf3).
+# scripts/deps.sh installs (it runs first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "test.sh: run as root (tests make network namespaces)" >&2; exit 1; }
+
+export PATH="$PATH:/usr/local/go/bin"
+./scripts/deps.sh
 
 FUZZTIME="${FUZZTIME:-10s}"
 
