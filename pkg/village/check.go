@@ -44,22 +44,83 @@ func Check(args *skel.CmdArgs) error {
 	}
 	defer pod.Close()
 
-	var drift []error
-	drift = append(drift, checkPod(pod, podCheck{ifName: args.IfName, kind: "veth", args: args}, prev)...)
+	var d drift
+	d.pod = append(d.pod, checkPod(pod, podCheck{ifName: args.IfName, kind: "veth"}, prev)...)
 	if conf.LAN != nil {
-		drift = append(drift, checkPod(pod, podCheck{ifName: conf.LAN.IfName, kind: "macvlan", args: args}, prev)...)
+		d.pod = append(d.pod, checkPod(pod, podCheck{ifName: conf.LAN.IfName, kind: "macvlan"}, prev)...)
 	}
-	drift = append(drift, checkRoutes(pod, args, prev)...)
-	drift = append(drift, checkHost(conf, args, prev)...)
+	d.pod = append(d.pod, checkRoutes(pod, prev)...)
+	d.node = append(d.node, checkHost(conf, args, prev)...)
+	if conf.IPMasq {
+		if err := masq.Check(masqSpec(conf, ipsOf(prev, podIfaceIndex(prev, args.IfName)))); err != nil {
+			d.masq = append(d.masq, err)
+		}
+	}
 	// Static peers are ensured on CHECK too, so a peer removed from the list
 	// leaves the kernel without waiting for the next ADD.
 	if _, err := syncOverlay(conf, ipsOf(prev, podIfaceIndex(prev, args.IfName))); err != nil {
-		drift = append(drift, err)
+		d.peers = append(d.peers, err)
 	}
-	if len(drift) > 0 {
-		return fmt.Errorf("CHECK of %q in %s found drift: %w", args.IfName, args.Netns, joinDrift(drift))
+	return d.asError(args)
+}
+
+// CHECK's error codes: Village's own (the specification leaves 100 and up
+// to plugins; village-ipam uses 100-102).
+const (
+	// ErrCodePodDrift: an interface, MAC, address or route of the pod is not
+	// what ADD made. Re-creating the pod restores it.
+	ErrCodePodDrift uint = 110
+	// ErrCodeNodeDrift: only the node's side drifted: the bridge, its
+	// gateway address, the pod's host veth, the masquerade rules, or static
+	// peers CHECK could not put right.
+	ErrCodeNodeDrift uint = 111
+)
+
+// drift is what CHECK found, grouped by where it is and what repairs it.
+type drift struct {
+	pod   []error // inside the pod: re-create the pod
+	node  []error // bridge, gateway, host veth: re-create the pod (ADD restores them)
+	masq  []error // masquerade rules: villaged sync
+	peers []error // static peers CHECK failed to reconcile
+}
+
+// asError turns the findings into one CNI error on one line (runtime logs
+// and events split at newlines): where the drift is, each finding, and what
+// to do about it.
+func (d *drift) asError(args *skel.CmdArgs) error {
+	node := append(append(append([]error{}, d.node...), d.masq...), d.peers...)
+	if len(d.pod) == 0 && len(node) == 0 {
+		return nil
 	}
-	return nil
+	code := ErrCodeNodeDrift
+	var where []string
+	if len(d.pod) > 0 {
+		code = ErrCodePodDrift
+		where = append(where, fmt.Sprintf("in the pod (netns %s): %s", args.Netns, joinErrs(d.pod)))
+	}
+	if len(node) > 0 {
+		where = append(where, "on the node: "+joinErrs(node))
+	}
+	var do []string
+	if len(d.pod) > 0 || len(d.node) > 0 {
+		do = append(do, "delete and re-create the pod (CNI DEL, then ADD) to restore it")
+	}
+	if len(d.masq) > 0 {
+		do = append(do, "run `villaged sync` to restore the masquerade rules (`villaged run` does within 10 s)")
+	}
+	if len(d.peers) > 0 {
+		do = append(do, "check the backend section of the config and the underlay interface")
+	}
+	return types.NewError(code, fmt.Sprintf("CHECK of %q in container %q found drift %s; %s",
+		args.IfName, args.ContainerID, strings.Join(where, ", and "), strings.Join(do, "; ")), "")
+}
+
+func joinErrs(errs []error) string {
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "; ")
 }
 
 // podIfaceIndex finds CNI_IFNAME among prevResult's sandbox interfaces.
@@ -76,11 +137,9 @@ func podIfaceIndex(prev *current.Result, ifName string) int {
 type podCheck struct {
 	ifName string
 	kind   string // netlink link type: "veth", "macvlan"
-	args   *skel.CmdArgs
 }
 
 func checkPod(pod *netsetup.Pod, pc podCheck, prev *current.Result) []error {
-	args := pc.args
 	idx := podIfaceIndex(prev, pc.ifName)
 	if idx < 0 {
 		return []error{fmt.Errorf("prevResult lists no interface %q inside a sandbox", pc.ifName)}
@@ -90,14 +149,14 @@ func checkPod(pod *netsetup.Pod, pc podCheck, prev *current.Result) []error {
 		return []error{err}
 	}
 	if link == nil {
-		return []error{fmt.Errorf("interface %q is missing from netns %q", pc.ifName, args.Netns)}
+		return []error{fmt.Errorf("interface %q is missing", pc.ifName)}
 	}
 	var drift []error
 	if link.Type() != pc.kind {
 		drift = append(drift, fmt.Errorf("interface %q is a %s, not a %s", pc.ifName, link.Type(), pc.kind))
 	}
 	if want := prev.Interfaces[idx].Mac; want != "" && !strings.EqualFold(want, link.Attrs().HardwareAddr.String()) {
-		drift = append(drift, fmt.Errorf("interface %q has MAC %s, prevResult says %s", pc.ifName, link.Attrs().HardwareAddr, want))
+		drift = append(drift, fmt.Errorf("interface %q has MAC %s where ADD set %s", pc.ifName, link.Attrs().HardwareAddr, want))
 	}
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		drift = append(drift, fmt.Errorf("interface %q is down", pc.ifName))
@@ -118,15 +177,20 @@ func checkPod(pod *netsetup.Pod, pc podCheck, prev *current.Result) []error {
 }
 
 // checkRoutes verifies every route of prevResult inside the pod.
-func checkRoutes(pod *netsetup.Pod, args *skel.CmdArgs, prev *current.Result) []error {
-	var drift []error
+func checkRoutes(pod *netsetup.Pod, prev *current.Result) []error {
 	routes, err := pod.Handle().RouteList(nil, netlink.FAMILY_ALL)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		return append(drift, fmt.Errorf("failed to list routes in netns %q: %w", args.Netns, err))
+		return []error{fmt.Errorf("failed to list routes: %w", err)}
 	}
+	var drift []error
 	for _, r := range prev.Routes {
-		if !hasKernelRoute(routes, r) {
-			drift = append(drift, fmt.Errorf("route %s via %v is missing from netns %q", r.Dst.String(), r.GW, args.Netns))
+		if hasKernelRoute(routes, r) {
+			continue
+		}
+		if r.GW == nil {
+			drift = append(drift, fmt.Errorf("route %s is missing", r.Dst.String()))
+		} else {
+			drift = append(drift, fmt.Errorf("route %s via %s is missing", r.Dst.String(), r.GW))
 		}
 	}
 	return drift
@@ -168,8 +232,12 @@ func hasKernelRoute(routes []netlink.Route, want *types.Route) bool {
 
 func checkHost(conf *netconf.NetConf, args *skel.CmdArgs, prev *current.Result) []error {
 	l, err := netlinksafe.LinkByName(conf.Bridge)
+	var notFound netlink.LinkNotFoundError
+	if errors.As(err, &notFound) {
+		return []error{fmt.Errorf("bridge %q is missing", conf.Bridge)}
+	}
 	if err != nil {
-		return []error{fmt.Errorf("bridge %q is missing: %w", conf.Bridge, err)}
+		return []error{fmt.Errorf("failed to look up bridge %q: %w", conf.Bridge, err)}
 	}
 	br, ok := l.(*netlink.Bridge)
 	if !ok {
@@ -179,8 +247,10 @@ func checkHost(conf *netconf.NetConf, args *skel.CmdArgs, prev *current.Result) 
 	hostName := netsetup.HostVethName(args.ContainerID, args.IfName)
 	host, err := netlinksafe.LinkByName(hostName)
 	switch {
+	case errors.As(err, &notFound):
+		drift = append(drift, fmt.Errorf("host veth %q is missing", hostName))
 	case err != nil:
-		drift = append(drift, fmt.Errorf("host veth %q is missing: %w", hostName, err))
+		drift = append(drift, fmt.Errorf("failed to look up host veth %q: %w", hostName, err))
 	case host.Attrs().MasterIndex != br.Index:
 		drift = append(drift, fmt.Errorf("host veth %q is not attached to bridge %q", hostName, conf.Bridge))
 	}
@@ -200,31 +270,8 @@ func checkHost(conf *netconf.NetConf, args *skel.CmdArgs, prev *current.Result) 
 			}
 		}
 	}
-	if conf.IPMasq {
-		if err := masq.Check(masqSpec(conf, ips)); err != nil {
-			drift = append(drift, err)
-		}
-	}
 	return drift
 }
-
-// joinDrift joins drift reports on one line: CNI error messages are read in
-// runtime logs and events, where a newline splits the story.
-func joinDrift(errs []error) error {
-	msgs := make([]string, len(errs))
-	for i, e := range errs {
-		msgs[i] = e.Error()
-	}
-	return &driftError{msg: strings.Join(msgs, "; "), errs: errs}
-}
-
-type driftError struct {
-	msg  string
-	errs []error
-}
-
-func (d *driftError) Error() string   { return d.msg }
-func (d *driftError) Unwrap() []error { return d.errs }
 
 // ipsOf returns the addresses prevResult puts on interface idx.
 func ipsOf(prev *current.Result, idx int) []*current.IPConfig {
