@@ -2,6 +2,11 @@
 # Builds every Village binary into ./bin (static, -trimpath, version stamped),
 # plus ./bin/cnitool and the reference plugins into ./bin/ref (from the Go
 # module cache, at the versions go.mod pins) for the demo, tests and benchmarks.
+#
+#   ./build_linux.sh          # binaries
+#   ./build_linux.sh image    # binaries, then the DaemonSet's image as an OCI
+#                             # archive, bin/village-image.tar (same bytes for
+#                             # the same commit; ctr images import / podman load)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -18,3 +23,8 @@ go build -trimpath -ldflags "$LDFLAGS" -o bin/ "${pkgs[@]}"
 go build -trimpath -ldflags "-s -w" -o bin/ref/ tool
 cp bin/ref/cnitool bin/cnitool
 echo "built $(ls bin | grep -v '^ref$' | tr '\n' ' ')(version ${VERSION}); reference plugins in bin/ref"
+
+if [ "${1:-}" = image ]; then
+  go run -trimpath ./internal/ociimage/mkimage -bin bin -o bin/village-image.tar
+  sha256sum bin/village-image.tar
+fi

@@ -3,7 +3,8 @@
 # the one list of packages, used by scripts/demo.sh, scripts/test.sh and
 # .ci/run. Does nothing when every command is already there (so it is cheap
 # to call every time). Run as root. DEPS_PROFILE=demo installs only what the
-# demo needs.
+# demo needs. crictl is not a Debian 12 package: scripts/crictl.sh builds it
+# from the Go module proxy (the containerd test calls it).
 set -euo pipefail
 
 # command -> Debian package that provides it

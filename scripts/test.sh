@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 
 export PATH="$PATH:/usr/local/go/bin"
 ./scripts/deps.sh
+# crictl for the containerd test (test/runtime): built once from the module
+# proxy and cached under /var/cache/village.
+./scripts/crictl.sh >/dev/null
 
 FUZZTIME="${FUZZTIME:-10s}"
 

@@ -16,3 +16,7 @@ var Version = "dev"
 func About(name string) string {
 	return fmt.Sprintf("%s %s (%s %s/%s)", name, Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
+
+// Image is the reference of the image `./build_linux.sh image` builds and
+// deploy/kubernetes/daemonset.yaml runs (test/deploy checks they agree).
+const Image = "ghcr.io/village-cni/village:v0.1.0"

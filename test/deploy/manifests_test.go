@@ -27,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/buildinfo"
 	"github.com/village-cni/village/pkg/install"
 	"github.com/village-cni/village/pkg/netconf"
 )
@@ -168,8 +169,9 @@ func TestDaemonSet(t *testing.T) {
 	inst := container(t, spec.InitContainers, "install")
 	agent := container(t, spec.Containers, "agent")
 	for _, c := range []*corev1.Container{inst, agent} {
-		if !strings.HasPrefix(c.Image, "ghcr.io/village-cni/village:") || strings.HasSuffix(c.Image, ":latest") {
-			t.Errorf("%s: image %q: want ghcr.io/village-cni/village at a pinned tag", c.Name, c.Image)
+		// The image `./build_linux.sh image` builds (and test/runtime runs).
+		if c.Image != buildinfo.Image || strings.HasSuffix(c.Image, ":latest") {
+			t.Errorf("%s: image %q: want %s, the image ./build_linux.sh image builds, at a pinned tag", c.Name, c.Image, buildinfo.Image)
 		}
 		sc := c.SecurityContext
 		if sc == nil || (sc.Privileged != nil && *sc.Privileged) {

@@ -1,0 +1,152 @@
+package ociimage
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// VillageBinaries are the static binaries of the DaemonSet image, all in
+// BinDir: `villaged install` copies the plugins from the directory of the
+// villaged that runs it.
+var VillageBinaries = []string{"villaged", "village", "village-ipam", "village-ipam-etcd", "loopback"}
+
+// BinDir is where the image keeps Village's binaries.
+const BinDir = "/usr/local/bin"
+
+// iptablesTools are the commands the agent execs (through go-iptables: masquerade
+// in pkg/masq, orphan detection in pkg/agent, purge in pkg/install) with
+// the multi-call binary each is a name of. iptables means iptables-nft, the
+// default of Debian 12 and current distributions; the -legacy names are there
+// for hosts still on the legacy backend.
+var iptablesTools = map[string]string{
+	"iptables": "xtables-nft-multi", "ip6tables": "xtables-nft-multi",
+	"iptables-save": "xtables-nft-multi", "ip6tables-save": "xtables-nft-multi",
+	"iptables-restore": "xtables-nft-multi", "ip6tables-restore": "xtables-nft-multi",
+	"iptables-nft": "xtables-nft-multi", "ip6tables-nft": "xtables-nft-multi",
+	"iptables-legacy": "xtables-legacy-multi", "ip6tables-legacy": "xtables-legacy-multi",
+	"iptables-legacy-save": "xtables-legacy-multi", "ip6tables-legacy-save": "xtables-legacy-multi",
+}
+
+// VillageOptions says where the parts of the DaemonSet image come from.
+type VillageOptions struct {
+	Name    string // image reference, normally buildinfo.Image
+	BinDir  string // directory holding VillageBinaries (./bin after build_linux.sh)
+	SbinDir string // where the host's xtables-*-multi live (default /usr/sbin)
+	XtDir   string // the host's xtables extension directory (default: found next to libxtables)
+}
+
+// Village returns the DaemonSet image: Village's static binaries in BinDir
+// plus the host's iptables (nft and legacy multi-call binaries, the shared
+// libraries they and their extensions link, the extensions themselves),
+// because villaged execs iptables/ip6tables. Nothing else: no shell, no
+// package manager.
+func Village(o VillageOptions) (Image, error) {
+	if o.SbinDir == "" {
+		o.SbinDir = "/usr/sbin"
+	}
+	img := Image{Name: o.Name, Entrypoint: nil, Cmd: []string{"villaged", "help"}}
+	for _, b := range VillageBinaries {
+		f, err := HostFile(filepath.Join(o.BinDir, b), filepath.Join(BinDir, b))
+		if err != nil {
+			return Image{}, err
+		}
+		img.Files = append(img.Files, f)
+	}
+	var elfs []string
+	seen := map[string]bool{}
+	for _, multi := range []string{"xtables-nft-multi", "xtables-legacy-multi"} {
+		src := filepath.Join(o.SbinDir, multi)
+		f, err := HostFile(src, "/usr/sbin/"+multi)
+		if err != nil {
+			return Image{}, fmt.Errorf("the image carries iptables (apt-get install iptables): %w", err)
+		}
+		img.Files = append(img.Files, f)
+		elfs = append(elfs, src)
+	}
+	names := make([]string, 0, len(iptablesTools))
+	for n := range iptablesTools {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		img.Files = append(img.Files, File{Path: "/usr/sbin/" + n, Link: iptablesTools[n]})
+	}
+	libs, err := sharedLibs(elfs)
+	if err != nil {
+		return Image{}, err
+	}
+	xtDir := o.XtDir
+	if xtDir == "" {
+		for _, l := range libs {
+			if filepath.Base(l) == "libxtables.so.12" {
+				if real, err := filepath.EvalSymlinks(l); err == nil {
+					xtDir = filepath.Join(filepath.Dir(real), "xtables")
+				}
+			}
+		}
+	}
+	exts, err := filepath.Glob(filepath.Join(xtDir, "*.so"))
+	if err != nil || len(exts) == 0 {
+		return Image{}, fmt.Errorf("no iptables extensions in %q: %v", xtDir, err)
+	}
+	for _, e := range exts {
+		f, err := HostFile(e, e)
+		if err != nil {
+			return Image{}, err
+		}
+		img.Files = append(img.Files, f)
+	}
+	extLibs, err := sharedLibs(exts)
+	if err != nil {
+		return Image{}, err
+	}
+	for _, l := range append(libs, extLibs...) {
+		if seen[l] {
+			continue
+		}
+		seen[l] = true
+		f, err := HostFile(l, l) // read through symlinks: the file lands at its soname path
+		if err != nil {
+			return Image{}, err
+		}
+		img.Files = append(img.Files, f)
+	}
+	// libc resolves nothing here through NSS, but iptables looks up protocol
+	// names; an empty-base image has no /etc at all otherwise.
+	if f, err := HostFile("/etc/protocols", "/etc/protocols"); err == nil {
+		img.Files = append(img.Files, f)
+	}
+	return img, nil
+}
+
+// sharedLibs lists the libraries (and the loader) the ELF files link, as ldd
+// resolves them on this machine, without duplicates, sorted.
+func sharedLibs(elfs []string) ([]string, error) {
+	set := map[string]bool{}
+	for _, e := range elfs {
+		out, err := exec.Command("ldd", e).Output()
+		if err != nil {
+			return nil, fmt.Errorf("ldd %s: %w", e, err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			fields := strings.Fields(line)
+			for i, f := range fields {
+				if strings.HasPrefix(f, "/") && (i == 0 || fields[i-1] == "=>") {
+					if _, err := os.Stat(f); err == nil {
+						set[f] = true
+					}
+				}
+			}
+		}
+	}
+	libs := make([]string, 0, len(set))
+	for l := range set {
+		libs = append(libs, l)
+	}
+	sort.Strings(libs)
+	return libs, nil
+}

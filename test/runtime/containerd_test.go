@@ -1,0 +1,625 @@
+// Package runtime tests Village under a real container runtime: Debian's
+// containerd 1.6 with runc, started by the test inside a node namespace (see
+// internal/crienv), driven over CRI by crictl exactly as the kubelet drives
+// it, with the shipped conf/10-village.conflist (paths and network name
+// changed only) and the chained reference portmap.
+package runtime
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/plugins/pkg/ns"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/village-cni/village/internal/crienv"
+	"github.com/village-cni/village/internal/ociimage"
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/buildinfo"
+)
+
+const hostPort = 18080
+
+// cri is one containerd of a test with the facts the checks need.
+type cri struct {
+	t       *testing.T
+	env     *crienv.Env
+	node    ns.NetNS
+	net     string // CNI network name
+	dir     string
+	dataDir string // village-ipam's allocations
+	logFile string // the plugins' logFile
+}
+
+func TestContainerd(t *testing.T) {
+	testenv.RequireRoot(t)
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	crictl, err := crienv.BuildCrictl(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bins, ref := testenv.Bins(t), testenv.RefBins(t)
+	c := &cri{t: t, node: testenv.NewNS(t), net: fmt.Sprintf("vcri%d", os.Getpid()), dir: t.TempDir()}
+	c.dataDir = filepath.Join(c.dir, "ipam")
+	c.logFile = filepath.Join(c.dir, "cni.log")
+
+	images := filepath.Join(c.dir, "images")
+	if err := os.MkdirAll(images, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pauseTar, toolsTar, err := crienv.BuildImages(root, images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	villageImg, err := ociimage.Village(ociimage.VillageOptions{Name: buildinfo.Image, BinDir: bins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	villageTar := filepath.Join(images, "village.tar")
+	if err := ociimage.WriteFile(villageTar, villageImg); err != nil {
+		t.Fatal(err)
+	}
+
+	netnsBefore := cniNetns(t)
+	env, err := crienv.Start(crienv.Options{
+		Dir:   filepath.Join(c.dir, "containerd"),
+		NetNS: c.node.Path(),
+		CNIBins: map[string]string{
+			"village":      filepath.Join(bins, "village"),
+			"village-ipam": filepath.Join(bins, "village-ipam"),
+			"loopback":     filepath.Join(bins, "loopback"),
+			"portmap":      filepath.Join(ref, "portmap"),
+		},
+		Confs:        map[string][]byte{"10-village.conflist": c.conflist(root)},
+		SandboxImage: crienv.PauseImage,
+		CrictlBin:    crictl,
+	})
+	if env != nil {
+		c.env = env
+		t.Cleanup(func() {
+			if err := env.Stop(); err != nil {
+				t.Errorf("stopping containerd: %v", err)
+			}
+			if t.Failed() {
+				t.Logf("containerd log (tail):\n%s", env.Log())
+				b, _ := os.ReadFile(c.logFile)
+				t.Logf("plugin log:\n%s", b)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range []string{pauseTar, toolsTar, villageTar} {
+		if err := env.Import(img); err != nil {
+			t.Fatalf("import %s: %v", filepath.Base(img), err)
+		}
+	}
+	t.Logf("containerd up in %s; crictl %s", c.node.Path(), crictl)
+
+	// Several pods: addresses and routes as configured, pings.
+	pods := []*pod{c.runPod("p0", true), c.runPod("p1", false), c.runPod("p2", false)}
+	for _, p := range pods {
+		c.checkAddresses(p)
+	}
+	c.mustPing(pods[0], pods[1].ip4)
+	c.mustPing(pods[0], pods[1].ip6)
+	c.mustPing(pods[1], pods[2].ip4)
+	c.mustPingFromNode(pods[2].ip4)
+	c.mustPingFromNode(pods[2].ip6)
+
+	// Something to clean up exists now: veths, allocations, cache entries,
+	// portmap's per-pod chain, netns.
+	c.expectState(len(pods), true)
+
+	// A container in a pod: it shares the pod's network (crictl exec), and
+	// answers behind the hostPort the pod's config maps through portmap.
+	ctr := c.createContainer(pods[0], container{name: "server", image: crienv.ToolsImage, command: []string{"/pause", "-listen", ":8080", "-reply", "hello from p0"}})
+	out := c.crictl("exec", ctr, "ip", "-o", "addr", "show", "dev", "eth0")
+	for _, ip := range []string{pods[0].ip4, pods[0].ip6} {
+		if !strings.Contains(out, ip+"/") {
+			t.Errorf("crictl exec in p0's container: eth0 lacks %s:\n%s", ip, out)
+		}
+	}
+	c.expectHostPort("127.0.0.1", "hello from p0")
+	c.expectHostPort("10.244.1.1", "hello from p0")
+
+	// The DaemonSet's image: villaged version, iptables, the install init
+	// container's own command against sandbox directories.
+	c.villageImage(root, bins)
+
+	// A pod whose netns disappeared before the runtime stopped it: the DELs
+	// (the second with an empty CNI_NETNS) still free everything.
+	gone := c.runPod("p3", false)
+	if out, err := exec.Command("ip", "netns", "delete", filepath.Base(gone.netns)).CombinedOutput(); err != nil {
+		t.Fatalf("remove p3's netns: %v: %s", err, out)
+	}
+	pods = append(pods, gone)
+
+	for _, p := range pods {
+		c.crictl("stopp", p.id)
+		c.crictl("rmp", p.id)
+	}
+	if out := c.crictl("pods", "-q"); strings.TrimSpace(out) != "" {
+		t.Errorf("pods left after rmp: %s", out)
+	}
+	c.expectState(0, false)
+	c.checkDELs(len(pods))
+	if after := cniNetns(t); len(after) > 0 {
+		for n := range after {
+			if !netnsBefore[n] {
+				t.Errorf("network namespace %s left behind", n)
+			}
+		}
+	}
+}
+
+// conflist is conf/10-village.conflist with only the network name and the
+// paths (IPAM data, plugin log) changed.
+func (c *cri) conflist(root string) []byte {
+	b, err := os.ReadFile(filepath.Join(root, "conf", "10-village.conflist"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		c.t.Fatal(err)
+	}
+	m["name"] = c.net
+	plugins := m["plugins"].([]any)
+	main := plugins[0].(map[string]any)
+	main["logFile"] = c.logFile
+	main["ipam"].(map[string]any)["dataDir"] = c.dataDir
+	out, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if _, err := libcni.ConfListFromBytes(out); err != nil {
+		c.t.Fatalf("conflist: %v", err)
+	}
+	return out
+}
+
+func (c *cri) crictl(args ...string) string {
+	c.t.Helper()
+	out, err := c.env.Crictl(args...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return strings.TrimSpace(out)
+}
+
+type pod struct {
+	name, id, netns, ip4, ip6 string
+}
+
+func (c *cri) podConfig(name string, ports bool) string {
+	cfg := map[string]any{
+		"metadata":      map[string]any{"name": name, "namespace": "village-test", "uid": name + "-uid", "attempt": 0},
+		"hostname":      name,
+		"log_directory": filepath.Join(c.env.LogDir, name),
+		"linux":         map[string]any{},
+	}
+	if ports {
+		cfg["port_mappings"] = []any{map[string]any{"protocol": 0, "container_port": 8080, "host_port": hostPort}}
+	}
+	b, _ := json.Marshal(cfg)
+	p := filepath.Join(c.dir, "pod-"+name+".json")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	return p
+}
+
+// runPod runs a pod sandbox (the CNI ADD) and reads its netns and addresses
+// as CRI reports them.
+func (c *cri) runPod(name string, ports bool) *pod {
+	c.t.Helper()
+	id := c.crictl("runp", c.podConfig(name, ports))
+	var st struct {
+		Status struct {
+			Network struct {
+				IP            string `json:"ip"`
+				AdditionalIPs []struct {
+					IP string `json:"ip"`
+				} `json:"additionalIps"`
+			} `json:"network"`
+		} `json:"status"`
+		Info struct {
+			RuntimeSpec struct {
+				Linux struct {
+					Namespaces []struct {
+						Type, Path string
+					} `json:"namespaces"`
+				} `json:"linux"`
+			} `json:"runtimeSpec"`
+		} `json:"info"`
+	}
+	out := c.crictl("inspectp", "-o", "json", id)
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		c.t.Fatalf("inspectp %s: %v\n%s", name, err, out)
+	}
+	p := &pod{name: name, id: id}
+	for _, n := range st.Info.RuntimeSpec.Linux.Namespaces {
+		if n.Type == "network" {
+			p.netns = n.Path
+		}
+	}
+	for _, ip := range append([]string{st.Status.Network.IP}, func() (s []string) {
+		for _, a := range st.Status.Network.AdditionalIPs {
+			s = append(s, a.IP)
+		}
+		return
+	}()...) {
+		if strings.Contains(ip, ":") {
+			p.ip6 = ip
+		} else if ip != "" {
+			p.ip4 = ip
+		}
+	}
+	if p.netns == "" || p.ip4 == "" || p.ip6 == "" {
+		c.t.Fatalf("pod %s: CRI reports netns %q, IPv4 %q, IPv6 %q; want all three:\n%s", name, p.netns, p.ip4, p.ip6, out)
+	}
+	return p
+}
+
+// checkAddresses: the pod's eth0 holds what CRI reported, from the
+// configured ranges, and its default routes go through the bridge.
+func (c *cri) checkAddresses(p *pod) {
+	c.t.Helper()
+	_, n4, _ := net.ParseCIDR("10.244.1.0/24")
+	_, n6, _ := net.ParseCIDR("fd00:10:244:1::/64")
+	if !n4.Contains(net.ParseIP(p.ip4)) || !n6.Contains(net.ParseIP(p.ip6)) {
+		c.t.Errorf("pod %s got %s and %s, outside the conflist's ranges", p.name, p.ip4, p.ip6)
+	}
+	podNS := filepath.Base(p.netns)
+	addrs := ipOut(c.t, "-n", podNS, "-o", "addr", "show", "dev", "eth0")
+	for _, ip := range []string{p.ip4 + "/24", p.ip6 + "/64"} {
+		if !strings.Contains(addrs, ip) {
+			c.t.Errorf("pod %s: eth0 lacks %s:\n%s", p.name, ip, addrs)
+		}
+	}
+	if r := ipOut(c.t, "-n", podNS, "-4", "route", "show", "default"); !strings.Contains(r, "via 10.244.1.1 dev eth0") {
+		c.t.Errorf("pod %s: IPv4 default route %q, want via 10.244.1.1 dev eth0", p.name, r)
+	}
+	if r := ipOut(c.t, "-n", podNS, "-6", "route", "show", "default"); !strings.Contains(r, "via fd00:10:244:1::1 dev eth0") {
+		c.t.Errorf("pod %s: IPv6 default route %q, want via fd00:10:244:1::1 dev eth0", p.name, r)
+	}
+}
+
+func ipOut(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// ping polls (IPv6 addresses need their duplicate address detection first).
+func ping(netns, dst string) error {
+	var err error
+	for i := 0; i < 15; i++ {
+		args := []string{"netns", "exec", netns, "ping", "-c", "1", "-W", "2", dst}
+		var out []byte
+		out, err = exec.Command("ip", args...).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		err = fmt.Errorf("ping %s from %s: %w: %s", dst, netns, err, out)
+		time.Sleep(time.Second)
+	}
+	return err
+}
+
+func (c *cri) mustPing(from *pod, dst string) {
+	c.t.Helper()
+	if err := ping(filepath.Base(from.netns), dst); err != nil {
+		c.t.Error(err)
+	}
+}
+
+func (c *cri) mustPingFromNode(dst string) {
+	c.t.Helper()
+	if err := ping(filepath.Base(c.node.Path()), dst); err != nil {
+		c.t.Error(err)
+	}
+}
+
+// container is one container of a test pod.
+type container struct {
+	name, image string
+	command     []string
+	mounts      []any
+	env         map[string]string
+	// wait: wait for the container to exit (it must exit 0) and return its
+	// log instead of its ID.
+	wait bool
+}
+
+// createContainer creates and starts a container in p, read-only root file
+// system like the DaemonSet's.
+func (c *cri) createContainer(p *pod, ct container) string {
+	c.t.Helper()
+	var envs []any
+	for k, v := range ct.env {
+		envs = append(envs, map[string]any{"key": k, "value": v})
+	}
+	cfg := map[string]any{
+		"metadata": map[string]any{"name": ct.name},
+		"image":    map[string]any{"image": ct.image},
+		"command":  ct.command,
+		"envs":     envs,
+		"mounts":   ct.mounts,
+		"log_path": ct.name + ".log",
+		"linux":    map[string]any{"security_context": map[string]any{"readonly_rootfs": true}},
+	}
+	b, _ := json.Marshal(cfg)
+	cf := filepath.Join(c.dir, "ctr-"+p.name+"-"+ct.name+".json")
+	if err := os.WriteFile(cf, b, 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	id := c.crictl("create", p.id, cf, filepath.Join(c.dir, "pod-"+p.name+".json"))
+	c.crictl("start", id)
+	if !ct.wait {
+		return id
+	}
+	var state string
+	for i := 0; i < 120; i++ {
+		state = c.crictl("inspect", "-o", "go-template", "--template", "{{.status.state}} {{.status.exitCode}}", id)
+		if strings.HasPrefix(state, "CONTAINER_EXITED") {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	logs, err := c.env.Crictl("logs", id)
+	if state != "CONTAINER_EXITED 0" {
+		c.t.Fatalf("container %s (%s) ended %q; logs (%v):\n%s", ct.name, strings.Join(ct.command, " "), state, err, logs)
+	}
+	return logs
+}
+
+// expectHostPort connects from the node to addr:hostPort and expects the
+// server in p0 to answer (portmap's DNAT, chained after village).
+func (c *cri) expectHostPort(addr, want string) {
+	c.t.Helper()
+	var got string
+	var err error
+	for i := 0; i < 30; i++ {
+		err = testenv.InNS(c.node, func() error {
+			conn, err := net.DialTimeout("tcp", net.JoinHostPort(addr, fmt.Sprint(hostPort)), 3*time.Second)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+			line, err := bufio.NewReader(conn).ReadString('\n')
+			got = strings.TrimSpace(line)
+			return err
+		})
+		if err == nil && got == want {
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	c.t.Errorf("hostPort %s:%d from the node: got %q, %v; want %q", addr, hostPort, got, err, want)
+}
+
+// villageImage runs the DaemonSet's image: villaged version, the iptables it
+// carries, and the install init container's command (taken from
+// deploy/kubernetes) against sandbox /opt/cni/bin, /etc/cni/net.d and state
+// directories, with the ConfigMap's template mounted where the manifest
+// mounts it.
+func (c *cri) villageImage(root, bins string) {
+	t := c.t
+	t.Helper()
+	p := c.runPod("village", false)
+	defer func() {
+		c.crictl("stopp", p.id)
+		c.crictl("rmp", p.id)
+	}()
+	if out := c.createContainer(p, container{name: "version", image: buildinfo.Image, command: []string{"villaged", "version"}, wait: true}); !strings.Contains(out, buildVersion(t, bins)) {
+		t.Errorf("villaged version in the image printed %q, want %q", out, buildVersion(t, bins))
+	}
+	if out := c.createContainer(p, container{name: "iptables", image: buildinfo.Image, command: []string{"iptables", "--version"}, wait: true}); !regexp.MustCompile(`iptables v1\.\d+\.\d+ \(nf_tables\)`).MatchString(out) {
+		t.Errorf("iptables --version in the image printed %q", out)
+	}
+
+	ds, cm := manifests(t, root)
+	var init *corev1.Container
+	for i := range ds.Spec.Template.Spec.InitContainers {
+		if ds.Spec.Template.Spec.InitContainers[i].Name == "install" {
+			init = &ds.Spec.Template.Spec.InitContainers[i]
+		}
+	}
+	if init == nil || init.Image != buildinfo.Image {
+		t.Fatalf("the DaemonSet has no install init container running %s", buildinfo.Image)
+	}
+	sandbox := map[string]string{}
+	var mounts []any
+	for _, m := range init.VolumeMounts {
+		host := filepath.Join(c.dir, "install", strings.ReplaceAll(strings.Trim(m.MountPath, "/"), "/", "_"))
+		if err := os.MkdirAll(host, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		sandbox[m.MountPath] = host
+		mounts = append(mounts, map[string]any{"container_path": m.MountPath, "host_path": host, "readonly": m.ReadOnly})
+	}
+	for k, v := range cm.Data {
+		if err := os.WriteFile(filepath.Join(sandbox["/etc/village/template"], k), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The kubelet expands $(VAR) from the container's env; do the same.
+	vars := map[string]string{"NODE_NAME": "node-a", "NODE_IP": "192.0.2.10"}
+	for _, e := range init.Env {
+		if e.Value != "" {
+			vars[e.Name] = e.Value
+		}
+	}
+	var cmd []string
+	for _, a := range append(append([]string(nil), init.Command...), init.Args...) {
+		cmd = append(cmd, os.Expand(strings.ReplaceAll(strings.ReplaceAll(a, "$(", "${"), ")", "}"), func(k string) string { return vars[k] }))
+	}
+	out := c.createContainer(p, container{name: "install", image: init.Image, command: cmd, mounts: mounts, env: vars, wait: true})
+	t.Logf("install init container: %s", strings.TrimSpace(out))
+
+	binDir, confDir := sandbox["/opt/cni/bin"], sandbox["/etc/cni/net.d"]
+	for _, b := range []string{"village", "village-ipam", "village-ipam-etcd", "loopback"} {
+		got, err := os.ReadFile(filepath.Join(binDir, b))
+		want, _ := os.ReadFile(filepath.Join(bins, b))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("install did not put %s (the image's copy) into the sandbox /opt/cni/bin: %v", b, err)
+		}
+		if st, err := os.Stat(filepath.Join(binDir, b)); err == nil && st.Mode().Perm()&0o111 == 0 {
+			t.Errorf("%s installed without execute permission: %v", b, st.Mode())
+		}
+	}
+	conf, err := os.ReadFile(filepath.Join(confDir, "10-village.conflist"))
+	if err != nil {
+		t.Fatalf("install wrote no conflist: %v", err)
+	}
+	list, err := libcni.ConfListFromBytes(conf)
+	if err != nil || list.Name != "village" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "village" {
+		t.Errorf("installed conflist does not load as the village network (%v):\n%s", err, conf)
+	}
+	if strings.Contains(string(conf), "${") {
+		t.Errorf("installed conflist still has template placeholders:\n%s", conf)
+	}
+	if _, err := os.Stat(filepath.Join(sandbox["/var/lib/village"], "install.json")); err != nil {
+		t.Errorf("install recorded nothing in its state dir: %v", err)
+	}
+}
+
+func buildVersion(t *testing.T, bins string) string {
+	out, err := exec.Command(filepath.Join(bins, "villaged"), "version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("villaged version: %v: %s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func manifests(t *testing.T, root string) (*appsv1.DaemonSet, *corev1.ConfigMap) {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	var cm corev1.ConfigMap
+	for f, v := range map[string]any{"daemonset.yaml": &ds, "configmap.yaml": &cm} {
+		b, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(b, v); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	return &ds, &cm
+}
+
+// cniNetns lists the pod namespaces containerd made (cni-*).
+func cniNetns(t *testing.T) map[string]bool {
+	m := map[string]bool{}
+	ents, _ := os.ReadDir("/var/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "cni-") {
+			m[e.Name()] = true
+		}
+	}
+	return m
+}
+
+// expectState counts what pods leave on the node: host veths, IPAM
+// allocations, libcni cache entries and portmap's per-pod DNAT chains. With
+// present it wants at least n of each, else none at all.
+func (c *cri) expectState(n int, present bool) {
+	t := c.t
+	t.Helper()
+	veths := 0
+	if out := strings.TrimSpace(testenv.MustIP(t, c.node, "-o", "link", "show", "type", "veth")); out != "" {
+		veths = len(strings.Split(out, "\n"))
+	}
+	allocs := 0
+	ents, _ := os.ReadDir(filepath.Join(c.dataDir, c.net))
+	for _, e := range ents {
+		if net.ParseIP(e.Name()) != nil {
+			allocs++
+		}
+	}
+	cache, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", c.net+"-*"))
+	var rules bytes.Buffer
+	cmd := exec.Command("iptables-save", "-t", "nat")
+	cmd.Stdout = &rules
+	if err := testenv.InNS(c.node, cmd.Run); err != nil {
+		t.Fatalf("iptables-save in the node: %v", err)
+	}
+	chains := len(regexp.MustCompile(`(?m)^:CNI-DN-`).FindAllString(rules.String(), -1))
+	got := map[string]int{"host veths": veths, "IPAM allocations": allocs, "libcni cache entries": len(cache)}
+	if present {
+		for what, k := range got {
+			if k < n {
+				t.Errorf("%d pods running but %d %s", n, k, what)
+			}
+		}
+		if chains == 0 {
+			t.Errorf("a pod with a hostPort runs but portmap made no CNI-DN- chain:\n%s", rules.String())
+		}
+		return
+	}
+	for what, k := range got {
+		if k != 0 {
+			t.Errorf("every pod removed but %d %s left", k, what)
+		}
+	}
+	if chains != 0 {
+		t.Errorf("every pod removed but %d CNI-DN- chains left:\n%s", chains, rules.String())
+	}
+}
+
+// checkDELs reads the plugin's log: every verb succeeded, and the runtime
+// repeated DEL with an empty CNI_NETNS (what containerd does on
+// RemovePodSandbox, and on StopPodSandbox once the netns is gone).
+func (c *cri) checkDELs(pods int) {
+	t := c.t
+	b, err := os.ReadFile(c.logFile)
+	if err != nil {
+		t.Fatalf("plugin log: %v", err)
+	}
+	dels, emptyNetns := 0, 0
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var l struct {
+			Msg, Level, Netns, Result, Plugin string
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Errorf("plugin log line %q: %v", line, err)
+			continue
+		}
+		if l.Level != "INFO" {
+			t.Errorf("plugin logged a failure: %s", line)
+		}
+		if l.Plugin == "village" && strings.HasPrefix(l.Msg, "DEL") {
+			dels++
+			if l.Netns == "" {
+				emptyNetns++
+			}
+		}
+	}
+	t.Logf("plugin log: %d DELs for %d pods, %d with an empty CNI_NETNS", dels, pods, emptyNetns)
+	if dels < pods || emptyNetns == 0 {
+		t.Errorf("want at least one DEL per pod (%d) and some with an empty CNI_NETNS; got %d DELs, %d with empty netns", pods, dels, emptyNetns)
+	}
+}
