@@ -89,7 +89,7 @@ func Write(w io.Writer, img Image) error {
 		return fmt.Errorf("layer of image %q: %w", img.Name, err)
 	}
 	var gz bytes.Buffer
-	zw, err := gzip.NewWriterLevel(&gz, gzip.BestCompression)
+	zw, err := gzip.NewWriterLevel(&gz, gzip.DefaultCompression)
 	if err != nil {
 		return err
 	}
