@@ -122,7 +122,7 @@ func (c *Conf) staticPeers() []overlay.Node { return village.StaticPeers(c.Backe
 
 // newReconciler opens the reconciler of the backend in this namespace.
 func (c *Conf) newReconciler() (*overlay.Reconciler, error) {
-	r, err := overlay.New(village.OverlayConfig(c.Backend))
+	r, err := overlay.New(village.OverlayConfig(c.Net.Name, c.Backend))
 	if err != nil {
 		return nil, fmt.Errorf("backend %s of network %q: %w", c.Backend.Type, c.Net.Name, err)
 	}

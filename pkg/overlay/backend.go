@@ -10,8 +10,9 @@ import (
 
 // env is what a backend may look at to decide how a peer is reached.
 type env struct {
-	u    underlay
-	vtep linkRef // zero when the mode has no VXLAN device (or Status finds it missing)
+	u      underlay
+	vtep   linkRef // zero when the mode has no VXLAN device (or Status finds it missing)
+	metric int     // the network's route metric
 }
 
 // linkRef names a link for building objects before it may exist.
@@ -207,6 +208,7 @@ func (p *planner) addCIDR(peer Node, cidr *net.IPNet) {
 		p.hold(peer, cidr)
 		return
 	}
+	h.route.metric = p.e.metric
 	p.d.routes[h.route.key()] = h.route
 	if h.neigh != nil {
 		p.d.neighs[h.neigh.key()] = *h.neigh

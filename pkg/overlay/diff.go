@@ -52,9 +52,9 @@ func addEntries[E entry](r *Reconciler, rc *recorder, wanted map[string]E, have 
 func (r *Reconciler) addRoutes(rc *recorder, d desired, o observed) {
 	for _, k := range sortedKeys(d.routes) {
 		want := d.routes[k]
-		if f, ok := o.foreign[routeSlot(k, want.priority())]; ok {
+		if f := o.blocker(want); f != nil {
 			c := Change{OpAdd, want.object()}
-			_ = rc.fail(c, fmt.Errorf("%s: a route of protocol %s is already there (%s): %w", c, f.Protocol, f, ErrConflict))
+			_ = rc.fail(c, conflictErr(c, f))
 			continue
 		}
 		op := OpAdd
@@ -108,6 +108,15 @@ func (r *Reconciler) deleteFDBs(rc *recorder, d desired, o observed) {
 		c := Change{OpDelete, Object{Kind: KindFDB, Desc: fmt.Sprintf("%s dst %s dev %s", have.HardwareAddr, have.IP, o.devs[have.LinkIndex])}}
 		_ = rc.do(c, func() error { return ignoreGone(r.h.NeighDel(spec)) })
 	}
+}
+
+// conflictErr is the failure of adding a route where someone else's is.
+func conflictErr(c Change, f *netlink.Route) error {
+	whose := "of protocol " + f.Protocol.String()
+	if f.Protocol == RouteProtocol {
+		whose = fmt.Sprintf("of another Village network (metric %d)", f.Priority)
+	}
+	return fmt.Errorf("%s: a route %s is already there (%s): %w", c, whose, f, ErrConflict)
 }
 
 func ignoreGone(err error) error {

@@ -49,13 +49,19 @@
 //
 // # What is owned
 //
-//   - routes in the main table carrying protocol [RouteProtocol] (86, 'V'),
-//     except those on another network's VXLAN device (village.<other vni>);
-//     routes of any other protocol are never changed or deleted, and a
-//     foreign route sitting exactly where a peer route would go is reported
-//     as a conflict (ErrConflict) rather than replaced;
-//   - the device village.<vni>, its addresses, and every permanent neighbour
-//     and FDB entry on it.
+//   - routes in the main table carrying protocol [RouteProtocol] (86, 'V')
+//     and the network's metric ([Metric] of [Config.Network]): routes of
+//     other protocols and of other networks are never changed or deleted,
+//     and someone else's route at a peer route's destination that the
+//     kernel would prefer (metric no higher) is reported as a conflict
+//     (ErrConflict) rather than replaced;
+//   - the device village.<vni> when it carries the network's alias
+//     ([Alias]), its addresses, and every permanent neighbour and FDB entry
+//     on it. A device with another network's alias is a conflict (the pass
+//     stops before writing anything); one without an alias (made before
+//     devices had one) is taken over by a network that needs a device and
+//     left alone by the others, as are routes with protocol 86 and the
+//     kernel's default metric unless they go where this network routes.
 //
 // # Reconciling and repairing drift
 //

@@ -3,8 +3,6 @@ package overlay
 import (
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -16,11 +14,11 @@ const dumpRetries = 5
 
 // observed is what the kernel has, read with one dump per kind.
 type observed struct {
-	owned   []netlink.Route          // our protocol, in this network's scope
-	foreign map[string]netlink.Route // other protocols, by routeSlot
-	neighs  []netlink.Neigh          // permanent entries on the VXLAN device
-	fdbs    []netlink.Neigh          // permanent entries with a destination on it
-	devs    map[int]string           // link names of owned routes
+	owned  []netlink.Route            // this network's: our protocol and metric
+	others map[string][]netlink.Route // everyone else's (other protocols, other networks), by destination
+	neighs []netlink.Neigh            // permanent entries on the VXLAN device
+	fdbs   []netlink.Neigh            // permanent entries with a destination on it
+	devs   map[int]string             // link names of owned routes
 
 	// indexes of the above by the kernel's identity of each kind
 	ownedByDst map[string][]netlink.Route
@@ -43,17 +41,31 @@ func (o *observed) index() {
 	}
 }
 
-// routeSlot is what the kernel matches on when replacing a route.
-func routeSlot(dst string, priority int) string { return dst + "|" + strconv.Itoa(priority) }
+// blocker is a route of someone else at want's destination that the kernel
+// would prefer to want (a metric no higher), nil when there is none.
+func (o *observed) blocker(want route) *netlink.Route {
+	for _, rt := range o.others[want.key()] {
+		if rt.Priority <= want.priority() {
+			return &rt
+		}
+	}
+	return nil
+}
 
-func (r *Reconciler) observe(vtep linkRef, known ...linkRef) (observed, error) {
-	o := observed{foreign: map[string]netlink.Route{}, devs: map[int]string{}}
+// observe reads the routes, and the neighbour and FDB entries of vtep.
+// wanted are the routes the pass plans: a route Village made before routes
+// carried the network's metric (protocol RouteProtocol, the kernel's
+// default metric) is taken over as this network's when it goes to one of
+// those destinations or lies on this network's VXLAN device, so an upgrade
+// replaces it instead of leaving it in front of the new one.
+func (r *Reconciler) observe(vtep linkRef, wanted map[string]route, known ...linkRef) (observed, error) {
+	o := observed{others: map[string][]netlink.Route{}, devs: map[int]string{}}
 	for _, l := range append(known, vtep) {
 		if l.index != 0 {
 			o.devs[l.index] = l.name
 		}
 	}
-	if err := r.observeRoutes(&o); err != nil {
+	if err := r.observeRoutes(&o, vtep, wanted); err != nil {
 		return o, err
 	}
 	if vtep.index != 0 {
@@ -69,37 +81,38 @@ func (r *Reconciler) observe(vtep linkRef, known ...linkRef) (observed, error) {
 	return o, nil
 }
 
-func (r *Reconciler) observeRoutes(o *observed) error {
+func (r *Reconciler) observeRoutes(o *observed, vtep linkRef, wanted map[string]route) error {
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		routes, err := r.routeDump(fam)
 		if err != nil {
 			return err
 		}
 		for _, rt := range routes {
-			switch {
-			case rt.Dst == nil:
-				// default routes are never ours and never in the way
-			case rt.Protocol != RouteProtocol:
-				o.foreign[routeSlot(rt.Dst.String(), rt.Priority)] = rt
-			case r.inScope(o, rt.LinkIndex):
-				o.owned = append(o.owned, rt)
+			if rt.Dst == nil {
+				continue // default routes are never ours and never in the way
 			}
+			_, want := wanted[rt.Dst.String()]
+			legacy := rt.Protocol == RouteProtocol && rt.Priority == defaultPriority(rt.Dst.IP) &&
+				(want || (vtep.index != 0 && rt.LinkIndex == vtep.index))
+			if (rt.Protocol == RouteProtocol && rt.Priority == r.metric) || legacy {
+				o.owned = append(o.owned, rt)
+				r.linkName(o, rt.LinkIndex)
+				continue
+			}
+			o.others[rt.Dst.String()] = append(o.others[rt.Dst.String()], rt)
 		}
 	}
 	return nil
 }
 
-// inScope reports whether an owned route belongs to this network: anything
-// with our protocol except routes on another network's VXLAN device.
-func (r *Reconciler) inScope(o *observed, index int) bool {
-	name, ok := o.devs[index]
-	if !ok {
-		if link, err := r.h.LinkByIndex(index); err == nil {
-			name = link.Attrs().Name
-		}
-		o.devs[index] = name
+// linkName records the name of a link owned routes are on (for reports).
+func (r *Reconciler) linkName(o *observed, index int) {
+	if _, ok := o.devs[index]; ok {
+		return
 	}
-	return !strings.HasPrefix(name, DevicePrefix) || name == r.Device()
+	if link, err := r.h.LinkByIndex(index); err == nil {
+		o.devs[index] = link.Attrs().Name
+	}
 }
 
 // routeDump lists the main table's routes of one family.

@@ -16,13 +16,16 @@ type route struct {
 	gw     net.IP
 	link   linkRef
 	onlink bool
+	metric int // the network's Metric
 }
 
 func (rt route) key() string { return rt.dst.String() }
 
-// priority is what the kernel stores for a route added without a metric.
-func (rt route) priority() int { return defaultPriority(rt.dst.IP) }
+// priority is the route's metric: the network's.
+func (rt route) priority() int { return rt.metric }
 
+// defaultPriority is what the kernel stores for a route added without a
+// metric, as Village did before routes carried the network's metric.
 func defaultPriority(ip net.IP) int {
 	if isV4(ip) {
 		return 0
@@ -44,6 +47,7 @@ func (rt route) spec() *netlink.Route {
 		Dst:       rt.dst,
 		Gw:        rt.gw,
 		Protocol:  RouteProtocol,
+		Priority:  rt.metric,
 		Table:     unix.RT_TABLE_MAIN,
 		Type:      unix.RTN_UNICAST,
 		Scope:     netlink.SCOPE_UNIVERSE,

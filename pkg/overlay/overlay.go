@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"strconv"
 	"sync"
@@ -64,6 +65,11 @@ type Config struct {
 	VNI      int    // 0 = DefaultVNI
 	Port     int    // 0 = DefaultPort
 	MTU      int    // VXLAN device MTU; 0 = underlay MTU less the VXLAN overhead
+	// Network names the network these objects belong to (the conflist's
+	// name). It sets the metric of every route ([Metric]) and the alias of
+	// the VXLAN device ([Alias]), which is how a network tells its objects
+	// from another network's on the same node.
+	Network string
 	// NetNS is the path of the network namespace to manage ("" = the
 	// namespace of the thread calling New). Sockets are bound to it once, so
 	// the Reconciler can be used from any goroutine.
@@ -100,6 +106,24 @@ func (c Config) normalize() (Config, error) {
 // DeviceName is the VXLAN device of a VNI: village.<vni>.
 func DeviceName(vni int) string { return DevicePrefix + strconv.Itoa(vni) }
 
+// Metric is the metric of every route of network: 0x56 (RouteProtocol) in
+// the top byte, the low 24 bits of the FNV-1a hash of the name below. The
+// kernel stores a route's metric for IPv4 and IPv6 alike (unlike the realm,
+// which IPv6 drops), it is part of the route's identity (two networks'
+// routes to one destination are two routes, not one replaced by the other),
+// and between routes to different destinations it changes nothing. A route
+// is this network's when it has protocol RouteProtocol and this metric.
+func Metric(network string) int {
+	h := fnv.New32a()
+	h.Write([]byte(network))
+	return int(uint32(RouteProtocol)<<24 | h.Sum32()&0xffffff)
+}
+
+// Alias is the interface alias (IFLA_IFALIAS) the VXLAN device of network
+// carries: the kernel keeps it with the device, so a network only changes or
+// removes a device with its own alias.
+func Alias(network string) string { return "village network " + network }
+
 // DeriveMAC is the VTEP MAC of a node with underlay address ip: 0e:76
 // (locally administered, unicast) followed by the IPv4 address, or by the
 // first four bytes of the SHA-256 of an IPv6 address. Every node computes
@@ -127,7 +151,8 @@ func Overhead(underlayIP net.IP) int {
 // the netlink socket; Set leaves a baseline (the peers and plan it applied)
 // that only Update uses. Calls are serialized.
 type Reconciler struct {
-	cfg Config
+	cfg    Config
+	metric int // Metric(cfg.Network)
 
 	mu   sync.Mutex
 	h    *netlink.Handle
@@ -144,7 +169,7 @@ func New(cfg Config) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reconciler{cfg: cfg, h: h}, nil
+	return &Reconciler{cfg: cfg, metric: Metric(cfg.Network), h: h}, nil
 }
 
 func openHandle(path string) (*netlink.Handle, error) {

@@ -83,7 +83,7 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 		return outcome{}, errClosed
 	}
 	if mode == ModeNone {
-		d, _ := plan(nil, env{}, self, peers)
+		d, _ := plan(nil, env{metric: r.metric}, self, peers)
 		return outcome{d: d}, r.sweep(rc)
 	}
 	u, err := r.resolveUnderlay(self)
@@ -91,16 +91,19 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 		return outcome{}, err
 	}
 	out := outcome{underlay: u.name(), mtu: u.mtu()}
-	e := env{u: u}
+	e := env{u: u, metric: r.metric}
 	needsVTEP := mode != ModeHostGW
 	if needsVTEP {
+		if _, _, err := r.ownVTEP(); err != nil {
+			return out, err
+		}
 		spec := r.vtepSpecFor(u, self)
 		e.vtep = r.ensureVTEP(rc, spec)
 		out.device, out.mtu = spec.name, spec.mtu
 	}
 	d, problems := plan(backendFor(mode), e, self, peers)
 	out.problems, out.env, out.d = problems, e, d
-	o, err := r.observe(e.vtep, linkRef{index: u.link.Attrs().Index, name: u.name()})
+	o, err := r.observe(e.vtep, d.routes, linkRef{index: u.link.Attrs().Index, name: u.name()})
 	if err != nil {
 		return out, err
 	}
@@ -111,9 +114,13 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 	return out, nil
 }
 
-// sweep deletes every owned route and the VXLAN device.
+// sweep deletes every route of this network and its VXLAN device.
 func (r *Reconciler) sweep(rc *recorder) error {
-	o, err := r.observe(linkRef{})
+	var vtep linkRef
+	if link, mine, _ := r.ownVTEP(); mine {
+		vtep = linkRef{index: link.Attrs().Index, name: link.Attrs().Name}
+	}
+	o, err := r.observe(vtep, nil)
 	if err != nil {
 		return err
 	}

@@ -175,15 +175,22 @@ func (r *Reconciler) applyKnown(rc *recorder, old, d desired) {
 }
 
 // addRoute adds a route at a destination this network had no route to.
-// NLM_F_EXCL never overwrites: when the slot is taken, one FIB lookup tells
-// whose route is there. Ours (left over, e.g. by a peer held for a conflict)
-// is replaced; another protocol's is a conflict, as in Set. When the lookup
-// cannot tell (a more specific or lower-metric route answers it), the
-// family's routes are dumped once to decide.
+// Someone else's route at that destination that the kernel would prefer
+// (another protocol, or another Village network, with a metric no higher)
+// is a conflict, as in Set, and is left alone; one dump of the family tells.
+// NLM_F_EXCL never overwrites: a route of ours already in the slot (left
+// over, e.g. by a peer held for a conflict) is replaced.
 func (r *Reconciler) addRoute(rc *recorder, want route) {
 	c := Change{OpAdd, want.object()}
 	if rc.dry {
 		_ = rc.do(c, nil)
+		return
+	}
+	if f, err := r.blockerOf(want); err != nil || f != nil {
+		if err == nil {
+			err = conflictErr(c, f)
+		}
+		_ = rc.fail(c, fmt.Errorf("%s: %w", c, err))
 		return
 	}
 	err := r.h.RouteAdd(want.spec())
@@ -191,36 +198,29 @@ func (r *Reconciler) addRoute(rc *recorder, want route) {
 		_ = rc.do(c, func() error { return err })
 		return
 	}
-	slot, err := r.slotRoute(want)
-	if err != nil {
-		_ = rc.fail(c, fmt.Errorf("%s: %w", c, err))
-		return
-	}
-	if slot != nil && slot.Protocol != RouteProtocol {
-		_ = rc.fail(c, fmt.Errorf("%s: a route of protocol %s is already there (%s): %w", c, slot.Protocol, slot, ErrConflict))
-		return
-	}
 	c.Op = OpReplace
 	_ = rc.do(c, func() error { return r.h.RouteReplace(want.spec()) })
 }
 
-// slotRoute returns the main-table route in want's slot (same destination
-// and metric), nil when there is none.
-func (r *Reconciler) slotRoute(want route) (*netlink.Route, error) {
+// blockerOf is the route of someone else at want's destination the kernel
+// would prefer to want, nil when there is none. One FIB lookup answers when
+// the best route for the destination's address is exactly at want's
+// destination; otherwise the family's routes are dumped once.
+func (r *Reconciler) blockerOf(want route) (*netlink.Route, error) {
 	got, err := r.h.RouteGetWithOptions(want.dst.IP, &netlink.RouteGetOptions{FIBMatch: true})
-	if err == nil {
-		for _, rt := range got {
-			if rt.Dst != nil && rt.Dst.String() == want.key() && rt.Priority == want.priority() && rt.Table == unix.RT_TABLE_MAIN {
-				return &rt, nil
-			}
+	if err == nil && len(got) == 1 && got[0].Dst != nil && got[0].Dst.String() == want.key() && got[0].Table == unix.RT_TABLE_MAIN {
+		if rt := got[0]; rt.Priority < want.priority() || (rt.Priority == want.priority() && rt.Protocol != RouteProtocol) {
+			return &rt, nil
 		}
+		return nil, nil
 	}
 	routes, err := r.routeDump(family(want.dst.IP))
 	if err != nil {
 		return nil, err
 	}
 	for _, rt := range routes {
-		if rt.Dst != nil && rt.Dst.String() == want.key() && rt.Priority == want.priority() {
+		if rt.Dst != nil && rt.Dst.String() == want.key() && rt.Priority <= want.priority() &&
+			(rt.Protocol != RouteProtocol || rt.Priority != want.priority()) {
 			return &rt, nil
 		}
 	}

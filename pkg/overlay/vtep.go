@@ -19,6 +19,7 @@ type vtepSpec struct {
 	underlay int // link index the device is bound to
 	mtu      int
 	mac      net.HardwareAddr
+	alias    string       // Alias(network): whose device it is
 	addrs    []*net.IPNet // the VTEP addresses: network address of each own pod subnet
 }
 
@@ -31,6 +32,7 @@ func (r *Reconciler) vtepSpecFor(u underlay, self Node) vtepSpec {
 		underlay: u.link.Attrs().Index,
 		mtu:      r.cfg.MTU,
 		mac:      self.VtepMAC,
+		alias:    r.alias(),
 	}
 	if s.mtu == 0 {
 		s.mtu = u.mtu() - Overhead(u.ip)
@@ -59,7 +61,7 @@ func (s vtepSpec) fits(l netlink.Link) bool {
 
 func (s vtepSpec) link() *netlink.Vxlan {
 	return &netlink.Vxlan{
-		LinkAttrs:    netlink.LinkAttrs{Name: s.name, MTU: s.mtu, HardwareAddr: s.mac},
+		LinkAttrs:    netlink.LinkAttrs{Name: s.name, MTU: s.mtu, HardwareAddr: s.mac, Alias: s.alias},
 		VxlanId:      s.vni,
 		VtepDevIndex: s.underlay,
 		SrcAddr:      s.local,
@@ -123,6 +125,11 @@ func (r *Reconciler) fixVTEPLink(rc *recorder, s vtepSpec, link netlink.Link) {
 		c := Change{OpReplace, Object{Kind: KindDevice, Desc: fmt.Sprintf("%s address %s (was %s)", s.name, s.mac, a.HardwareAddr)}}
 		_ = rc.do(c, func() error { return r.h.LinkSetHardwareAddr(link, s.mac) })
 	}
+	if a.Alias != s.alias {
+		// only an alias-less device gets here (ownVTEP refuses another network's)
+		c := Change{OpReplace, Object{Kind: KindDevice, Desc: fmt.Sprintf("%s alias %q (was %q)", s.name, s.alias, a.Alias)}}
+		_ = rc.do(c, func() error { return r.h.LinkSetAlias(link, s.alias) })
+	}
 	if a.Flags&net.FlagUp == 0 {
 		c := Change{OpReplace, Object{Kind: KindDevice, Desc: s.name + " up"}}
 		_ = rc.do(c, func() error { return r.h.LinkSetUp(link) })
@@ -162,13 +169,49 @@ func (r *Reconciler) fixVTEPAddrs(rc *recorder, s vtepSpec, link netlink.Link) {
 	}
 }
 
-// removeVTEP deletes the device (and with it every neighbour, FDB entry and
-// route on it) when present.
-func (r *Reconciler) removeVTEP(rc *recorder) {
-	link, err := r.h.LinkByName(r.Device())
+// alias is the alias of this network's VXLAN device, cut to the kernel's
+// limit (IFALIASZ 256 with the NUL).
+func (r *Reconciler) alias() string {
+	a := Alias(r.cfg.Network)
+	if len(a) > 255 {
+		a = a[:255]
+	}
+	return a
+}
+
+// ownVTEP looks up the device named for this network's VNI and says whose
+// it is: an error wrapping ErrConflict when it carries another network's
+// alias (two networks with one VNI would also share it on the wire, so
+// each network needs its own); nil link when there is none. A device
+// without an alias was made by Village before devices carried one: a
+// network with a VXLAN device takes it over, no other network removes it.
+func (r *Reconciler) ownVTEP() (link netlink.Link, mine bool, err error) {
+	link, err = r.h.LinkByName(r.Device())
 	if err != nil {
-		if !linkNotFound(err) {
-			_ = rc.fail(Change{OpDelete, Object{Kind: KindDevice, Desc: r.Device()}}, fmt.Errorf("looking up device %s: %w", r.Device(), err))
+		if linkNotFound(err) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("looking up device %s: %w", r.Device(), err)
+	}
+	switch alias := link.Attrs().Alias; alias {
+	case r.alias():
+		return link, true, nil
+	case "":
+		return link, false, nil
+	default:
+		return link, false, fmt.Errorf("device %s (vni %d) belongs to another network (alias %q); give network %q its own vni: %w",
+			r.Device(), r.cfg.VNI, alias, r.cfg.Network, ErrConflict)
+	}
+}
+
+// removeVTEP deletes this network's device (and with it every neighbour,
+// FDB entry and route on it) when present. Another network's device, or
+// one without an owner, stays.
+func (r *Reconciler) removeVTEP(rc *recorder) {
+	link, mine, err := r.ownVTEP()
+	if link == nil || !mine {
+		if err != nil && !errors.Is(err, ErrConflict) {
+			_ = rc.fail(Change{OpDelete, Object{Kind: KindDevice, Desc: r.Device()}}, err)
 		}
 		return
 	}

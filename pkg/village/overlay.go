@@ -25,9 +25,10 @@ func StaticPeers(b *netconf.Backend) []overlay.Node {
 	return peers
 }
 
-// OverlayConfig is the reconciler configuration of a backend section.
-func OverlayConfig(b *netconf.Backend) overlay.Config {
-	return overlay.Config{Mode: overlay.Mode(b.Type), Underlay: b.Underlay, VNI: b.VNI, Port: b.Port}
+// OverlayConfig is the reconciler configuration of network's backend
+// section (network names the objects' owner: route metric, device alias).
+func OverlayConfig(network string, b *netconf.Backend) overlay.Config {
+	return overlay.Config{Mode: overlay.Mode(b.Type), Underlay: b.Underlay, VNI: b.VNI, Port: b.Port, Network: network}
 }
 
 // podSubnets returns the subnets of addresses (this node's pod subnets).
@@ -49,7 +50,7 @@ func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
 	if b == nil || b.Type == netconf.BackendNone {
 		return 0, nil
 	}
-	r, err := overlay.New(OverlayConfig(b))
+	r, err := overlay.New(OverlayConfig(conf.Name, b))
 	if err != nil {
 		return 0, fmt.Errorf("backend %s: %w", b.Type, err)
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/village-cni/village/internal/etcdtest"
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/overlay"
 )
 
 // The registry scenario: a namespace LAN, etcd in a "LAN host" namespace on
@@ -324,7 +325,8 @@ func (lab *agentLab) repairAndStatus(subnets []string) {
 	// A route changed by hand sends no deletion event: the periodic pass
 	// puts it right.
 	vtep3 := strings.TrimSuffix(subnets[2], "/24")
-	testenv.MustIP(t, n1.NS, "route", "change", subnets[1], "via", vtep3, "dev", "village.9", "onlink", "proto", "86")
+	testenv.MustIP(t, n1.NS, "route", "change", subnets[1], "via", vtep3, "dev", "village.9", "onlink", "proto", "86",
+		"metric", fmt.Sprint(overlay.Metric("agt")))
 	d = waitFor(t, 20*time.Second, "the route changed by hand is corrected by the periodic pass", func() (bool, string) {
 		r := n1.routes(t)
 		return strings.Contains(r, subnets[1]+" via "+vtep2+" "), r
