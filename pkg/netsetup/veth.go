@@ -327,6 +327,48 @@ func OwnedBy(l netlink.Link, containerID string) bool {
 	return l.Attrs().Alias == ownerAlias(containerID)
 }
 
+// OwnedLink returns the pod link name when Village made it for containerID,
+// nil when it is missing or someone else's. Made for containerID means
+// tagged with it, or (hostName not empty) an untagged veth whose peer is the
+// host end hostName: what an ADD killed before tagging leaves (see adopt).
+func (p *Pod) OwnedLink(name, containerID, hostName string) (netlink.Link, error) {
+	l, err := p.LinkByName(name)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	if OwnedBy(l, containerID) {
+		return l, nil
+	}
+	if _, veth := l.(*netlink.Veth); !veth || hostName == "" || l.Attrs().Alias != "" {
+		return nil, nil
+	}
+	host, err := netlinksafe.LinkByName(hostName)
+	if isNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("failed to look up %q: %w", hostName, err)
+	}
+	if host.Attrs().ParentIndex != l.Attrs().Index || l.Attrs().ParentIndex != host.Attrs().Index {
+		return nil, nil
+	}
+	return l, nil
+}
+
+// DeleteOwnedLink removes the pod link name only when OwnedLink says it is
+// containerID's: an interface of that name that another container (or
+// anything else) made stays. Missing is fine.
+func (p *Pod) DeleteOwnedLink(name, containerID, hostName string) error {
+	l, err := p.OwnedLink(name, containerID, hostName)
+	if err != nil || l == nil {
+		return err
+	}
+	if err := p.h.LinkDel(l); err != nil && !isNotFound(err) {
+		return fmt.Errorf("failed to delete %q in netns %q: %w", name, p.Path, err)
+	}
+	return nil
+}
+
 // OpenPodCNI is OpenPod with its failures as CNI errors (see PodError).
 func OpenPodCNI(path string) (*Pod, error) {
 	pod, err := OpenPod(path)

@@ -111,6 +111,10 @@ func (a *adder) ipam() ipamCall {
 }
 
 func (a *adder) allocate() error {
+	live, err := a.live(a.args.IfName, netsetup.HostVethName(a.args.ContainerID, a.args.IfName))
+	if err != nil {
+		return err
+	}
 	ctx, cancel := ipamTimeout()
 	defer cancel()
 	call := a.ipam()
@@ -118,14 +122,33 @@ func (a *adder) allocate() error {
 	if err != nil {
 		return err
 	}
-	a.undo.Push(fmt.Sprintf("release addresses of %q through IPAM %q", a.args.IfName, call.Type), func() error {
+	a.pushRelease(live, fmt.Sprintf("release addresses of %q through IPAM %q", a.args.IfName, call.Type), call)
+	a.result = res
+	a.fillGateways()
+	return nil
+}
+
+// live reports whether a previous ADD of this container made the pod
+// interface ifName (its owner tag is there): this ADD is then a retry of an
+// attachment that lives, and the IPAM plugin hands back the addresses it
+// already holds.
+func (a *adder) live(ifName, hostName string) (bool, error) {
+	l, err := a.pod.OwnedLink(ifName, a.args.ContainerID, hostName)
+	return l != nil, err
+}
+
+// pushRelease registers the IPAM DEL that undoes a failed ADD, unless the
+// addresses belong to a live attachment: a failed retry must not take them
+// from the pod that holds them.
+func (a *adder) pushRelease(live bool, what string, call ipamCall) {
+	if live {
+		return
+	}
+	a.undo.Push(what, func() error {
 		ctx, cancel := ipamTimeout()
 		defer cancel()
 		return call.Del(ctx)
 	})
-	a.result = res
-	a.fillGateways()
-	return nil
 }
 
 // fillGateways gives every address the gateway the reference bridge would

@@ -72,21 +72,25 @@ func firstCoded(errs []error) error {
 	return errors.Join(errs...)
 }
 
-// deleteLinks removes the pod's veth. Deleting the pod end takes the host
-// end with it; the host end is also removed by name for the case where the
-// pod end is gone or was moved.
+// deleteLinks removes the pod's veth and LAN interface, each only when
+// Village made it for this container (its owner tag): after an ADD refused
+// because another container's eth0 was there, the runtime's DEL must leave
+// that eth0 alone. Deleting the pod end takes the host end with it; the host
+// end (named from this attachment) is also removed by name for the case
+// where the pod end is gone or was moved.
 func deleteLinks(conf *netconf.NetConf, args *skel.CmdArgs) error {
+	hostName := netsetup.HostVethName(args.ContainerID, args.IfName)
 	if args.Netns != "" {
 		pod, err := netsetup.OpenPod(args.Netns)
 		switch {
 		case err == nil:
 			defer pod.Close()
 			if conf.LAN != nil {
-				if err := pod.DeleteLink(conf.LAN.IfName); err != nil {
+				if err := pod.DeleteOwnedLink(conf.LAN.IfName, args.ContainerID, ""); err != nil {
 					return err
 				}
 			}
-			if err := pod.DeleteLink(args.IfName); err != nil {
+			if err := pod.DeleteOwnedLink(args.IfName, args.ContainerID, hostName); err != nil {
 				return err
 			}
 		case netsetup.IsGone(err):
@@ -95,7 +99,7 @@ func deleteLinks(conf *netconf.NetConf, args *skel.CmdArgs) error {
 			return netsetup.PodError(args.Netns, err) // the host's own namespace: code 8
 		}
 	}
-	return netsetup.DeleteHostLink(netsetup.HostVethName(args.ContainerID, args.IfName))
+	return netsetup.DeleteHostLink(hostName)
 }
 
 // Status is the CNI STATUS verb: ready when every IPAM plugin is.

@@ -31,17 +31,17 @@ func (a *adder) addLAN() error {
 		return err
 	}
 	call := calls[len(calls)-1]
+	live, err := a.live(lan.IfName, "")
+	if err != nil {
+		return err
+	}
 	ctx, cancel := ipamTimeout()
 	defer cancel()
 	res, err := call.Add(ctx)
 	if err != nil {
 		return fmt.Errorf("LAN interface %q: %w", lan.IfName, err)
 	}
-	a.undo.Push(fmt.Sprintf("release LAN addresses of %q", lan.IfName), func() error {
-		ctx, cancel := ipamTimeout()
-		defer cancel()
-		return call.Del(ctx)
-	})
+	a.pushRelease(live, fmt.Sprintf("release LAN addresses of %q", lan.IfName), call)
 	link, err := a.ensureLANLink(master.Attrs().Name, lan, func() error {
 		return macvlan.Create(macvlan.PodLink{Master: master, Conf: lan, PodNSFd: int(a.pod.NS().Fd())})
 	})
