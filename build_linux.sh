@@ -22,7 +22,7 @@ go build -trimpath -ldflags "$LDFLAGS" -o bin/ "${pkgs[@]}"
 # "tool" dependencies; build them side by side for comparison and chaining.
 go build -trimpath -ldflags "-s -w" -o bin/ref/ tool
 cp bin/ref/cnitool bin/cnitool
-echo "built $(ls bin | grep -v '^ref$' | tr '\n' ' ')(version ${VERSION}); reference plugins in bin/ref"
+echo "built $(ls bin | grep -v -e '^ref$' -e '\.tar$' | tr '\n' ' ')(version ${VERSION}); reference plugins in bin/ref"
 
 if [ "${1:-}" = image ]; then
   go run -trimpath ./internal/ociimage/mkimage -bin bin -o bin/village-image.tar

@@ -4,10 +4,12 @@
 # everything, then runs bench/cmd/cnibench, which alternates the two suites
 # (A B A B) and prints a Markdown table of medians and ratios (see
 # docs/performance.md). It touches only namespaces it makes (named
-# cnib<pid>-*) and temp directories, and removes them when it ends.
+# cnib<pid>-*) and temp directories, and removes them when it ends. The
+# runtime row starts one private containerd per suite inside those namespaces
+# (internal/crienv) and times RunPodSandbox/StopPodSandbox over CRI.
 #
 #   sudo ./scripts/bench.sh                 # everything, a few minutes on 2 cores
-#   sudo ./scripts/bench.sh -only latency   # one section (latency,burst,scale,memory,overlay,throughput)
+#   sudo ./scripts/bench.sh -only latency   # one section (latency,burst,scale,memory,overlay,throughput,runtime)
 #   sudo ./scripts/bench.sh -v              # also every sample series
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
@@ -15,9 +17,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 [ "$(id -u)" = 0 ] || { echo "bench.sh: run as root (it makes network namespaces)" >&2; exit 1; }
-for tool in ip iptables iperf3; do
-  command -v "$tool" >/dev/null || { echo "bench.sh: needs '$tool' (apt-get install -y iproute2 iptables iperf3)" >&2; exit 1; }
+for tool in ip iptables iperf3 containerd runc; do
+  command -v "$tool" >/dev/null || { echo "bench.sh: needs '$tool' (apt-get install -y iproute2 iptables iperf3 containerd runc)" >&2; exit 1; }
 done
+crictl=$(./scripts/crictl.sh)
 
 ./build_linux.sh >&2
 # Run from a private copy of the binaries, so a rebuild of ./bin by someone
@@ -35,4 +38,4 @@ ls -l "$work"/bin/village "$work"/bin/village-ipam "$work"/bin/ref/bridge "$work
   | awk '{printf "binary %-12s %6.1f MB\n", $NF, $5/1048576}' | sed "s|$work/||" >&2
 
 "$work/cnibench" -bin "$work/bin" -ref "$work/bin/ref" -cnitool "$work/cnitool" \
-  -overlay-test "$work/overlay.test" "$@"
+  -overlay-test "$work/overlay.test" -crictl "$crictl" -module-root "$PWD" "$@"

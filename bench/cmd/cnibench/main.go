@@ -24,6 +24,8 @@ import (
 
 type options struct {
 	bin, ref, cnitool, overlayTest string
+	crictl, moduleRoot             string
+	criPods                        int
 	seq, burst, width, rounds      int
 	scale                          int
 	memRuns                        int
@@ -40,6 +42,9 @@ func main() {
 	flag.StringVar(&o.ref, "ref", "bin/ref", "directory of the reference plugins")
 	flag.StringVar(&o.cnitool, "cnitool", "bin/cnitool", "cnitool binary")
 	flag.StringVar(&o.overlayTest, "overlay-test", "", "compiled pkg/overlay test binary (go test -c); empty: skip the 1000-peer figures")
+	flag.StringVar(&o.crictl, "crictl", "", "crictl binary (scripts/crictl.sh); empty: skip the containerd runtime figures")
+	flag.StringVar(&o.moduleRoot, "module-root", ".", "the Village source tree (the pause image for the runtime figures is built from it)")
+	flag.IntVar(&o.criPods, "cri-pods", 15, "pods per suite started and stopped through containerd")
 	flag.IntVar(&o.seq, "seq", 30, "pods in the sequential ADD/DEL runs")
 	flag.IntVar(&o.burst, "burst", 30, "pods per burst")
 	flag.IntVar(&o.width, "width", 10, "concurrent operations in a burst")
@@ -49,14 +54,14 @@ func main() {
 	flag.IntVar(&o.overlayCount, "overlay-count", 5, "runs of pkg/overlay's TestMeasureScale")
 	flag.IntVar(&o.iperfSecs, "iperf-seconds", 3, "length of one iperf3 run")
 	flag.IntVar(&o.iperfRounds, "iperf-rounds", 3, "iperf3 runs per path and mode")
-	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,burst,scale,memory,overlay,throughput); empty: all")
+	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,burst,scale,memory,overlay,throughput,runtime); empty: all")
 	flag.BoolVar(&o.verbose, "v", false, "print every sample series")
 	flag.StringVar(&o.dataRoot, "data-root", "", "directory for the IPAM data directories (default: the run's temp dir; e.g. /dev/shm to take fsync cost out, for diagnosis)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fatal(fmt.Errorf("cnibench needs root: it makes network namespaces"))
 	}
-	for _, p := range []*string{&o.bin, &o.ref, &o.cnitool, &o.overlayTest} {
+	for _, p := range []*string{&o.bin, &o.ref, &o.cnitool, &o.overlayTest, &o.crictl, &o.moduleRoot} {
 		if *p != "" {
 			abs, err := filepath.Abs(*p)
 			if err != nil {
@@ -181,6 +186,11 @@ func benchmark(l *lab, o options) error {
 	}
 	if o.want("overlay") && o.overlayTest != "" {
 		if err := overlayScale(o, s, t); err != nil {
+			return err
+		}
+	}
+	if o.want("runtime") && o.crictl != "" {
+		if err := runtimeRow(l, o, v, r, s, t); err != nil {
 			return err
 		}
 	}
