@@ -133,6 +133,7 @@ func Start(o Options) (*Env, error) {
 //   - the native snapshotter: plain directories, works on any file system
 //     (overlayfs on overlayfs does not).
 //   - the stream server (crictl exec) listens on the node's loopback.
+//   - runc keeps its state under Dir too, apart from any system containerd.
 func (e *Env) config() string {
 	d := e.Dir
 	return fmt.Sprintf(`version = 2
@@ -168,12 +169,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        Root = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
     max_conf_num = 1
 `, filepath.Join(d, "root"), filepath.Join(d, "state"), e.Socket, e.Socket+".ttrpc",
-		filepath.Join(d, "opt"), e.SandboxImage, e.BinDir, e.ConfDir)
+		filepath.Join(d, "opt"), e.SandboxImage, filepath.Join(d, "runc"), e.BinDir, e.ConfDir)
 }
 
 // inNS runs f on a thread switched into the namespace at path; processes

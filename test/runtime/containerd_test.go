@@ -127,6 +127,11 @@ func TestContainerd(t *testing.T) {
 	// Something to clean up exists now: veths, allocations, cache entries,
 	// portmap's per-pod chain, netns.
 	c.expectState(len(pods), true)
+	for _, p := range pods {
+		if _, err := os.Stat(p.netns); err != nil {
+			t.Errorf("pod %s: its netns %s: %v", p.name, p.netns, err)
+		}
+	}
 
 	// A container in a pod: it shares the pod's network (crictl exec), and
 	// answers behind the hostPort the pod's config maps through portmap.
