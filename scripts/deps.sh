@@ -26,6 +26,11 @@ check() {
 }
 check demo
 [ "${DEPS_PROFILE:-full}" = demo ] || check full
+# The test images need the static busybox; Debian's busybox (dynamic) also
+# provides the command, so ask dpkg for the package itself.
+if [ "${DEPS_PROFILE:-full}" != demo ] && command -v dpkg >/dev/null && ! dpkg -s busybox-static >/dev/null 2>&1; then
+  [[ " ${missing[*]} " == *" busybox-static "* ]] || missing+=(busybox-static)
+fi
 [ -e /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
 
 if [ "${#missing[@]}" -gt 0 ]; then

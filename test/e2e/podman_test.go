@@ -4,12 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -170,6 +172,9 @@ func (p *podman) busyboxImage(name string) {
 	p.t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
 	must(p.t, err, "read /bin/busybox (busybox-static; scripts/deps.sh installs it)")
+	if f, err := elf.NewFile(bytes.NewReader(bb)); err != nil || slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP }) {
+		p.t.Fatalf("/bin/busybox is not a static ELF binary (%v): install busybox-static (scripts/deps.sh does)", err)
+	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	now := time.Unix(0, 0)
