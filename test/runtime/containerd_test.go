@@ -353,6 +353,7 @@ type container struct {
 	command     []string
 	mounts      []any
 	env         map[string]string
+	caps        []string // capabilities added after dropping all (nil: the runtime's default set)
 	// wait: wait for the container to exit (it must exit 0) and return its
 	// log instead of its ID.
 	wait bool
@@ -366,6 +367,10 @@ func (c *cri) createContainer(p *pod, ct container) string {
 	for k, v := range ct.env {
 		envs = append(envs, map[string]any{"key": k, "value": v})
 	}
+	sc := map[string]any{"readonly_rootfs": true}
+	if ct.caps != nil {
+		sc["capabilities"] = map[string]any{"drop_capabilities": []string{"ALL"}, "add_capabilities": ct.caps}
+	}
 	cfg := map[string]any{
 		"metadata": map[string]any{"name": ct.name},
 		"image":    map[string]any{"image": ct.image},
@@ -373,7 +378,7 @@ func (c *cri) createContainer(p *pod, ct container) string {
 		"envs":     envs,
 		"mounts":   ct.mounts,
 		"log_path": ct.name + ".log",
-		"linux":    map[string]any{"security_context": map[string]any{"readonly_rootfs": true}},
+		"linux":    map[string]any{"security_context": sc},
 	}
 	b, _ := json.Marshal(cfg)
 	cf := filepath.Join(c.dir, "ctr-"+p.name+"-"+ct.name+".json")
@@ -444,6 +449,19 @@ func (c *cri) villageImage(root, bins string) {
 	}
 	if out := c.createContainer(p, container{name: "iptables", image: buildinfo.Image, command: []string{"iptables", "--version"}, wait: true}); !regexp.MustCompile(`iptables v1\.\d+\.\d+ \(nf_tables\)`).MatchString(out) {
 		t.Errorf("iptables --version in the image printed %q", out)
+	}
+	// The image's iptables and ip6tables write a masquerade rule of the shape
+	// pkg/masq writes (comment match, MASQUERADE target: extensions loaded
+	// from the image) with the agent's capabilities only; the node's own
+	// iptables-save sees it in the pod's namespace.
+	for _, ipt := range []struct{ bin, src string }{{"iptables", "10.99.0.0/16"}, {"ip6tables", "fd00:99::/64"}} {
+		c.createContainer(p, container{name: ipt.bin + "-masq", image: buildinfo.Image, caps: []string{"NET_ADMIN", "NET_RAW"}, wait: true,
+			command: []string{ipt.bin, "-t", "nat", "-A", "POSTROUTING", "-s", ipt.src, "-m", "comment", "--comment", "village:image-test", "-j", "MASQUERADE"}})
+		save := ipt.bin + "-save"
+		out, err := exec.Command("ip", "netns", "exec", filepath.Base(p.netns), save, "-t", "nat").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "-A POSTROUTING -s "+ipt.src+` -m comment --comment "village:image-test" -j MASQUERADE`) {
+			t.Errorf("the image's %s did not write its masquerade rule in the pod's namespace (%v):\n%s", ipt.bin, err, out)
+		}
 	}
 
 	ds, cm := manifests(t, root)
