@@ -225,7 +225,8 @@ func (p *podman) inspect(name string) podmanInspect {
 // pointed at Village's binaries and the example conflist 10-village.conflist
 // (only the name and data dir changed), inside a node namespace: two
 // containers get addresses from Village, ping each other, one publishes a
-// port through the chained portmap, and `podman rm -f` leaves no
+// port through the chained portmap, stop and start release and take
+// addresses again, and `podman rm -f` leaves no
 // allocation, veth, portmap chain, netns or libcni cache entry behind.
 func TestPodmanCNIBackend(t *testing.T) {
 	testenv.RequireRoot(t)
@@ -310,6 +311,23 @@ func TestPodmanCNIBackend(t *testing.T) {
 	if strings.TrimSpace(page) != "village-podman-ok" {
 		t.Fatalf("node -> 10.244.1.1:18080 (published by web) answered %q (%v), want village-podman-ok; web's log:\n%s", page, werr, p.must("logs", "web"))
 	}
+
+	// podman stop tears client's network down (DEL) and start sets it up
+	// again (ADD) in a new netns.
+	p.must("stop", "--time", "0", "client")
+	if allocs := ipFiles(t, p.dataDir); len(allocs) != 2 {
+		t.Fatalf("after podman stop client: allocations %v, want web's two", allocs)
+	}
+	if _, err := os.Stat(ctrs[1].sandboxKey); !os.IsNotExist(err) {
+		t.Fatalf("netns %s of the stopped client still there (%v)", ctrs[1].sandboxKey, err)
+	}
+	p.must("start", "client")
+	restarted := p.inspect("client")
+	ctrs[1].sandboxKey = restarted.NetworkSettings.SandboxKey
+	if allocs := ipFiles(t, p.dataDir); len(allocs) != 4 {
+		t.Fatalf("after podman start client: allocations %v, want four", allocs)
+	}
+	p.must("exec", "client", "ping", "-c", "1", "-W", "2", ctrs[0].ip4)
 
 	// Everything the two containers own exists before the removal...
 	owned := func() (allocs, veths []string, nat string, cache []string) {
