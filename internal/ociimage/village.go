@@ -48,7 +48,7 @@ func Village(o VillageOptions) (Image, error) {
 	if o.SbinDir == "" {
 		o.SbinDir = "/usr/sbin"
 	}
-	img := Image{Name: o.Name, Entrypoint: nil, Cmd: []string{"villaged", "help"}}
+	img := Image{Name: o.Name, Entrypoint: nil, Cmd: []string{"villaged", "version"}}
 	for _, b := range VillageBinaries {
 		f, err := HostFile(filepath.Join(o.BinDir, b), filepath.Join(BinDir, b))
 		if err != nil {
