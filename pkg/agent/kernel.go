@@ -6,11 +6,13 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/overlay"
 )
 
 // watchKernel signals on out (capacity 1, coalescing) when the kernel
-// reports something a pass may need to repair: an owned route deleted, a
+// reports something a pass may need to repair: an owned route (overlay or
+// host shim) deleted, a
 // neighbour or FDB entry deleted, an address added or removed (the underlay
 // address may have changed). Without notifications (a subscription failed
 // or its socket overflowed) the periodic pass still repairs everything.
@@ -53,7 +55,7 @@ func watchKernel(ctx context.Context, out chan<- struct{}, logf func(string, ...
 				routes = nil
 				continue
 			}
-			if u.Type == unix.RTM_DELROUTE && u.Protocol == overlay.RouteProtocol {
+			if u.Type == unix.RTM_DELROUTE && (u.Protocol == overlay.RouteProtocol || u.Protocol == macvlan.RouteProtocol) {
 				signal()
 			}
 		case u, ok := <-neighs:

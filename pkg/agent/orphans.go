@@ -136,8 +136,9 @@ func orphanChains() []string {
 	return lines
 }
 
-// orphanShimRoutes finds host-shim routes (protocol 87) that no LAN range
-// of the config covers.
+// orphanShimRoutes finds this network's host-shim routes (protocol 87 and
+// the network's metric) that no LAN range of the config covers; other
+// networks' shim routes are theirs to judge.
 func (c *Conf) orphanShimRoutes() ([]string, error) {
 	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: macvlan.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
@@ -153,7 +154,7 @@ func (c *Conf) orphanShimRoutes() ([]string, error) {
 	}
 	var lines []string
 	for _, r := range routes {
-		if r.Dst == nil || slices.Contains(wanted, r.Dst.String()) {
+		if r.Dst == nil || r.Priority != macvlan.ShimMetric(c.Net.Name) || slices.Contains(wanted, r.Dst.String()) {
 			continue
 		}
 		lines = append(lines, fmt.Sprintf("host-shim route %s (protocol 87): outside every LAN range of %s", r.Dst, c.File))

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/metrics"
 	"github.com/village-cni/village/pkg/overlay"
@@ -264,6 +265,7 @@ func (a *agent) update(ctx context.Context, why string, change overlay.PeerChang
 // repair says the pass was not asked for by a change of the view, so
 // whatever it has to change is drift.
 func (a *agent) pass(ctx context.Context, why string, repair bool) {
+	a.repairShim(why)
 	if !a.haveView {
 		a.health.set(fmt.Errorf("no peer list from the registry yet"))
 		return
@@ -320,6 +322,24 @@ func (a *agent) repairMasq() {
 	a.opts.logf("masquerade of network %q drifted (%v): restoring", a.masq.Network, err)
 	if err := masq.Ensure(*a.masq); err != nil {
 		a.opts.logf("restoring masquerade of network %q: %v", a.masq.Network, err)
+	}
+}
+
+// repairShim puts the host shim's routes of this network back when they are
+// missing or carry an old source address (the master's address changed):
+// the kernel drops a route whose source address is removed. A shim that no
+// ADD has made yet is left unmade.
+func (a *agent) repairShim(why string) {
+	lan := a.c.Net.LAN
+	if lan == nil || !lan.HostShim {
+		return
+	}
+	master, err := macvlan.ResolveMaster(lan.Master)
+	if err == nil {
+		err = macvlan.RepairShim(master, lan.Ranges, a.c.Net.Name)
+	}
+	if err != nil {
+		a.opts.logf("%s: host shim of network %q: %v", why, a.c.Net.Name, err)
 	}
 }
 

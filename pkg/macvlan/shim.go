@@ -10,11 +10,18 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/village-cni/village/pkg/owner"
 )
 
 // RouteProtocol marks the host shim's routes as Village's (87; the overlay owns 86), so uninstall and
 // status can tell them from anyone else's.
 const RouteProtocol netlink.RouteProtocol = 0x57
+
+// ShimMetric is the metric of network's host-shim routes: protocol 87 in
+// the top byte, the network's owner.Tag below. Two networks with LAN ranges
+// on one master share the shim link, and each finds its own routes on it.
+func ShimMetric(network string) int { return owner.Metric(uint8(RouteProtocol), network) }
 
 // ShimName is the node-side macvlan for master.
 func ShimName(master string) string {
@@ -27,12 +34,36 @@ func ShimName(master string) string {
 
 // EnsureShim makes sure the node reaches the pods' LAN addresses: the shim
 // macvlan on master (bridge mode, up) and one route per block of the LAN
-// ranges through it. It changes nothing when all of that is in place.
-func EnsureShim(master netlink.Link, ranges []Range) error {
+// ranges through it, with network's metric and the master's current address
+// of the block's family as source (an address that changed since, e.g. a
+// DHCP renewal, is followed). It changes nothing when all of that is in
+// place.
+func EnsureShim(master netlink.Link, ranges []Range, network string) error {
 	shim, err := ensureShimLink(master)
 	if err != nil {
 		return err
 	}
+	return ensureShimRoutes(master, shim, ranges, network)
+}
+
+// RepairShim is EnsureShim for a shim that exists: nothing is made when
+// there is none (no pod has asked for it yet).
+func RepairShim(master netlink.Link, ranges []Range, network string) error {
+	l, err := netlinksafe.LinkByName(ShimName(master.Attrs().Name))
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("failed to look up host shim %q: %w", ShimName(master.Attrs().Name), err)
+	}
+	if mv, ok := l.(*netlink.Macvlan); !ok || mv.ParentIndex != master.Attrs().Index {
+		return nil // not ours; EnsureShim reports it at the next ADD
+	}
+	return ensureShimRoutes(master, l, ranges, network)
+}
+
+func ensureShimRoutes(master, shim netlink.Link, ranges []Range, network string) error {
 	masterAddrs, err := netlinksafe.AddrList(master, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("failed to list addresses of %q: %w", master.Attrs().Name, err)
@@ -43,7 +74,7 @@ func EnsureShim(master netlink.Link, ranges []Range) error {
 	}
 	for _, r := range ranges {
 		for _, p := range r.Prefixes() {
-			if err := ensureShimRoute(shim, p, masterAddrs, have); err != nil {
+			if err := ensureShimRoute(shim, p, masterAddrs, have, ShimMetric(network)); err != nil {
 				return err
 			}
 		}
@@ -83,24 +114,47 @@ func ensureShimLink(master netlink.Link) (netlink.Link, error) {
 	return l, nil
 }
 
-func ensureShimRoute(shim netlink.Link, p netip.Prefix, masterAddrs []netlink.Addr, have []netlink.Route) error {
+func ensureShimRoute(shim netlink.Link, p netip.Prefix, masterAddrs []netlink.Addr, have []netlink.Route, metric int) error {
 	dst := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-	for _, r := range have {
-		if r.Dst != nil && r.Dst.String() == dst.String() {
-			return nil
-		}
-	}
 	src, subnet := sourceFor(p.Addr(), masterAddrs)
 	if subnet != nil {
 		if ones, _ := subnet.Mask.Size(); ones >= p.Bits() {
 			return fmt.Errorf("host shim: the LAN range block %s is as wide as the LAN subnet %s of the master; set \"rangeStart\"/\"rangeEnd\" to the part of the LAN the pods use", p, subnet)
 		}
 	}
-	route := &netlink.Route{LinkIndex: shim.Attrs().Index, Dst: dst, Src: src, Scope: netlink.SCOPE_LINK, Protocol: RouteProtocol}
-	if err := netlink.RouteAdd(route); err != nil && !errors.Is(err, syscall.EEXIST) {
-		return fmt.Errorf("failed to route %s through host shim %q: %w", p, shim.Attrs().Name, err)
+	var mine bool
+	var legacy []netlink.Route
+	for _, r := range have {
+		if r.Dst == nil || r.Dst.String() != dst.String() || r.Protocol != RouteProtocol {
+			continue
+		}
+		switch r.Priority {
+		case metric:
+			mine = r.Src.Equal(src)
+		case defaultMetric(p.Addr()):
+			legacy = append(legacy, r) // made before shim routes carried the network's metric
+		}
+	}
+	if !mine {
+		route := &netlink.Route{LinkIndex: shim.Attrs().Index, Dst: dst, Src: src, Scope: netlink.SCOPE_LINK, Protocol: RouteProtocol, Priority: metric}
+		if err := netlink.RouteReplace(route); err != nil {
+			return fmt.Errorf("failed to route %s through host shim %q (source %v): %w", p, shim.Attrs().Name, src, err)
+		}
+	}
+	for _, r := range legacy {
+		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) && !errors.Is(err, syscall.ENOENT) {
+			return fmt.Errorf("failed to remove the old route %s on host shim %q: %w", p, shim.Attrs().Name, err)
+		}
 	}
 	return nil
+}
+
+// defaultMetric is what the kernel stores for a route added without one.
+func defaultMetric(ip netip.Addr) int {
+	if ip.Is4() {
+		return 0
+	}
+	return 1024
 }
 
 // sourceFor picks the master's address (and subnet) of the family of ip, so

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"net"
 	"strconv"
 	"sync"
@@ -12,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/village-cni/village/pkg/owner"
 )
 
 // RouteProtocol marks the routes this package owns (86, ASCII 'V'; unused by
@@ -107,17 +108,10 @@ func (c Config) normalize() (Config, error) {
 func DeviceName(vni int) string { return DevicePrefix + strconv.Itoa(vni) }
 
 // Metric is the metric of every route of network: 0x56 (RouteProtocol) in
-// the top byte, the low 24 bits of the FNV-1a hash of the name below. The
-// kernel stores a route's metric for IPv4 and IPv6 alike (unlike the realm,
-// which IPv6 drops), it is part of the route's identity (two networks'
-// routes to one destination are two routes, not one replaced by the other),
-// and between routes to different destinations it changes nothing. A route
-// is this network's when it has protocol RouteProtocol and this metric.
-func Metric(network string) int {
-	h := fnv.New32a()
-	h.Write([]byte(network))
-	return int(uint32(RouteProtocol)<<24 | h.Sum32()&0xffffff)
-}
+// the top byte, the network's owner.Tag below (see package owner for why a
+// metric). A route is this network's when it has protocol RouteProtocol
+// and this metric.
+func Metric(network string) int { return owner.Metric(uint8(RouteProtocol), network) }
 
 // Alias is the interface alias (IFLA_IFALIAS) the VXLAN device of network
 // carries: the kernel keeps it with the device, so a network only changes or

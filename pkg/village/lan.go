@@ -61,7 +61,7 @@ func (a *adder) addLAN() error {
 	}
 	a.result.Routes = append(a.result.Routes, res.Routes...)
 	if lan.HostShim {
-		return macvlan.EnsureShim(master, lan.Ranges)
+		return macvlan.EnsureShim(master, lan.Ranges, a.conf.Name)
 	}
 	return nil
 }

@@ -58,7 +58,9 @@ func TestDelAndRetryRespectOwnership(t *testing.T) {
 		p := n.NewPod()
 		r := n.MustAdd(l, p)
 		held := r.IPs[0].Address.IP.String()
-		owned := func() bool { return slices.ContainsFunc(ipFiles(t, data), func(f string) bool { return filepath.Base(f) == held }) }
+		owned := func() bool {
+			return slices.ContainsFunc(ipFiles(t, data), func(f string) bool { return filepath.Base(f) == held })
+		}
 		if !owned() {
 			t.Fatalf("no allocation file for %s in %s: %v", held, data, ipFiles(t, data))
 		}

@@ -1,0 +1,25 @@
+// Package owner derives the per-network tag Village writes on the kernel
+// objects it makes, so that several Village networks on one node each find
+// exactly their own: a route's metric is its protocol in the top byte and
+// the network's tag below. The kernel stores a route's metric for IPv4 and
+// IPv6 alike (unlike the realm, which IPv6 drops), a metric is part of the
+// route's identity (two networks' routes to one destination are two routes,
+// not one replacing the other), and between routes to different
+// destinations it changes nothing.
+package owner
+
+import "hash/fnv"
+
+// Tag is the low 24 bits of the FNV-1a hash of the network name.
+func Tag(network string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(network))
+	return h.Sum32() & 0xffffff
+}
+
+// Metric is the metric of network's routes of protocol proto:
+// proto<<24 | Tag(network). It stays below 2^31 for every protocol below
+// 128, so it fits the int the netlink library uses.
+func Metric(proto uint8, network string) int {
+	return int(uint32(proto)<<24 | Tag(network))
+}
