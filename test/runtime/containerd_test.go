@@ -439,6 +439,12 @@ func (c *cri) expectHostPort(addr, want string) {
 func (c *cri) villageImage(root, bins string) {
 	t := c.t
 	t.Helper()
+	ds, cm := manifests(t, root)
+	inst := findContainer(ds.Spec.Template.Spec.InitContainers, "install")
+	agent := findContainer(ds.Spec.Template.Spec.Containers, "agent")
+	if inst == nil || inst.Image != buildinfo.Image || agent == nil || agent.Image != buildinfo.Image {
+		t.Fatalf("the DaemonSet has no install init container and agent container running %s", buildinfo.Image)
+	}
 	p := c.runPod("village", false)
 	defer func() {
 		c.crictl("stopp", p.id)
@@ -452,10 +458,10 @@ func (c *cri) villageImage(root, bins string) {
 	}
 	// The image's iptables and ip6tables write a masquerade rule of the shape
 	// pkg/masq writes (comment match, MASQUERADE target: extensions loaded
-	// from the image) with the agent's capabilities only; the node's own
-	// iptables-save sees it in the pod's namespace.
+	// from the image) with the agent container's capabilities only; the
+	// node's own iptables-save sees it in the pod's namespace.
 	for _, ipt := range []struct{ bin, src string }{{"iptables", "10.99.0.0/16"}, {"ip6tables", "fd00:99::/64"}} {
-		c.createContainer(p, container{name: ipt.bin + "-masq", image: buildinfo.Image, caps: []string{"NET_ADMIN", "NET_RAW"}, wait: true,
+		c.createContainer(p, container{name: ipt.bin + "-masq", image: agent.Image, caps: addedCaps(agent), wait: true,
 			command: []string{ipt.bin, "-t", "nat", "-A", "POSTROUTING", "-s", ipt.src, "-m", "comment", "--comment", "village:image-test", "-j", "MASQUERADE"}})
 		save := ipt.bin + "-save"
 		out, err := exec.Command("ip", "netns", "exec", filepath.Base(p.netns), save, "-t", "nat").CombinedOutput()
@@ -464,19 +470,9 @@ func (c *cri) villageImage(root, bins string) {
 		}
 	}
 
-	ds, cm := manifests(t, root)
-	var init *corev1.Container
-	for i := range ds.Spec.Template.Spec.InitContainers {
-		if ds.Spec.Template.Spec.InitContainers[i].Name == "install" {
-			init = &ds.Spec.Template.Spec.InitContainers[i]
-		}
-	}
-	if init == nil || init.Image != buildinfo.Image {
-		t.Fatalf("the DaemonSet has no install init container running %s", buildinfo.Image)
-	}
 	sandbox := map[string]string{}
 	var mounts []any
-	for _, m := range init.VolumeMounts {
+	for _, m := range inst.VolumeMounts {
 		host := filepath.Join(c.dir, "install", strings.ReplaceAll(strings.Trim(m.MountPath, "/"), "/", "_"))
 		if err := os.MkdirAll(host, 0o755); err != nil {
 			t.Fatal(err)
@@ -491,16 +487,17 @@ func (c *cri) villageImage(root, bins string) {
 	}
 	// The kubelet expands $(VAR) from the container's env; do the same.
 	vars := map[string]string{"NODE_NAME": "node-a", "NODE_IP": "192.0.2.10"}
-	for _, e := range init.Env {
+	for _, e := range inst.Env {
 		if e.Value != "" {
 			vars[e.Name] = e.Value
 		}
 	}
+	ref := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 	var cmd []string
-	for _, a := range append(append([]string(nil), init.Command...), init.Args...) {
-		cmd = append(cmd, os.Expand(strings.ReplaceAll(strings.ReplaceAll(a, "$(", "${"), ")", "}"), func(k string) string { return vars[k] }))
+	for _, a := range append(append([]string(nil), inst.Command...), inst.Args...) {
+		cmd = append(cmd, ref.ReplaceAllStringFunc(a, func(m string) string { return vars[ref.FindStringSubmatch(m)[1]] }))
 	}
-	out := c.createContainer(p, container{name: "install", image: init.Image, command: cmd, mounts: mounts, env: vars, wait: true})
+	out := c.createContainer(p, container{name: "install", image: inst.Image, command: cmd, mounts: mounts, env: vars, caps: addedCaps(inst), wait: true})
 	t.Logf("install init container: %s", strings.TrimSpace(out))
 
 	binDir, confDir := sandbox["/opt/cni/bin"], sandbox["/etc/cni/net.d"]
@@ -528,6 +525,27 @@ func (c *cri) villageImage(root, bins string) {
 	if _, err := os.Stat(filepath.Join(sandbox["/var/lib/village"], "install.json")); err != nil {
 		t.Errorf("install recorded nothing in its state dir: %v", err)
 	}
+}
+
+func findContainer(cs []corev1.Container, name string) *corev1.Container {
+	for i := range cs {
+		if cs[i].Name == name {
+			return &cs[i]
+		}
+	}
+	return nil
+}
+
+// addedCaps is what a manifest's container keeps after dropping ALL (never
+// nil, so createContainer drops the runtime's default set too).
+func addedCaps(c *corev1.Container) []string {
+	caps := []string{}
+	if sc := c.SecurityContext; sc != nil && sc.Capabilities != nil {
+		for _, a := range sc.Capabilities.Add {
+			caps = append(caps, string(a))
+		}
+	}
+	return caps
 }
 
 func buildVersion(t *testing.T, bins string) string {
