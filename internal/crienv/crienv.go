@@ -5,11 +5,13 @@
 // sockets, CNI bin and conf dirs, logs) lives under one directory; the only
 // machine-wide things it touches are what containerd's CRI always uses: pod
 // network namespaces under /var/run/netns, the libcni cache under
-// /var/lib/cni and the runc cgroups of the pods it runs.
+// /var/lib/cni, the runc cgroups of the pods it runs and the shims' sockets
+// (hashed names) in /run/containerd/s.
 //
 // crictl (not packaged by Debian 12) is built from the Go module proxy by
 // scripts/crictl.sh and cached under /var/cache/village. Used by the
-// containerd end-to-end test (test/runtime) and by bench/cmd/cribench.
+// containerd end-to-end test (test/runtime) and by the runtime row of
+// bench/cmd/cnibench.
 package crienv
 
 import (
