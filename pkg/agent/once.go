@@ -225,12 +225,15 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 			fmt.Fprintf(w, "masquerade: ok\n")
 		}
 	}
-	orphans, err := c.Orphans(v.self.PodCIDRs)
+	orphans, foreign, err := c.Orphans(v.self.PodCIDRs)
 	if err != nil {
 		return false, err
 	}
 	for _, o := range orphans {
 		fmt.Fprintf(w, "orphan: %s\n", o)
+	}
+	for _, f := range foreign {
+		fmt.Fprintf(w, "not Village's: %s\n", f)
 	}
 	if len(orphans) > 0 {
 		clean = false

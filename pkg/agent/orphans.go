@@ -16,55 +16,93 @@ import (
 	"github.com/village-cni/village/pkg/netsetup"
 )
 
-// Orphans lists what Village owns on this node that nothing wants any more,
-// each line naming the object and why it is an orphan:
+// Orphans lists what Village made on this node that nothing wants any
+// more, each line naming the object and why it is an orphan:
 //
-//   - allocations of the network's disk store whose pod interface is gone
-//     (the deterministic host veth of the attachment does not exist): a DEL
-//     that never came; `GC` from the runtime, or a DEL, releases them;
-//   - host veths on the network's bridge that no allocation accounts for;
+//   - allocations of the network's disk store whose pod is gone: neither
+//     the deterministic host veth of the attachment nor a live pod holding
+//     the address behind another plugin's veth exists (a DEL that never
+//     came); `GC` from the runtime, or a DEL, releases them;
+//   - host veths Village made (owner tag) on the network's bridge that no
+//     allocation accounts for;
 //   - masquerade chains (VLG-MASQ-*) that no POSTROUTING rule jumps to;
-//   - host-shim routes (protocol 87) outside every LAN range of the config.
+//   - this network's host-shim routes (protocol 87, its metric) outside
+//     every LAN range of the config.
+//
+// foreign lists what is on the network's bridge or in its store but was not
+// made by Village: pods another plugin made (the reference bridge before a
+// migration, with the same bridge and data directory). They are reported,
+// not orphans: their plugin's DEL removes them.
 //
 // Stale overlay routes, neighbour and FDB entries are reported by the
 // overlay's own status. Nothing here changes anything.
 //
 // Only allocations inside this node's pod subnets (podCIDRs) are looked at:
 // the others belong to the node that holds those subnets.
-func (c *Conf) Orphans(podCIDRs []*net.IPNet) ([]string, error) {
-	var out []string
-	allocated, lines, err := c.orphanAllocations(podCIDRs)
+func (c *Conf) Orphans(podCIDRs []*net.IPNet) (orphans, foreign []string, err error) {
+	allocs, err := c.allocations(podCIDRs)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out = append(out, lines...)
-	vethLines, err := c.orphanVeths(allocated)
+	ports, err := c.bridgePorts()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out = append(out, vethLines...)
-	out = append(out, orphanChains()...)
+	accounted := map[string]bool{}
+	for _, al := range allocs {
+		accounted[al.veth] = true
+	}
+	var others []netlink.Link
+	for _, p := range ports {
+		switch {
+		case netsetup.MadeByVillage(p) || accounted[p.Attrs().Name]:
+			if !accounted[p.Attrs().Name] {
+				orphans = append(orphans, fmt.Sprintf("host veth %s on bridge %s: no allocation of network %s accounts for it", p.Attrs().Name, c.Net.Bridge, c.Net.Name))
+			}
+		default:
+			others = append(others, p)
+		}
+	}
+	behind := addrsBehind(others)
+	for _, p := range others {
+		foreign = append(foreign, fmt.Sprintf("host veth %s on bridge %s (pod addresses %s): made by another plugin", p.Attrs().Name, c.Net.Bridge, strings.Join(behind.of(p.Attrs().Name), ", ")))
+	}
+	for _, al := range allocs {
+		if _, err := netlinksafe.LinkByName(al.veth); !netsetup.IsNotFound(err) {
+			continue // the attachment's veth is there: a live Village pod
+		}
+		if veth, ok := behind.byIP[al.ip]; ok {
+			foreign = append(foreign, fmt.Sprintf("allocation %s of container %s interface %s: held by a live pod behind %s, made by another plugin", al.ip, al.id, al.ifname, veth))
+			continue
+		}
+		orphans = append(orphans, fmt.Sprintf("allocation %s of container %s interface %s: its host veth %s is gone (a DEL that never came; GC or DEL releases it)", al.ip, al.id, al.ifname, al.veth))
+	}
+	orphans = append(orphans, orphanChains()...)
 	shim, err := c.orphanShimRoutes()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return append(out, shim...), nil
+	return append(orphans, shim...), foreign, nil
 }
 
-// orphanAllocations reads the disk store (host-local's layout: a file per
-// address holding "<containerID>\r\n<ifname>") without taking its lock; it
-// returns the host veth names the allocations account for.
-func (c *Conf) orphanAllocations(podCIDRs []*net.IPNet) (map[string]bool, []string, error) {
+// allocation is one record of the disk store.
+type allocation struct {
+	ip, id, ifname string
+	veth           string // the host veth Village would have made for it
+}
+
+// allocations reads the disk store (host-local's layout: a file per
+// address holding "<containerID>\r\n<ifname>") without taking its lock.
+func (c *Conf) allocations(podCIDRs []*net.IPNet) ([]allocation, error) {
 	dir := filepath.Join(c.DataDir, c.Net.Name)
 	entries, err := os.ReadDir(dir)
 	if os.IsNotExist(err) {
-		return nil, nil, nil
+		return nil, nil
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading the allocations in %s: %w", dir, err)
+		return nil, fmt.Errorf("reading the allocations in %s: %w", dir, err)
 	}
-	allocated := map[string]bool{}
-	var lines []string
+	var out []allocation
 	for _, e := range entries {
 		ip := net.ParseIP(e.Name())
 		if ip == nil || !e.Type().IsRegular() || !slices.ContainsFunc(podCIDRs, func(n *net.IPNet) bool { return n.Contains(ip) }) {
@@ -78,16 +116,13 @@ func (c *Conf) orphanAllocations(podCIDRs []*net.IPNet) (map[string]bool, []stri
 		if !ok || (c.Net.LAN != nil && ifname == c.Net.LAN.IfName) {
 			continue // a legacy record without ifname, or a LAN address
 		}
-		veth := netsetup.HostVethName(id, ifname)
-		allocated[veth] = true
-		if _, err := netlinksafe.LinkByName(veth); netsetup.IsNotFound(err) {
-			lines = append(lines, fmt.Sprintf("allocation %s of container %s interface %s: its host veth %s is gone (a DEL that never came; GC or DEL releases it)", e.Name(), id, ifname, veth))
-		}
+		out = append(out, allocation{ip: ip.String(), id: id, ifname: ifname, veth: netsetup.HostVethName(id, ifname)})
 	}
-	return allocated, lines, nil
+	return out, nil
 }
 
-func (c *Conf) orphanVeths(allocated map[string]bool) ([]string, error) {
+// bridgePorts are the veths on the network's bridge (none without one).
+func (c *Conf) bridgePorts() ([]netlink.Link, error) {
 	br, err := netlinksafe.LinkByName(c.Net.Bridge)
 	if netsetup.IsNotFound(err) {
 		return nil, nil
@@ -99,15 +134,13 @@ func (c *Conf) orphanVeths(allocated map[string]bool) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
-	var lines []string
+	var out []netlink.Link
 	for _, l := range links {
-		a := l.Attrs()
-		if a.MasterIndex != br.Attrs().Index || l.Type() != "veth" || !strings.HasPrefix(a.Name, "veth") || allocated == nil || allocated[a.Name] {
-			continue
+		if l.Attrs().MasterIndex == br.Attrs().Index && l.Type() == "veth" {
+			out = append(out, l)
 		}
-		lines = append(lines, fmt.Sprintf("host veth %s on bridge %s: no allocation of network %s accounts for it", a.Name, c.Net.Bridge, c.Net.Name))
 	}
-	return lines, nil
+	return out, nil
 }
 
 // orphanChains finds masquerade chains of any Village network that nothing

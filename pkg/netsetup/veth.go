@@ -97,8 +97,10 @@ func ownerAlias(containerID string) string {
 		sum := sha256.Sum256([]byte(containerID))
 		containerID = "#" + hex.EncodeToString(sum[:])
 	}
-	return "village/" + containerID
+	return ownerAliasPrefix + containerID
 }
+
+const ownerAliasPrefix = "village/"
 
 // Veth is the pair that connects a pod to the bridge.
 type Veth struct {
@@ -218,6 +220,13 @@ func (v Veth) finish(links *VethLinks) error {
 			return fmt.Errorf("failed to attach %q to bridge %q: %w", hostName, v.Bridge.Attrs().Name, err)
 		}
 	}
+	if links.Host.Attrs().Alias != ownerAlias(v.ContainerID) {
+		// The host end says who made it, too (see MadeByVillage); the kernel
+		// takes no alias when it creates a link, so it is set here.
+		if err := netlink.LinkSetAlias(links.Host, ownerAlias(v.ContainerID)); err != nil {
+			return fmt.Errorf("failed to tag %q: %w", hostName, err)
+		}
+	}
 	if v.Hairpin {
 		if err := netlink.LinkSetHairpin(links.Host, true); err != nil {
 			return fmt.Errorf("failed to set hairpin mode on %q: %w", hostName, err)
@@ -325,6 +334,14 @@ func (p *Pod) TagOwner(l netlink.Link, containerID string) error {
 // OwnedBy reports whether a pod link was made for containerID.
 func OwnedBy(l netlink.Link, containerID string) bool {
 	return l.Attrs().Alias == ownerAlias(containerID)
+}
+
+// MadeByVillage reports whether a link carries Village's owner tag (for
+// any container): what tells a host veth Village made from one another
+// plugin (the reference bridge) made on the same bridge. Host veths made
+// before host ends were tagged carry none.
+func MadeByVillage(l netlink.Link) bool {
+	return strings.HasPrefix(l.Attrs().Alias, ownerAliasPrefix)
 }
 
 // OwnedLink returns the pod link name when Village made it for containerID,

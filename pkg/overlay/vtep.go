@@ -61,7 +61,7 @@ func (s vtepSpec) fits(l netlink.Link) bool {
 
 func (s vtepSpec) link() *netlink.Vxlan {
 	return &netlink.Vxlan{
-		LinkAttrs:    netlink.LinkAttrs{Name: s.name, MTU: s.mtu, HardwareAddr: s.mac, Alias: s.alias},
+		LinkAttrs:    netlink.LinkAttrs{Name: s.name, MTU: s.mtu, HardwareAddr: s.mac},
 		VxlanId:      s.vni,
 		VtepDevIndex: s.underlay,
 		SrcAddr:      s.local,
@@ -126,7 +126,8 @@ func (r *Reconciler) fixVTEPLink(rc *recorder, s vtepSpec, link netlink.Link) {
 		_ = rc.do(c, func() error { return r.h.LinkSetHardwareAddr(link, s.mac) })
 	}
 	if a.Alias != s.alias {
-		// only an alias-less device gets here (ownVTEP refuses another network's)
+		// A new device (the kernel takes no alias at creation) or one made
+		// before devices had one: ownVTEP refused another network's.
 		c := Change{OpReplace, Object{Kind: KindDevice, Desc: fmt.Sprintf("%s alias %q (was %q)", s.name, s.alias, a.Alias)}}
 		_ = rc.do(c, func() error { return r.h.LinkSetAlias(link, s.alias) })
 	}
