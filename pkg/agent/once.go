@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -91,14 +90,7 @@ func joinErr(a, b error) error {
 }
 
 func (v *view) masqSpec() *masq.Spec {
-	if !v.c.Net.IPMasq {
-		return nil
-	}
-	s := &masq.Spec{Network: v.c.Net.Name, PodSubnets: v.self.PodCIDRs}
-	if v.c.Net.ClusterNet != nil {
-		s.Cluster = []*net.IPNet{v.c.Net.ClusterNet}
-	}
-	return s
+	return v.c.Net.Netfilter(v.self.PodCIDRs)
 }
 
 // Sync is `villaged sync`: one reconcile pass against the static peers and

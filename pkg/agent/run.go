@@ -90,12 +90,7 @@ func Run(ctx context.Context, opts Options) error {
 		opts.logf("node %s holds pod subnet %s of %s (published in %s%s)", c.Node, cidrs[0], c.Net.ClusterNet, c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
 	}
 	a.self = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}
-	if c.Net.IPMasq {
-		a.masq = &masq.Spec{Network: c.Net.Name, PodSubnets: cidrs}
-		if c.Net.ClusterNet != nil {
-			a.masq.Cluster = []*net.IPNet{c.Net.ClusterNet}
-		}
-	}
+	a.masq = c.Net.Netfilter(cidrs)
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

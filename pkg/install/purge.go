@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
-	"github.com/coreos/go-iptables/iptables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -23,7 +22,8 @@ import (
 //     village.<vni>, recorded or not,
 //   - every route of protocol 86 (overlay peers) and 87 (host shims), in any
 //     table and family,
-//   - each network's masquerade rules and chain (masq.Teardown).
+//   - each network's netfilter rules in both backends: masquerade chains or
+//     table, forward accept rules (masq.Teardown).
 //
 // Objects already gone are fine; a second Purge changes nothing. Errors are
 // collected and returned together, each naming its object.
@@ -101,16 +101,16 @@ func Purge(networks []NetworkRecord) ([]Change, error) {
 		if n.Name == "" {
 			continue
 		}
-		chain := masq.Chain(n.Name)
-		had := chainExists(chain)
+		had := masq.Present(n.Name)
 		if err := masq.Teardown(n.Name); err != nil {
-			errs = append(errs, fmt.Errorf("masquerade of network %s (chain %s): %w", n.Name, chain, err))
+			errs = append(errs, fmt.Errorf("netfilter rules of network %s (%s): %w", n.Name, strings.Join(had, ", "), err))
 			continue
 		}
-		if had {
-			note(Removed, "masquerade chain "+chain, "network "+n.Name)
-		} else {
-			note(Absent, "masquerade chain "+chain, "network "+n.Name)
+		if len(had) == 0 {
+			note(Absent, "masquerade chain "+masq.Chain(n.Name), "network "+n.Name)
+		}
+		for _, h := range had {
+			note(Removed, h, "network "+n.Name)
 		}
 	}
 	return changes, errors.Join(errs...)
@@ -119,20 +119,6 @@ func Purge(networks []NetworkRecord) ([]Change, error) {
 // chainExists reports whether the nat chain is there in either family;
 // when iptables cannot tell, it says yes (Teardown then does the work and
 // reports its own errors).
-func chainExists(chain string) bool {
-	for _, p := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
-		ipt, err := iptables.NewWithProtocol(p)
-		if err != nil {
-			return true
-		}
-		ok, err := ipt.ChainExists("nat", chain)
-		if err != nil || ok {
-			return true
-		}
-	}
-	return false
-}
-
 // expectedType is the link type Village makes under a recorded name.
 func expectedType(name string, networks []NetworkRecord) string {
 	for _, n := range networks {

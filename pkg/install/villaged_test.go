@@ -138,8 +138,21 @@ func TestUninstallPurgeNetwork(t *testing.T) {
 		testenv.MustIP(t, n, c...)
 	}
 	podNet := mustCIDR(t, "10.99.1.0/24")
-	if err := testenv.InNS(n, func() error { return masq.Ensure(masq.Spec{Network: "purge-net", PodSubnets: podNet}) }); err != nil {
+	// Rules in both backends: the nftables table and forward accept rules
+	// (in a FORWARD chain with policy drop, as Docker leaves it), and an
+	// iptables chain left from before a backend switch.
+	nftRun(t, name, "add table ip filter")
+	nftRun(t, name, "add chain ip filter FORWARD { type filter hook forward priority 0; policy drop; }")
+	if err := testenv.InNS(n, func() error {
+		return masq.Ensure(masq.Spec{Network: "purge-net", PodSubnets: podNet, Backend: masq.NFTables, ForwardAccept: true})
+	}); err != nil {
 		t.Fatal(err)
+	}
+	if out, err := exec.Command("ip", "netns", "exec", name, "iptables", "-t", "nat", "-N", masq.Chain("purge-net")).CombinedOutput(); err != nil {
+		t.Fatalf("iptables: %v %s", err, out)
+	}
+	if ruleset := nftRun(t, name, "list ruleset"); !strings.Contains(ruleset, "village:purge-net") || !strings.Contains(ruleset, masq.Table("purge-net")) {
+		t.Fatalf("rules to purge are not in place:\n%s", ruleset)
 	}
 
 	out := villaged(t, name, "uninstall", "--state-dir", state, "--purge-network")
@@ -169,6 +182,9 @@ func TestUninstallPurgeNetwork(t *testing.T) {
 	if strings.Contains(string(nat), masq.Chain("purge-net")) {
 		t.Errorf("masquerade chain survived:\n%s", nat)
 	}
+	if ruleset := nftRun(t, name, "list ruleset"); strings.Contains(ruleset, "village") || !strings.Contains(ruleset, "policy drop") {
+		t.Errorf("after the purge, nftables should keep the foreign FORWARD chain and nothing of Village's:\n%s", ruleset)
+	}
 	if entries, _ := os.ReadDir(bin); len(entries) != 0 {
 		t.Errorf("binaries left: %v", entries)
 	}
@@ -184,4 +200,13 @@ func mustCIDR(t *testing.T, s string) []*net.IPNet {
 		t.Fatal(err)
 	}
 	return []*net.IPNet{n}
+}
+
+func nftRun(t *testing.T, netns, cmd string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", netns, "nft"}, strings.Fields(cmd)...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft %s: %v %s", cmd, err, out)
+	}
+	return string(out)
 }

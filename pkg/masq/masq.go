@@ -1,19 +1,32 @@
-// Package masq keeps the source NAT that lets pods reach the world: ONE rule
-// set per network and IP family, shared by every pod of that network on the
-// node, instead of the reference plugins' chain per container.
+// Package masq keeps the netfilter rules a Village network needs on a node:
+// the source NAT that lets pods reach the world (ONE rule set per network and
+// IP family, shared by every pod of that network, instead of the reference
+// plugins' chain per container) and, on hosts whose forwarding policy drops
+// (Docker's `iptables -P FORWARD DROP`, firewalld), accept rules for traffic
+// from and to the pod network.
 //
-// Layout (nat table, iptables and ip6tables alike):
+// Two backends hold the same rules:
 //
-//	POSTROUTING  -s <pod subnet> -m comment --comment "village:<net>" -j VLG-MASQ-<hash>
-//	VLG-MASQ-<hash>  -d <clusterCIDR or pod subnet> -j RETURN
-//	VLG-MASQ-<hash>  -d 224.0.0.0/4 -j RETURN            (IPv4 only)
-//	VLG-MASQ-<hash>  -j MASQUERADE
+//   - "nftables" programs nf_tables over netlink, with no exec: a table
+//     `inet village-<network>` owned by the network (chain postrouting, nat,
+//     priority srcnat), plus rules tagged "village:<network>" inserted at the
+//     top of every other table's forward base chain when forwardAccept is on
+//     (an accept in our own chain cannot overrule another chain's drop).
+//   - "iptables" runs iptables/ip6tables (go-iptables), see iptables.go:
+//     nat POSTROUTING jumps to VLG-MASQ-<hash>, filter FORWARD jumps to
+//     VLG-FWD-<hash>, every rule carrying the comment "village:<network>".
 //
-// Ensure is idempotent and serialised across plugin processes by a lock file;
-// callers avoid even calling it on the hot path by remembering (see
-// package village) that the rule set is in place. Check reports drift with a
-// message that names the missing rule; Teardown removes exactly what Ensure
-// added, found by the owner comment.
+// Resolve picks the backend when the config names none: iptables on hosts
+// whose iptables is the legacy variant (their FORWARD drop lives in legacy
+// x_tables, out of nf_tables' reach), nftables on iptables-nft hosts and on
+// hosts without iptables at all.
+//
+// Sync is the per-ADD entry point: it compares the stamp the caller recorded
+// with the host's netfilter fingerprint (the nf_tables ruleset generation ID,
+// plus the legacy tables' entry counts for the iptables backend) and looks
+// at the rules again only when something changed since, repairing what is
+// gone. Ensure installs, Check names drift, Teardown removes both backends'
+// rules of a network, found by name and owner tag.
 package masq
 
 import (
@@ -28,18 +41,18 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/coreos/go-iptables/iptables"
 )
 
+// Backends.
 const (
-	table       = "nat"
-	postrouting = "POSTROUTING"
-	// LockFile serialises the slow path across concurrent plugin processes.
-	LockFile = "/run/village/masq.lock"
+	IPTables = "iptables"
+	NFTables = "nftables"
 )
 
-// Spec is the masquerade wanted for one network.
+// LockFile serialises the slow path across concurrent plugin processes.
+const LockFile = "/run/village/masq.lock"
+
+// Spec is the netfilter state wanted for one network.
 type Spec struct {
 	Network string
 	// PodSubnets are the node's pod subnets of this network (any family).
@@ -47,12 +60,38 @@ type Spec struct {
 	// Cluster is the whole pod network per family; a family without one
 	// falls back to its pod subnet.
 	Cluster []*net.IPNet
+	// Backend is IPTables, NFTables or "" (Resolve decides).
+	Backend string
+	// ForwardAccept adds the accept rules for forwarded traffic from and to
+	// the pod network (Cluster, else PodSubnets).
+	ForwardAccept bool
+	// NoMasquerade leaves the source NAT out (ipMasq off): only the forward
+	// rules are kept.
+	NoMasquerade bool
 }
 
-// Chain returns the per-network chain name (iptables allows 28 characters).
+// Chain returns the per-network masquerade chain name of the iptables
+// backend (iptables allows 28 characters).
 func Chain(network string) string {
+	return "VLG-MASQ-" + netHash(network)
+}
+
+// ForwardChain is the iptables backend's per-network filter chain.
+func ForwardChain(network string) string {
+	return "VLG-FWD-" + netHash(network)
+}
+
+// Table is the nftables backend's per-network table (family inet).
+func Table(network string) string {
+	if len(network) > 200 {
+		return "village-" + strings.ToLower(netHash(network))
+	}
+	return "village-" + network
+}
+
+func netHash(network string) string {
 	sum := sha256.Sum256([]byte(network))
-	return "VLG-MASQ-" + strings.ToUpper(hex.EncodeToString(sum[:8]))
+	return strings.ToUpper(hex.EncodeToString(sum[:8]))
 }
 
 // Comment is the owner tag on every rule of the network.
@@ -64,184 +103,185 @@ func Comment(network string) string {
 	return c
 }
 
-// Stamp is a short digest of the spec; callers store it to skip Ensure when
-// the same rule set was already installed.
+// Stamp is a short digest of the spec: "m", four hex digits naming the
+// network, then the digest of everything else. Callers store it (with a
+// fingerprint, see Sync) to skip work when nothing changed.
 func (s Spec) Stamp() string {
+	n := sha256.Sum256([]byte(s.Network))
 	h := sha256.New()
 	h.Write([]byte(s.Network))
-	for _, n := range append(slices.Clone(s.PodSubnets), s.Cluster...) {
-		h.Write([]byte("|" + n.String()))
+	for _, c := range append(slices.Clone(s.PodSubnets), s.Cluster...) {
+		h.Write([]byte("|" + c.String()))
 	}
-	return "m" + hex.EncodeToString(h.Sum(nil)[:6])
+	if s.Backend != "" || s.ForwardAccept || s.NoMasquerade {
+		fmt.Fprintf(h, "|%s|%t|%t", s.Backend, s.ForwardAccept, s.NoMasquerade)
+	}
+	return "m" + hex.EncodeToString(n[:2]) + hex.EncodeToString(h.Sum(nil)[:6])
 }
 
-type familyRules struct {
-	proto iptables.Protocol
-	jumps [][]string // POSTROUTING rules
-	chain [][]string // rules of the network chain, in order
+// StampNetwork is the part of Stamp that names the network: stamps of one
+// network share it.
+func StampNetwork(stamp string) string {
+	if len(stamp) < 5 {
+		return stamp
+	}
+	return stamp[:5]
 }
 
-func (s Spec) rules() []familyRules {
-	var out []familyRules
-	for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
-		fr := familyRules{proto: proto}
-		chain, comment := Chain(s.Network), Comment(s.Network)
-		var subnets []*net.IPNet
-		for _, sn := range s.PodSubnets {
-			if protoOf(sn.IP) == proto {
-				subnets = append(subnets, sn)
-			}
+// keep is what masquerade skips and forwardAccept accepts, per family: the
+// cluster network, else the pod subnets.
+func (s Spec) keep(v4 bool) []*net.IPNet {
+	for _, c := range s.Cluster {
+		if (c.IP.To4() != nil) == v4 {
+			return []*net.IPNet{c}
 		}
-		if len(subnets) == 0 {
-			continue
+	}
+	return s.subnets(v4)
+}
+
+func (s Spec) subnets(v4 bool) []*net.IPNet {
+	var out []*net.IPNet
+	for _, sn := range s.PodSubnets {
+		if (sn.IP.To4() != nil) == v4 {
+			out = append(out, sn)
 		}
-		for _, sn := range subnets {
-			fr.jumps = append(fr.jumps, []string{"-s", sn.String(), "-m", "comment", "--comment", comment, "-j", chain})
-		}
-		keep := subnets
-		if c := clusterFor(s.Cluster, proto); c != nil {
-			keep = []*net.IPNet{c}
-		}
-		for _, k := range keep {
-			fr.chain = append(fr.chain, []string{"-d", k.String(), "-m", "comment", "--comment", comment, "-j", "RETURN"})
-		}
-		if proto == iptables.ProtocolIPv4 {
-			fr.chain = append(fr.chain, []string{"-d", "224.0.0.0/4", "-m", "comment", "--comment", comment, "-j", "RETURN"})
-		}
-		fr.chain = append(fr.chain, []string{"-m", "comment", "--comment", comment, "-j", "MASQUERADE"})
-		out = append(out, fr)
 	}
 	return out
 }
 
-func clusterFor(cluster []*net.IPNet, proto iptables.Protocol) *net.IPNet {
-	for _, c := range cluster {
-		if protoOf(c.IP) == proto {
-			return c
-		}
-	}
-	return nil
+// backend is one way of holding the rules.
+type backend interface {
+	ensure(Spec) error
+	check(Spec) error
+	teardown(network string) error
 }
 
-func protoOf(ip net.IP) iptables.Protocol {
-	if ip.To4() != nil {
-		return iptables.ProtocolIPv4
+func pick(name string) (backend, error) {
+	switch name {
+	case IPTables:
+		return iptBackend{}, nil
+	case NFTables:
+		return nftBackend{}, nil
 	}
-	return iptables.ProtocolIPv6
+	return nil, fmt.Errorf("unknown netfilter backend %q (want %q or %q)", name, IPTables, NFTables)
 }
 
-// Ensure installs the rule set, replacing the network chain's content when
-// it differs and adding jump rules that are missing.
+// Ensure installs the network's rules with its backend and removes whatever
+// the other backend holds for the network (a switched backend leaves nothing
+// behind).
 func Ensure(s Spec) error {
 	unlock, err := lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	chain := Chain(s.Network)
-	for _, fr := range s.rules() {
-		ipt, err := iptables.New(iptables.IPFamily(fr.proto), iptables.Timeout(30))
-		if err != nil {
-			return fmt.Errorf("failed to start %s for masquerade of network %q: %w", cmdName(fr.proto), s.Network, err)
-		}
-		if err := ensureChain(ipt, chain, fr.chain); err != nil {
-			return fmt.Errorf("failed to set up masquerade chain %s for network %q (%s): %w", chain, s.Network, cmdName(fr.proto), err)
-		}
-		for _, j := range fr.jumps {
-			if err := ipt.AppendUnique(table, postrouting, j...); err != nil {
-				return fmt.Errorf("failed to add %s rule %q for network %q: %w", cmdName(fr.proto), strings.Join(j, " "), s.Network, err)
-			}
-		}
-	}
-	return nil
+	return ensureLocked(s)
 }
 
-func ensureChain(ipt *iptables.IPTables, chain string, want [][]string) error {
-	exists, err := ipt.ChainExists(table, chain)
+func ensureLocked(s Spec) error {
+	name := Resolve(s.Backend)
+	b, err := pick(name)
 	if err != nil {
 		return err
 	}
-	if exists {
-		have, err := ipt.List(table, chain)
-		if err != nil {
-			return err
-		}
-		if sameRules(have, chain, want) {
-			return nil
-		}
-	}
-	if err := ipt.ClearChain(table, chain); err != nil { // creates it when missing
+	if err := b.ensure(s); err != nil {
 		return err
 	}
-	for _, r := range want {
-		if err := ipt.Append(table, chain, r...); err != nil {
-			return err
-		}
-	}
-	return nil
+	return teardownOthers(name, s.Network)
 }
 
-// sameRules compares `iptables -S chain` output (first line is -N) with want
-// by the addresses and targets they carry, which is enough to see drift.
-func sameRules(have []string, chain string, want [][]string) bool {
-	var rules []string
-	for _, h := range have {
-		if strings.HasPrefix(h, "-A "+chain+" ") {
-			rules = append(rules, h)
-		}
-	}
-	if len(rules) != len(want) {
-		return false
-	}
-	for i, w := range want {
-		if !strings.Contains(rules[i], "-j "+w[len(w)-1]) {
-			return false
-		}
-		if w[0] == "-d" && !strings.Contains(rules[i], "-d "+w[1]) {
-			return false
-		}
-	}
-	return true
-}
-
-// Check reports every missing piece of the rule set, naming it.
-func Check(s Spec) error {
-	chain := Chain(s.Network)
+// teardownOthers removes the network's rules from every backend but keep.
+// The iptables backend is skipped, without running anything, when it cannot
+// hold rules of the network (see iptMaybePresent).
+func teardownOthers(keep, network string) error {
 	var errs []error
-	for _, fr := range s.rules() {
-		ipt, err := iptables.New(iptables.IPFamily(fr.proto), iptables.Timeout(30))
-		if err != nil {
-			return fmt.Errorf("failed to start %s: %w", cmdName(fr.proto), err)
-		}
-		// The chain first: `iptables -C ... -j <chain>` fails outright (not
-		// "no such rule") when the chain is gone, e.g. after `iptables -t nat
-		// -F; iptables -t nat -X`.
-		exists, err := ipt.ChainExists(table, chain)
-		if err != nil {
-			return fmt.Errorf("failed to read %s chain %s: %w", cmdName(fr.proto), chain, err)
-		}
-		if !exists {
-			errs = append(errs, fmt.Errorf("masquerade chain %s of network %q missing from %s nat table", chain, s.Network, cmdName(fr.proto)))
+	for _, name := range []string{IPTables, NFTables} {
+		if name == keep || (name == IPTables && !iptMaybePresent(network)) {
 			continue
 		}
-		for _, j := range fr.jumps {
-			ok, err := ipt.Exists(table, postrouting, j...)
-			if err != nil {
-				return fmt.Errorf("failed to read %s nat POSTROUTING: %w", cmdName(fr.proto), err)
-			}
-			if !ok {
-				errs = append(errs, fmt.Errorf("masquerade rule missing from %s nat POSTROUTING: %s", cmdName(fr.proto), strings.Join(j, " ")))
-			}
-		}
-		have, err := ipt.List(table, chain)
-		if err != nil {
-			return fmt.Errorf("failed to list %s chain %s: %w", cmdName(fr.proto), chain, err)
-		}
-		if !sameRules(have, chain, fr.chain) {
-			errs = append(errs, fmt.Errorf("masquerade chain %s of network %q (%s) does not hold the expected rules: have %q", chain, s.Network, cmdName(fr.proto), have))
+		b, _ := pick(name)
+		if err := b.teardown(network); err != nil {
+			errs = append(errs, fmt.Errorf("failed to remove the %s rules of network %q after switching to %s: %w", name, network, keep, err))
 		}
 	}
-	return joinLine(errs)
+	return errors.Join(errs...)
+}
+
+// Check reports every missing piece of the network's rules, naming it.
+func Check(s Spec) error {
+	b, err := pick(Resolve(s.Backend))
+	if err != nil {
+		return err
+	}
+	return b.check(s)
+}
+
+// Teardown removes the network's rules from both backends (found by name
+// and owner tag) and its macspoofchk table. Absent rules are fine.
+func Teardown(network string) error {
+	unlock, err := lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return errors.Join(teardownOthers("", network), deleteSpoofTable(network))
+}
+
+// Result says what Sync did.
+type Result struct {
+	// Stamp is what the caller records for the next Sync.
+	Stamp string
+	// Looked is true when the rules were read again (the fingerprint moved).
+	Looked bool
+	// Repaired names what was missing and has been put back ("" if nothing).
+	Repaired string
+}
+
+// Sync makes sure the rules of s are in place at the cost of reading the
+// host's netfilter fingerprint when nothing changed since prev (the value
+// of Result.Stamp an earlier Sync returned, "" when unknown): a stamp of
+// the same spec with the same fingerprint means no rule set changed since
+// the rules were last seen complete. Otherwise the rules are read again
+// and repaired; a different spec (or none) is installed in full. The
+// fingerprint recorded is the one read before the look that found the
+// rules complete, so a change racing with Sync is seen next time.
+func Sync(s Spec, prev string) (Result, error) {
+	name := Resolve(s.Backend)
+	b, err := pick(name)
+	if err != nil {
+		return Result{}, err
+	}
+	digest := s.Stamp() + "@"
+	if prev == digest+Fingerprint(name) {
+		return Result{Stamp: prev}, nil
+	}
+	unlock, err := lock()
+	if err != nil {
+		return Result{}, err
+	}
+	defer unlock()
+	res := Result{Looked: true}
+	if !strings.HasPrefix(prev, digest) {
+		// A new spec (or backend): install in full, clear the other backend.
+		if err := ensureLocked(s); err != nil {
+			return Result{}, err
+		}
+	}
+	for range 3 {
+		fp := Fingerprint(name)
+		drift := b.check(s)
+		if drift == nil {
+			res.Stamp = digest + fp
+			return res, nil
+		}
+		if res.Repaired == "" {
+			res.Repaired = drift.Error()
+		}
+		if err := b.ensure(s); err != nil {
+			return Result{}, fmt.Errorf("failed to repair the %s rules of network %q (%v): %w", name, s.Network, drift, err)
+		}
+	}
+	return Result{}, fmt.Errorf("the %s rules of network %q changed again after each of 3 repairs: %s", name, s.Network, res.Repaired)
 }
 
 // joinLine joins errors on one line (CNI messages end up in single-line
@@ -255,62 +295,6 @@ func joinLine(errs []error) error {
 		msgs[i] = e.Error()
 	}
 	return fmt.Errorf("%s", strings.Join(msgs, "; "))
-}
-
-// Teardown removes the network's jump rules (found by owner comment, in
-// both families) and its chain. Absent rules are fine.
-func Teardown(network string) error {
-	unlock, err := lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	chain := Chain(network)
-	var errs []error
-	for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
-		ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Timeout(30))
-		if err != nil {
-			errs = append(errs, fmt.Errorf("failed to start %s: %w", cmdName(proto), err))
-			continue
-		}
-		rules, err := ipt.List(table, postrouting)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("failed to list %s nat POSTROUTING: %w", cmdName(proto), err))
-			continue
-		}
-		for _, r := range rules {
-			if !strings.HasSuffix(r, "-j "+chain) {
-				continue
-			}
-			spec := strings.Fields(strings.TrimPrefix(r, "-A "+postrouting+" "))
-			spec = unquote(spec)
-			if err := ipt.DeleteIfExists(table, postrouting, spec...); err != nil {
-				errs = append(errs, fmt.Errorf("failed to delete %s rule %q: %w", cmdName(proto), r, err))
-			}
-		}
-		if ok, _ := ipt.ChainExists(table, chain); ok {
-			if err := ipt.ClearAndDeleteChain(table, chain); err != nil {
-				errs = append(errs, fmt.Errorf("failed to delete %s chain %s: %w", cmdName(proto), chain, err))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// unquote strips the quotes iptables -S puts around comments (ours have no
-// spaces, so splitting on fields kept them whole).
-func unquote(spec []string) []string {
-	for i, s := range spec {
-		spec[i] = strings.Trim(s, "\"")
-	}
-	return spec
-}
-
-func cmdName(p iptables.Protocol) string {
-	if p == iptables.ProtocolIPv6 {
-		return "ip6tables"
-	}
-	return "iptables"
 }
 
 // lock takes an exclusive flock on LockFile, waiting at most 30 s.
@@ -334,4 +318,15 @@ func lock() (func(), error) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// Present lists the network's netfilter objects on the node, in both
+// backends ("iptables nat chain VLG-MASQ-…", "nftables table inet
+// village-…", "nftables rules in ip filter FORWARD", ...).
+func Present(network string) []string {
+	var out []string
+	if Detect().IPTables != "" {
+		out = append(out, iptPresent(network)...)
+	}
+	return append(out, nftPresent(network)...)
 }

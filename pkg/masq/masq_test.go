@@ -36,11 +36,14 @@ func nets(t *testing.T, cidrs ...string) []*net.IPNet {
 	return out
 }
 
+// spec is a dual-stack network on the iptables backend (nft_test.go covers
+// the nftables one).
 func spec(t *testing.T, network string) masq.Spec {
 	return masq.Spec{
 		Network:    network,
 		PodSubnets: nets(t, "10.244.1.0/24", "fd00:1::/64"),
 		Cluster:    nets(t, "10.244.0.0/16"),
+		Backend:    masq.IPTables,
 	}
 }
 
@@ -140,7 +143,7 @@ func TestEnsureInstallsBothFamilies(t *testing.T) {
 
 func TestEnsureSingleFamily(t *testing.T) {
 	node := testenv.NewNS(t)
-	s := masq.Spec{Network: "v6only", PodSubnets: nets(t, "fd00:7::/64"), Cluster: nets(t, "fd00::/48", "10.0.0.0/8")}
+	s := masq.Spec{Network: "v6only", PodSubnets: nets(t, "fd00:7::/64"), Cluster: nets(t, "fd00::/48", "10.0.0.0/8"), Backend: masq.IPTables}
 	ensure(t, node, s)
 	if got := ours(nat(t, node, "iptables"), "v6only"); len(got) != 0 {
 		t.Errorf("IPv6-only network got IPv4 rules: %q", got)
@@ -361,8 +364,10 @@ func TestStamp(t *testing.T) {
 	}
 	for i, other := range []masq.Spec{
 		spec(t, "net2"),
-		{Network: "net1", PodSubnets: nets(t, "10.244.2.0/24", "fd00:1::/64"), Cluster: nets(t, "10.244.0.0/16")},
-		{Network: "net1", PodSubnets: nets(t, "10.244.1.0/24", "fd00:1::/64")},
+		{Network: "net1", PodSubnets: nets(t, "10.244.2.0/24", "fd00:1::/64"), Cluster: nets(t, "10.244.0.0/16"), Backend: masq.IPTables},
+		{Network: "net1", PodSubnets: nets(t, "10.244.1.0/24", "fd00:1::/64"), Backend: masq.IPTables},
+		{Network: "net1", PodSubnets: nets(t, "10.244.1.0/24", "fd00:1::/64"), Cluster: nets(t, "10.244.0.0/16"), Backend: masq.NFTables},
+		{Network: "net1", PodSubnets: nets(t, "10.244.1.0/24", "fd00:1::/64"), Cluster: nets(t, "10.244.0.0/16"), Backend: masq.IPTables, ForwardAccept: true},
 	} {
 		if other.Stamp() == a.Stamp() {
 			t.Errorf("spec %d has the same stamp as a different spec", i)

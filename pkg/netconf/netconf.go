@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/village-cni/village/pkg/macvlan"
+	"github.com/village-cni/village/pkg/masq"
 )
 
 // DefaultBridge is the bridge used when the config names none.
@@ -40,6 +41,28 @@ type NetConf struct {
 	HairpinMode *bool `json:"hairpinMode,omitempty"`
 	PromiscMode bool  `json:"promiscMode"`
 	Vlan        int   `json:"vlan"`
+	// PreserveDefaultVlan keeps VLAN 1 on a pod port that "vlan" puts in
+	// another VLAN (the reference removes it unless this is set).
+	PreserveDefaultVlan bool `json:"preserveDefaultVlan"`
+
+	// IPMasqBackend is "iptables", "nftables" or empty (Village picks:
+	// iptables on iptables-legacy hosts, nftables elsewhere).
+	IPMasqBackend string `json:"ipMasqBackend,omitempty"`
+	// MacSpoofChk drops frames a pod sends with a source MAC other than
+	// its interface's.
+	MacSpoofChk bool `json:"macspoofchk,omitempty"`
+	// PortIsolation sets the bridge port's isolated flag: pods of the
+	// bridge cannot reach each other at L2.
+	PortIsolation bool `json:"portIsolation,omitempty"`
+	// ForwardAcceptRaw is Village's "forwardAccept" (default true): accept
+	// rules for forwarded pod traffic on hosts whose FORWARD policy drops.
+	ForwardAcceptRaw *bool `json:"forwardAccept,omitempty"`
+
+	// Reference bridge keys Village does not implement: set, they are
+	// rejected naming the key, never silently ignored.
+	VlanTrunk                 json.RawMessage `json:"vlanTrunk,omitempty"`
+	EnableDad                 bool            `json:"enabledad,omitempty"`
+	DisableContainerInterface bool            `json:"disableContainerInterface,omitempty"`
 
 	// ClusterCIDR is the whole pod network; masquerade skips traffic that
 	// stays inside it. Empty: the pod subnet itself.
@@ -63,11 +86,12 @@ type NetConf struct {
 	} `json:"args,omitempty"`
 
 	// Derived by Parse.
-	Hairpin    bool             `json:"-"`
-	ClusterNet *net.IPNet       `json:"-"`
-	MAC        net.HardwareAddr `json:"-"`
-	IPAMType   string           `json:"-"`
-	HasIPAM    bool             `json:"-"`
+	ForwardAccept bool             `json:"-"`
+	Hairpin       bool             `json:"-"`
+	ClusterNet    *net.IPNet       `json:"-"`
+	MAC           net.HardwareAddr `json:"-"`
+	IPAMType      string           `json:"-"`
+	HasIPAM       bool             `json:"-"`
 	// Overlay is the parsed backend section (type none when absent).
 	Overlay *Backend `json:"-"`
 	// LAN is the parsed macvlan section; nil when there is none.
@@ -143,6 +167,9 @@ func (c *NetConf) validate(envArgs string) *types.Error {
 	if c.Vlan < 0 || c.Vlan > 4094 {
 		return Error("invalid \"vlan\" %d: must be 0 (none) or 1-4094", c.Vlan)
 	}
+	if err := c.validateNetfilter(); err != nil {
+		return err
+	}
 	c.Hairpin = !c.PromiscMode
 	if c.HairpinMode != nil {
 		c.Hairpin = *c.HairpinMode
@@ -186,6 +213,27 @@ func (c *NetConf) validate(envArgs string) *types.Error {
 		}
 	}
 	return c.parseMAC(envArgs)
+}
+
+// validateNetfilter checks the netfilter and security keys and rejects the
+// reference bridge keys Village does not implement.
+func (c *NetConf) validateNetfilter() *types.Error {
+	switch c.IPMasqBackend {
+	case "", "iptables", "nftables":
+	default:
+		return Error("invalid \"ipMasqBackend\" %q: one of \"iptables\", \"nftables\" (or leave it out: Village picks)", c.IPMasqBackend)
+	}
+	c.ForwardAccept = c.ForwardAcceptRaw == nil || *c.ForwardAcceptRaw
+	if t := strings.TrimSpace(string(c.VlanTrunk)); t != "" && t != "null" && t != "[]" {
+		return Error("\"vlanTrunk\" is not supported by village (VLAN trunk ports): remove it, or use the reference bridge plugin for this network")
+	}
+	if c.EnableDad {
+		return Error("\"enabledad\" is not supported by village: pod IPv6 addresses come from IPAM and are configured without duplicate address detection; remove the key")
+	}
+	if c.DisableContainerInterface {
+		return Error("\"disableContainerInterface\" is not supported by village: the pod interface is always brought up; remove the key")
+	}
+	return nil
 }
 
 func asCNIError(err error) *types.Error {
@@ -244,4 +292,19 @@ func ValidatePluginType(t string) error {
 		return fmt.Errorf("%q is not a plugin name (a file name in CNI_PATH)", t)
 	}
 	return nil
+}
+
+// Netfilter is the netfilter state the network wants on a node whose pod
+// subnets are subnets (masquerade when ipMasq, forward accept rules when
+// forwardAccept); nil when it wants none.
+func (c *NetConf) Netfilter(subnets []*net.IPNet) *masq.Spec {
+	if !c.IPMasq && !c.ForwardAccept {
+		return nil
+	}
+	s := &masq.Spec{Network: c.Name, PodSubnets: subnets, Backend: c.IPMasqBackend,
+		ForwardAccept: c.ForwardAccept, NoMasquerade: !c.IPMasq}
+	if c.ClusterNet != nil {
+		s.Cluster = []*net.IPNet{c.ClusterNet}
+	}
+	return s
 }

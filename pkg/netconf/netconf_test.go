@@ -332,3 +332,51 @@ func TestMACIsUnicast6Bytes(t *testing.T) {
 		t.Errorf("MAC = %v", c.MAC)
 	}
 }
+
+// TestEveryReferenceKeyHasItsMeaning walks the keys of the reference bridge
+// plugin's NetConf (containernetworking/plugins v1.10.0 plugins/main/bridge)
+// that take a non-default value: each is either implemented (parsed into
+// the field that carries it) or rejected with an error naming the key.
+func TestEveryReferenceKeyHasItsMeaning(t *testing.T) {
+	implemented := []struct {
+		member string
+		ok     func(*netconf.NetConf) bool
+	}{
+		{`"ipMasqBackend":"nftables"`, func(c *netconf.NetConf) bool { return c.IPMasqBackend == "nftables" }},
+		{`"ipMasqBackend":"iptables"`, func(c *netconf.NetConf) bool { return c.IPMasqBackend == "iptables" }},
+		{`"macspoofchk":true`, func(c *netconf.NetConf) bool { return c.MacSpoofChk }},
+		{`"portIsolation":true`, func(c *netconf.NetConf) bool { return c.PortIsolation }},
+		{`"preserveDefaultVlan":true`, func(c *netconf.NetConf) bool { return c.PreserveDefaultVlan }},
+		{`"vlanTrunk":[]`, func(c *netconf.NetConf) bool { return true }},
+		{`"enabledad":false`, func(c *netconf.NetConf) bool { return true }},
+		{`"disableContainerInterface":false`, func(c *netconf.NetConf) bool { return true }},
+	}
+	for _, k := range implemented {
+		if c := mustParse(t, conf(k.member), ""); !k.ok(c) {
+			t.Errorf("%s parsed but not carried: %+v", k.member, c)
+		}
+	}
+	for _, k := range []struct{ member, key string }{
+		{`"vlanTrunk":[{"id":101}]`, `"vlanTrunk"`},
+		{`"vlanTrunk":[{"minID":100,"maxID":110}]`, `"vlanTrunk"`},
+		{`"enabledad":true`, `"enabledad"`},
+		{`"disableContainerInterface":true`, `"disableContainerInterface"`},
+		{`"ipMasqBackend":"ebtables"`, `"ipMasqBackend"`},
+	} {
+		wantErr(t, conf(k.member), "", types.ErrInvalidNetworkConfig, k.key)
+	}
+}
+
+func TestForwardAcceptDefaultsOn(t *testing.T) {
+	if c := mustParse(t, conf(""), ""); !c.ForwardAccept || c.Netfilter(nil) == nil || !c.Netfilter(nil).NoMasquerade {
+		t.Errorf("forwardAccept should default to true (rules without masquerade when ipMasq is off): %+v", c)
+	}
+	if c := mustParse(t, conf(`"forwardAccept":false`), ""); c.ForwardAccept || c.Netfilter(nil) != nil {
+		t.Errorf("forwardAccept false and ipMasq off: no netfilter rules wanted")
+	}
+	c := mustParse(t, conf(`"forwardAccept":false,"ipMasq":true,"ipMasqBackend":"iptables","clusterCIDR":"10.0.0.0/8"`), "")
+	s := c.Netfilter(nil)
+	if s == nil || s.ForwardAccept || s.NoMasquerade || s.Backend != "iptables" || len(s.Cluster) != 1 {
+		t.Errorf("Netfilter() = %+v", s)
+	}
+}

@@ -112,6 +112,10 @@ type Veth struct {
 	MAC         net.HardwareAddr // nil: kernel-chosen
 	Hairpin     bool
 	Vlan        int
+	// PreserveDefaultVlan keeps VLAN 1 on a port Vlan puts elsewhere.
+	PreserveDefaultVlan bool
+	// Isolated sets the bridge port's isolated flag (portIsolation).
+	Isolated bool
 }
 
 // VethLinks is what EnsureVeth made or found.
@@ -235,6 +239,16 @@ func (v Veth) finish(links *VethLinks) error {
 	if v.Vlan > 0 {
 		if err := netlink.BridgeVlanAdd(links.Host, uint16(v.Vlan), true, true, false, true); err != nil {
 			return fmt.Errorf("failed to put %q in VLAN %d: %w", hostName, v.Vlan, err)
+		}
+		if !v.PreserveDefaultVlan && v.Vlan != 1 {
+			if err := netlink.BridgeVlanDel(links.Host, 1, false, false, false, true); err != nil && !errors.Is(err, syscall.ENOENT) {
+				return fmt.Errorf("failed to take %q out of the default VLAN 1: %w", hostName, err)
+			}
+		}
+	}
+	if v.Isolated {
+		if err := netlink.LinkSetIsolated(links.Host, true); err != nil {
+			return fmt.Errorf("failed to isolate bridge port %q (portIsolation): %w", hostName, err)
 		}
 	}
 	if links.Pod == nil {

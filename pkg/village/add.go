@@ -3,6 +3,7 @@ package village
 import (
 	"fmt"
 	"net"
+	"os"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -83,7 +84,7 @@ type adder struct {
 }
 
 func (a *adder) run() (*current.Result, error) {
-	steps := []func() error{a.allocate, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.configurePod, a.configureHost, a.addLAN}
+	steps := []func() error{a.allocate, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.ensureSpoofCheck, a.configurePod, a.configureHost, a.addLAN}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
@@ -197,6 +198,9 @@ func (a *adder) ensureVeth() error {
 		MAC:         a.conf.MAC,
 		Hairpin:     a.conf.Hairpin,
 		Vlan:        a.conf.Vlan,
+		// The reference removes VLAN 1 from a port "vlan" moves elsewhere.
+		PreserveDefaultVlan: a.conf.PreserveDefaultVlan,
+		Isolated:            a.conf.PortIsolation,
 	})
 	if err != nil {
 		return err
@@ -217,6 +221,26 @@ func (a *adder) ensureVeth() error {
 		ipc.Interface = current.Int(2)
 	}
 	return nil
+}
+
+// ensureSpoofCheck drops frames the pod sends with a source MAC other than
+// its interface's (macspoofchk).
+func (a *adder) ensureSpoofCheck() error {
+	if !a.conf.MacSpoofChk {
+		return nil
+	}
+	sc := spoofCheck(a.conf, a.veth.Host.Attrs().Name, a.veth.Pod.Attrs().HardwareAddr)
+	if err := masq.EnsureSpoofCheck(sc); err != nil {
+		return err
+	}
+	a.undo.Push(fmt.Sprintf("delete macspoofchk rule of %q", sc.HostVeth), func() error {
+		return masq.DeleteSpoofCheck(sc.Network, sc.HostVeth)
+	})
+	return nil
+}
+
+func spoofCheck(conf *netconf.NetConf, hostVeth string, mac net.HardwareAddr) masq.SpoofCheck {
+	return masq.SpoofCheck{Network: conf.Name, HostVeth: hostVeth, MAC: mac}
 }
 
 func (a *adder) configurePod() error {
@@ -284,38 +308,45 @@ func (a *adder) configureHost() error {
 			return err
 		}
 	}
-	if a.conf.IPMasq {
+	if a.conf.IPMasq || a.conf.ForwardAccept {
 		return ensureMasq(a.bridge, masqSpec(a.conf, a.result.IPs))
 	}
 	return nil
 }
 
+// masqSpec is the netfilter state the network wants on this node.
 func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
-	s := masq.Spec{Network: conf.Name}
+	var subnets []*net.IPNet
 	for _, ipc := range ips {
-		s.PodSubnets = append(s.PodSubnets, ip.Network(&ipc.Address))
+		subnets = append(subnets, ip.Network(&ipc.Address))
 	}
-	if conf.ClusterNet != nil {
-		s.Cluster = []*net.IPNet{conf.ClusterNet}
+	if s := conf.Netfilter(subnets); s != nil {
+		return *s
 	}
-	return s
+	return masq.Spec{Network: conf.Name, NoMasquerade: true}
 }
 
-// ensureMasq runs iptables only when the bridge does not already carry the
-// stamp of this exact rule set. The stamp lives on the bridge (its ifalias)
-// so it is per node namespace and disappears with the bridge; rules flushed
-// by hand are found by CHECK and restored by villaged.
+// ensureMasq keeps the network's netfilter rules in place at the cost of
+// one nf_tables generation read when nothing changed: the bridge's ifalias
+// records, per network, the spec's stamp and the netfilter fingerprint seen
+// when the rules were last found complete (see masq.Sync). A flush by a
+// firewall reload or an admin moves the fingerprint, so this ADD looks
+// again and puts the rules back. The stamp is per node namespace and
+// disappears with the bridge.
 func ensureMasq(br *netlink.Bridge, spec masq.Spec) error {
-	stamp := spec.Stamp()
 	alias := br.Attrs().Alias
-	if hasStamp(alias, stamp) {
-		return nil
-	}
-	if err := masq.Ensure(spec); err != nil {
+	prev := findStamp(alias, masq.StampNetwork(spec.Stamp()))
+	res, err := masq.Sync(spec, prev)
+	if err != nil {
 		return err
 	}
-	next := addStamp(alias, stamp)
-	if err := netlink.LinkSetAlias(br, next); err != nil {
+	if res.Stamp == prev {
+		return nil
+	}
+	if res.Repaired != "" {
+		fmt.Fprintf(os.Stderr, "village: netfilter rules of network %q were changed behind Village's back, restored: %s\n", spec.Network, res.Repaired)
+	}
+	if err := netlink.LinkSetAlias(br, setStamp(alias, res.Stamp)); err != nil {
 		return fmt.Errorf("failed to record masquerade stamp on bridge %q: %w", br.Attrs().Name, err)
 	}
 	return nil
@@ -323,21 +354,36 @@ func ensureMasq(br *netlink.Bridge, spec masq.Spec) error {
 
 const stampPrefix = "village:"
 
-func hasStamp(alias, stamp string) bool {
+// findStamp returns the alias item of the network whose stamps start with
+// netKey ("" if none).
+func findStamp(alias, netKey string) string {
 	if !strings.HasPrefix(alias, stampPrefix) {
-		return false
+		return ""
 	}
 	for _, s := range strings.Split(strings.TrimPrefix(alias, stampPrefix), ",") {
-		if s == stamp {
-			return true
+		if strings.HasPrefix(s, netKey) {
+			return s
 		}
 	}
-	return false
+	return ""
 }
 
-func addStamp(alias, stamp string) string {
-	if !strings.HasPrefix(alias, stampPrefix) || len(alias)+len(stamp) > 240 {
-		return stampPrefix + stamp
+// setStamp replaces the network's item (same 5-character key) with stamp,
+// keeping other networks' items while they fit in an ifalias.
+func setStamp(alias, stamp string) string {
+	key := masq.StampNetwork(stamp)
+	items := []string{stamp}
+	if strings.HasPrefix(alias, stampPrefix) {
+		for _, s := range strings.Split(strings.TrimPrefix(alias, stampPrefix), ",") {
+			if s != "" && !strings.HasPrefix(s, key) {
+				items = append(items, s)
+			}
+		}
 	}
-	return alias + "," + stamp
+	out := stampPrefix + strings.Join(items, ",")
+	for len(out) > 250 && len(items) > 1 {
+		items = items[:len(items)-1]
+		out = stampPrefix + strings.Join(items, ",")
+	}
+	return out
 }

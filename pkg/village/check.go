@@ -51,17 +51,52 @@ func Check(args *skel.CmdArgs) error {
 	}
 	d.pod = append(d.pod, checkRoutes(pod, prev)...)
 	d.node = append(d.node, checkHost(conf, args, prev)...)
-	if conf.IPMasq {
-		if err := masq.Check(masqSpec(conf, ipsOf(prev, podIfaceIndex(prev, args.IfName)))); err != nil {
-			d.masq = append(d.masq, err)
-		}
-	}
+	d.masq = checkNetfilter(conf, args, prev)
 	// Static peers are ensured on CHECK too, so a peer removed from the list
 	// leaves the kernel without waiting for the next ADD.
 	if _, err := syncOverlay(conf, ipsOf(prev, podIfaceIndex(prev, args.IfName))); err != nil {
 		d.peers = append(d.peers, err)
 	}
 	return d.asError(args)
+}
+
+// checkNetfilter reports the network's netfilter rules that are missing and
+// puts them back: the runtime learns that they were gone, and the pods of
+// this node have egress (and their macspoofchk rules) again right away.
+func checkNetfilter(conf *netconf.NetConf, args *skel.CmdArgs, prev *current.Result) []error {
+	var drift []error
+	idx := podIfaceIndex(prev, args.IfName)
+	if conf.MacSpoofChk && idx >= 0 {
+		hostName := netsetup.HostVethName(args.ContainerID, args.IfName)
+		if mac, err := net.ParseMAC(prev.Interfaces[idx].Mac); err == nil {
+			sc := spoofCheck(conf, hostName, mac)
+			if err := masq.CheckSpoofCheck(sc); err != nil {
+				drift = append(drift, repaired(err, func() error { return masq.EnsureSpoofCheck(sc) }))
+			}
+		}
+		// The other pods of the bridge lost theirs too if a flush took it.
+		if br, err := netlinksafe.LinkByName(conf.Bridge); err == nil {
+			if restored, err := masq.RestoreSpoofChecks(conf.Name, br.Attrs().Index); err != nil || len(restored) > 0 {
+				drift = append(drift, fmt.Errorf("macspoofchk rules of %v were missing (restored; error: %v)", restored, err))
+			}
+		}
+	}
+	if conf.IPMasq || conf.ForwardAccept {
+		spec := masqSpec(conf, ipsOf(prev, idx))
+		if err := masq.Check(spec); err != nil {
+			drift = append(drift, repaired(err, func() error { return masq.Ensure(spec) }))
+		}
+	}
+	return drift
+}
+
+// repaired runs fix for the drift and returns the drift marked "(restored)",
+// or with the repair's failure.
+func repaired(drift error, fix func() error) error {
+	if err := fix(); err != nil {
+		return fmt.Errorf("%w (repair failed: %v)", drift, err)
+	}
+	return fmt.Errorf("%w (restored)", drift)
 }
 
 // CHECK's error codes: Village's own (the specification leaves 100 and up
@@ -80,7 +115,7 @@ const (
 type drift struct {
 	pod   []error // inside the pod: re-create the pod
 	node  []error // bridge, gateway, host veth: re-create the pod (ADD restores them)
-	masq  []error // masquerade rules: villaged sync
+	masq  []error // netfilter rules (masquerade, forward accept, macspoofchk): restored by CHECK
 	peers []error // static peers CHECK failed to reconcile
 }
 
@@ -106,7 +141,7 @@ func (d *drift) asError(args *skel.CmdArgs) error {
 		do = append(do, "delete and re-create the pod (CNI DEL, then ADD) to restore it")
 	}
 	if len(d.masq) > 0 {
-		do = append(do, "run `villaged sync` to restore the masquerade rules (`villaged run` does within 10 s)")
+		do = append(do, "this CHECK restored the netfilter rules (if a repair failed, `villaged sync` retries; `villaged run` does within 10 s); find what flushed them (a firewall reload?)")
 	}
 	if len(d.peers) > 0 {
 		do = append(do, "check the backend section of the config and the underlay interface")

@@ -6,6 +6,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 
+	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netsetup"
 )
@@ -97,6 +98,11 @@ func deleteLinks(conf *netconf.NetConf, args *skel.CmdArgs) error {
 			// The runtime already removed the namespace: nothing inside to do.
 		default:
 			return netsetup.PodError(args.Netns, err) // the host's own namespace: code 8
+		}
+	}
+	if conf.MacSpoofChk {
+		if err := masq.DeleteSpoofCheck(conf.Name, hostName); err != nil {
+			return err
 		}
 	}
 	return netsetup.DeleteHostLink(hostName)

@@ -11,23 +11,23 @@ import (
 )
 
 func TestStamps(t *testing.T) {
+	// Stamps are "m" + 4 hex digits of the network + the spec digest, then
+	// "@" + the netfilter fingerprint.
 	for _, c := range []struct {
-		alias, stamp string
-		has          bool
-		next         string
+		alias, key, found, stamp, next string
 	}{
-		{"", "m1", false, "village:m1"},
-		{"someone else's alias", "m1", false, "village:m1"},
-		{"village:m1", "m1", true, "village:m1,m1"},
-		{"village:m0,m1", "m1", true, "village:m0,m1,m1"},
-		{"village:m0", "m1", false, "village:m0,m1"},
-		{"village:" + strings.Repeat("x", 240), "m1", false, "village:m1"},
+		{"", "mabcd", "", "mabcd1@g1", "village:mabcd1@g1"},
+		{"someone else's alias", "mabcd", "", "mabcd1@g1", "village:mabcd1@g1"},
+		{"village:mabcd1@g1", "mabcd", "mabcd1@g1", "mabcd1@g2", "village:mabcd1@g2"},
+		{"village:m00001@g1,mabcd1@g1", "mabcd", "mabcd1@g1", "mabcd2@g1", "village:mabcd2@g1,m00001@g1"},
+		{"village:m00001@g1", "mabcd", "", "mabcd1@g1", "village:mabcd1@g1,m00001@g1"},
+		{"village:" + strings.Repeat("x", 240), "mabcd", "", "mabcd1@g1", "village:mabcd1@g1"},
 	} {
-		if got := hasStamp(c.alias, c.stamp); got != c.has {
-			t.Errorf("hasStamp(%q, %q) = %v", c.alias, c.stamp, got)
+		if got := findStamp(c.alias, c.key); got != c.found {
+			t.Errorf("findStamp(%q, %q) = %q, want %q", c.alias, c.key, got, c.found)
 		}
-		if got := addStamp(c.alias, c.stamp); got != c.next {
-			t.Errorf("addStamp(%q, %q) = %q, want %q", c.alias, c.stamp, got, c.next)
+		if got := setStamp(c.alias, c.stamp); got != c.next {
+			t.Errorf("setStamp(%q, %q) = %q, want %q", c.alias, c.stamp, got, c.next)
 		}
 	}
 }

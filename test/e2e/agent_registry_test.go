@@ -396,19 +396,20 @@ func (lab *agentLab) underlayMoves(pods []*Pod) {
 	})
 }
 
-// masqRepair: the masquerade rule set flushed by hand is restored by the
-// periodic pass (iptables sends no events).
+// masqRepair: the masquerade rule set flushed by hand (`nft flush ruleset`,
+// the nftables backend being the automatic choice on this host) is restored
+// by the periodic pass.
 func (lab *agentLab) masqRepair() {
 	t := lab.t
 	n2 := lab.nodes[1]
 	has := func() (bool, string) {
-		out, _ := exec.Command("ip", "netns", "exec", n2.Name(), "iptables", "-t", "nat", "-S", "POSTROUTING").CombinedOutput()
-		return strings.Contains(string(out), "village:agt"), string(out)
+		out, _ := exec.Command("ip", "netns", "exec", n2.Name(), "nft", "list", "ruleset").CombinedOutput()
+		return strings.Contains(string(out), `masquerade comment "village:agt"`), string(out)
 	}
 	if ok, out := has(); !ok {
 		t.Fatalf("no masquerade rule on %s: %s", n2.name, out)
 	}
-	inNS(t, n2.NS, "iptables", "-t", "nat", "-F", "POSTROUTING")
+	inNS(t, n2.NS, "nft", "flush", "ruleset")
 	d := waitFor(t, 25*time.Second, "the flushed masquerade rule set comes back", has)
 	t.Logf("FIGURE: a flushed masquerade rule set came back after %s (period 10s)", d.Round(time.Millisecond))
 }

@@ -132,21 +132,33 @@ func TestFailedAddRollsBack(t *testing.T) {
 }
 
 // TestMasqueradeOncePerNetwork proves the lean hot path: the first ADD of a
-// network installs one shared rule set; later ADDs and DELs run no iptables
-// command at all (a spy iptables on PATH records every call).
+// network installs one shared rule set; later ADDs and DELs run no
+// iptables or nft command at all (spies on PATH record every call). The
+// nftables backend (the automatic choice on this iptables-nft host) runs
+// none even on the first ADD: it speaks netlink.
 func TestMasqueradeOncePerNetwork(t *testing.T) {
+	for _, backend := range []string{"iptables", "nftables", ""} {
+		t.Run("backend="+backend, func(t *testing.T) { masqueradeOnce(t, backend) })
+	}
+}
+
+func masqueradeOnce(t *testing.T, backend string) {
 	n := NewNode(t)
 	data := filepath.Join(n.Dir, "ipam")
 	spyDir := filepath.Join(n.Dir, "spy")
-	log := filepath.Join(n.Dir, "iptables-calls")
+	log := filepath.Join(n.Dir, "netfilter-calls")
 	must(t, os.MkdirAll(spyDir, 0o755), "mkdir")
-	for _, tool := range []string{"iptables", "ip6tables"} {
+	for _, tool := range []string{"iptables", "ip6tables", "nft", "iptables-nft", "iptables-legacy"} {
 		real := strings.TrimSpace(sh(t, "sh", "-c", "command -v "+tool))
 		script := fmt.Sprintf("#!/bin/sh\necho \"%s $*\" >> %s\nexec %s \"$@\"\n", tool, log, real)
 		must(t, os.WriteFile(filepath.Join(spyDir, tool), []byte(script), 0o755), "spy")
 	}
-	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"masq1","type":"village","bridge":"masq1","isGateway":true,"ipMasq":true,
-		"clusterCIDR":"10.42.0.0/16","ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.42.1.0/24"}],[{"subnet":"fd42::/64"}]]}}`, data)
+	be := ""
+	if backend != "" {
+		be = fmt.Sprintf(`"ipMasqBackend":%q,`, backend)
+	}
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"masq1","type":"village","bridge":"masq1","isGateway":true,"ipMasq":true,%s
+		"clusterCIDR":"10.42.0.0/16","ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.42.1.0/24"}],[{"subnet":"fd42::/64"}]]}}`, be, data)
 	env := []string{"PATH=" + spyDir + ":" + os.Getenv("PATH")}
 	run := func(cmd string, p *Pod) {
 		t.Helper()
@@ -162,30 +174,58 @@ func TestMasqueradeOncePerNetwork(t *testing.T) {
 	pods := []*Pod{n.NewPod(), n.NewPod(), n.NewPod()}
 	run("ADD", pods[0])
 	first := calls()
-	if first == 0 {
+	switch {
+	case backend == "iptables" && first == 0:
 		t.Fatal("first ADD with ipMasq ran no iptables: the spy is not on the plugin's PATH")
+	case backend != "iptables" && first != 0:
+		b, _ := os.ReadFile(log)
+		t.Fatalf("the nftables backend ran %d commands:\n%s", first, b)
 	}
 	run("ADD", pods[1])
 	run("ADD", pods[2])
 	run("DEL", pods[1])
 	if got := calls(); got != first {
 		b, _ := os.ReadFile(log)
-		t.Fatalf("later ADDs/DELs ran %d iptables commands:\n%s", got-first, b)
+		t.Fatalf("later ADDs/DELs ran %d netfilter commands:\n%s", got-first, b)
 	}
-	v4 := inNS(t, n.NS, "iptables", "-t", "nat", "-S")
-	v6 := inNS(t, n.NS, "ip6tables", "-t", "nat", "-S")
-	if strings.Count(v4, "village:masq1") != 4 || strings.Count(v6, "village:masq1") != 3 {
-		t.Fatalf("want one rule set per family:\n%s\n%s", v4, v6)
+	if backend != "iptables" {
+		rs := inNS(t, n.NS, "nft", "list", "table", "inet", "village-masq1")
+		if strings.Count(rs, `comment "village:masq1"`) != 5 || !strings.Contains(rs, "ip daddr 10.42.0.0/16 return") {
+			t.Fatalf("want one rule set per family (3 IPv4, 2 IPv6) skipping clusterCIDR:\n%s", rs)
+		}
+		if ipt := inNS(t, n.NS, "iptables-save"); strings.Contains(ipt, "VLG-") {
+			t.Fatalf("nftables backend left iptables rules:\n%s", ipt)
+		}
+		inNS(t, n.NS, "nft", "flush", "ruleset")
+	} else {
+		v4 := inNS(t, n.NS, "iptables", "-t", "nat", "-S")
+		v6 := inNS(t, n.NS, "ip6tables", "-t", "nat", "-S")
+		if strings.Count(v4, "village:masq1") != 4 || strings.Count(v6, "village:masq1") != 3 {
+			t.Fatalf("want one rule set per family:\n%s\n%s", v4, v6)
+		}
+		if !strings.Contains(v4, "-d 10.42.0.0/16") {
+			t.Fatalf("clusterCIDR not excluded from masquerade:\n%s", v4)
+		}
+		inNS(t, n.NS, "iptables", "-t", "nat", "-F", "POSTROUTING")
 	}
-	if !strings.Contains(v4, "-d 10.42.0.0/16") {
-		t.Fatalf("clusterCIDR not excluded from masquerade:\n%s", v4)
-	}
-	// Flushed by hand: CHECK names it.
-	inNS(t, n.NS, "iptables", "-t", "nat", "-F", "POSTROUTING")
+	// Flushed by hand: CHECK names what is missing (and puts it back).
 	prev := n.Exec(testenv.Call{Bin: "village", Command: "ADD", ContainerID: pods[0].ID, Netns: pods[0].NS.Path(), IfName: "eth0", Stdin: []byte(conf)})
+	// That repeated ADD repaired the rules already; flush again for CHECK.
+	if backend != "iptables" {
+		inNS(t, n.NS, "nft", "flush", "ruleset")
+	} else {
+		inNS(t, n.NS, "iptables", "-t", "nat", "-F", "POSTROUTING")
+	}
+	want := "POSTROUTING"
+	if backend != "iptables" {
+		want = "table inet village-masq1"
+	}
 	checkConf := strings.TrimSuffix(strings.TrimSpace(conf), "}") + `,"prevResult":` + string(prev.Stdout) + "}"
 	out := n.Exec(testenv.Call{Bin: "village", Command: "CHECK", ContainerID: pods[0].ID, Netns: pods[0].NS.Path(), IfName: "eth0", Stdin: []byte(checkConf)})
-	if out.ExitCode == 0 || !strings.Contains(string(out.Stdout), "POSTROUTING") {
-		t.Fatalf("CHECK after flushing POSTROUTING: exit %d %s", out.ExitCode, out.Stdout)
+	if out.ExitCode == 0 || !strings.Contains(string(out.Stdout), want) || !strings.Contains(string(out.Stdout), "restored") {
+		t.Fatalf("CHECK after the flush: exit %d %s, want %q reported and restored", out.ExitCode, out.Stdout, want)
+	}
+	if out := n.Exec(testenv.Call{Bin: "village", Command: "CHECK", ContainerID: pods[0].ID, Netns: pods[0].NS.Path(), IfName: "eth0", Stdin: []byte(checkConf)}); out.ExitCode != 0 {
+		t.Fatalf("CHECK after CHECK restored the rules: %s", out.Stdout)
 	}
 }

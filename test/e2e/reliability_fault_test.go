@@ -36,8 +36,14 @@ func tmpfs(t *testing.T, size int) string {
 }
 
 func simpleList(t *testing.T, name, bridge, subnet, data string) *libcni.NetworkConfigList {
-	return ConfList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"village","bridge":%q,"isGateway":true,"ipMasq":true,
-		"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":%q}]],"routes":[{"dst":"0.0.0.0/0"}]}}]}`, name, bridge, data, subnet))
+	return simpleListWith(t, name, bridge, subnet, data, "")
+}
+
+// simpleListWith is simpleList with more keys (JSON members ending in a
+// comma) in the village entry.
+func simpleListWith(t *testing.T, name, bridge, subnet, data, extra string) *libcni.NetworkConfigList {
+	return ConfList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"village","bridge":%q,"isGateway":true,"ipMasq":true,%s
+		"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":%q}]],"routes":[{"dst":"0.0.0.0/0"}]}}]}`, name, bridge, extra, data, subnet))
 }
 
 // addFails runs village ADD by hand and returns its CNI error after checking
@@ -182,10 +188,10 @@ func TestBridgeDeletedByHand(t *testing.T) {
 }
 
 // TestMasqueradeChainFlushedByHand empties, then deletes, the network's
-// masquerade chain: CHECK names the chain each time.
+// masquerade chain of the iptables backend: CHECK names the chain each time.
 func TestMasqueradeChainFlushedByHand(t *testing.T) {
 	n := NewNode(t)
-	l := simpleList(t, "mflush", "mflush0", "10.68.0.0/24", filepath.Join(n.Dir, "ipam"))
+	l := simpleListWith(t, "mflush", "mflush0", "10.68.0.0/24", filepath.Join(n.Dir, "ipam"), `"ipMasqBackend":"iptables",`)
 	p := n.NewPod()
 	n.MustAdd(l, p)
 	must(t, n.Check(l, p), "CHECK before")
@@ -194,7 +200,9 @@ func TestMasqueradeChainFlushedByHand(t *testing.T) {
 	if err := n.Check(l, p); err == nil || !strings.Contains(err.Error(), chain) {
 		t.Fatalf("CHECK with %s flushed: %v, want an error naming the chain", chain, err)
 	}
+	// CHECK put the rules back: empty the chain again, then delete it.
 	inNS(t, n.NS, "iptables", "-w", "-t", "nat", "-F", "POSTROUTING")
+	inNS(t, n.NS, "iptables", "-w", "-t", "nat", "-F", chain)
 	inNS(t, n.NS, "iptables", "-w", "-t", "nat", "-X", chain)
 	if err := n.Check(l, p); err == nil || !strings.Contains(err.Error(), chain) {
 		t.Fatalf("CHECK with %s deleted: %v, want an error naming the chain", chain, err)

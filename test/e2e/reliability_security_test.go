@@ -53,24 +53,55 @@ func iptablesSave(t *testing.T, n *Node) []string {
 // and one behind a router) and checks the node afterwards: every route it
 // added carries protocol 86 (overlay) or 87 (host shim) — the kernel's own
 // connected routes aside — and every iptables rule it added carries the
-// network's owner comment. DEL then removes every per-pod piece.
+// network's owner comment, in either netfilter backend. DEL then removes
+// every per-pod piece.
 func TestEverythingVillageAddsIsTagged(t *testing.T) {
+	for _, backend := range []string{"iptables", "nftables"} {
+		t.Run(backend, func(t *testing.T) { everythingTagged(t, backend) })
+	}
+}
+
+// nftRules lists the rule lines of the node's nftables ruleset with the
+// table and chain each is in, counters removed.
+func nftRules(t *testing.T, n *Node) []string {
+	t.Helper()
+	var out []string
+	var table, chain string
+	for _, l := range strings.Split(inNS(t, n.NS, "nft", "list", "ruleset"), "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "table "):
+			table = strings.TrimSuffix(l, " {")
+		case strings.HasPrefix(l, "chain "):
+			chain = strings.TrimSuffix(l, " {")
+		case l == "" || l == "}" || strings.HasPrefix(l, "type ") || strings.HasPrefix(l, "#"):
+		default:
+			out = append(out, table+" "+chain+": "+nftCounters.ReplaceAllString(l, "counter"))
+		}
+	}
+	return out
+}
+
+func everythingTagged(t *testing.T, backend string) {
 	lan := NewLAN(t)
 	n := NewNode(t)
 	lan.Attach(t, n.NS, "lan0", "192.168.79.10/24")
 	testenv.MustIP(t, n.NS, "-6", "addr", "add", "fd79::10/64", "dev", "lan0", "nodad")
 	testenv.MustIP(t, n.NS, "route", "add", "default", "via", "192.168.79.1")
+	// FORWARD policy drop, as Docker leaves it: forwardAccept adds rules too.
+	inNS(t, n.NS, "iptables", "-P", "FORWARD", "DROP")
 	l := ConfList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":"tagged","plugins":[{"type":"village","bridge":"tag0","isDefaultGateway":true,
-		"ipMasq":true,"clusterCIDR":"10.72.0.0/16",
+		"ipMasq":true,"clusterCIDR":"10.72.0.0/16","ipMasqBackend":%q,
 		"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.72.1.0/24"}],[{"subnet":"fd72:0:0:1::/64"}]]},
 		"macvlan":{"master":"lan0","mode":"bridge","ifName":"net1","hostShim":true,
 			"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"192.168.79.0/24","rangeStart":"192.168.79.200","rangeEnd":"192.168.79.210","gateway":"192.168.79.1"}]]}},
 		"backend":{"type":"auto","underlay":"lan0","vni":9,"nodes":[
 			{"name":"near","ip":"192.168.79.11","podCIDRs":["10.72.2.0/24","fd72:0:0:2::/64"]},
 			{"name":"far","ip":"192.168.200.5","podCIDRs":["10.72.3.0/24","fd72:0:0:3::/64"]}]}}]}`,
-		filepath.Join(n.Dir, "pods"), filepath.Join(n.Dir, "lan")))
+		backend, filepath.Join(n.Dir, "pods"), filepath.Join(n.Dir, "lan")))
 	routesBefore := routeLines(t, n)
 	rulesBefore := iptablesSave(t, n)
+	nftBefore := nftRules(t, n)
 
 	pods := []*Pod{n.NewPod(), n.NewPod()}
 	for _, p := range pods {
@@ -113,10 +144,30 @@ func TestEverythingVillageAddsIsTagged(t *testing.T) {
 	if len(bad) > 0 {
 		t.Errorf("iptables rules Village added without the owner comment:\n%s", strings.Join(bad, "\n"))
 	}
-	if rules == 0 {
+	if backend == "iptables" && rules == 0 {
 		t.Error("ADD with ipMasq added no iptables rule: nothing was checked")
 	}
-	t.Logf("%d overlay routes (86), %d shim routes (87), %d iptables rules, all tagged", tagged86, tagged87, rules)
+	if backend == "nftables" {
+		// iptables-save above saw the accept rules in iptables-nft's FORWARD
+		// chain (tagged); count everything from nft's side now.
+		bad, rules = nil, 0
+		for _, r := range nftRules(t, n) {
+			if slices.Contains(nftBefore, r) {
+				continue
+			}
+			rules++
+			if !strings.Contains(r, `comment "village:tagged"`) {
+				bad = append(bad, r)
+			}
+		}
+		if len(bad) > 0 {
+			t.Errorf("nftables rules Village added without the owner comment:\n%s", strings.Join(bad, "\n"))
+		}
+		if rules < 7 { // 3 + 2 masquerade, 2 x 2 forward accept
+			t.Errorf("the nftables backend added %d rules, want masquerade and forward accept in both families", rules)
+		}
+	}
+	t.Logf("%d overlay routes (86), %d shim routes (87), %d %s rules, all tagged", tagged86, tagged87, rules, backend)
 	if t.Failed() {
 		t.FailNow()
 	}

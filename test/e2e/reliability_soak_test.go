@@ -72,7 +72,9 @@ func linkNames(out string) []string {
 }
 
 // iptablesRules lists every rule of both families and both tables Village
-// uses inside the node, without counters.
+// uses inside the node, and the nftables ruleset, without counters.
+var nftCounters = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+
 func iptablesRules(t *testing.T, n *Node) []string {
 	t.Helper()
 	var out []string
@@ -83,6 +85,11 @@ func iptablesRules(t *testing.T, n *Node) []string {
 					out = append(out, tool+" "+table+" "+l)
 				}
 			}
+		}
+	}
+	for _, l := range strings.Split(inNS(t, n.NS, "nft", "list", "ruleset"), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, "nft "+nftCounters.ReplaceAllString(l, "counter"))
 		}
 	}
 	slices.Sort(out)

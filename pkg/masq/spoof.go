@@ -1,0 +1,202 @@
+package masq
+
+import (
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+)
+
+// macspoofchk: one rule per pod port in the network's bridge-family table,
+// over netlink like the rest of the nftables backend (whatever the
+// masquerade backend is):
+//
+//	table bridge village-<net>
+//	  chain macspoofchk  type filter hook prerouting priority -300
+//	    iifname "<host veth>" ether saddr != <pod MAC> drop   comment "village:<net> <host veth>"
+//
+// A pod that sends with any other source MAC (a changed eth0 address, a
+// raw socket) has its frames dropped before the bridge learns or forwards
+// them.
+
+// SpoofCheck is the source MAC check of one pod port.
+type SpoofCheck struct {
+	Network  string
+	HostVeth string
+	MAC      net.HardwareAddr
+}
+
+func spoofTable(network string) *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyBridge, Name: Table(network)}
+}
+
+func spoofChain(t *nftables.Table) *nftables.Chain {
+	return &nftables.Chain{Name: "macspoofchk", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(-300)}
+}
+
+func spoofTag(network, hostVeth string) string { return Comment(network) + " " + hostVeth }
+
+func (sc SpoofCheck) exprs() []expr.Any {
+	name := make([]byte, 16)
+	copy(name, sc.HostVeth)
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: name},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(sc.MAC)},
+		&expr.Counter{},
+		&expr.Verdict{Kind: expr.VerdictDrop},
+	}
+}
+
+// spoofRules returns the table's chain and the rules tagged for hostVeth
+// (nil chain when the table or chain is missing).
+func spoofRules(c *nftables.Conn, network, hostVeth string) (*nftables.Chain, []*nftables.Rule) {
+	t := spoofTable(network)
+	ch, err := c.ListChain(t, "macspoofchk")
+	if err != nil {
+		return nil, nil
+	}
+	rules, err := c.GetRules(t, ch)
+	if err != nil {
+		return nil, nil
+	}
+	var out []*nftables.Rule
+	for _, r := range rules {
+		if tag, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && tag == spoofTag(network, hostVeth) {
+			out = append(out, r)
+		}
+	}
+	return ch, out
+}
+
+// EnsureSpoofCheck installs (or replaces) the pod port's rule.
+func EnsureSpoofCheck(sc SpoofCheck) error {
+	c, unlock, err := lockedConn()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	t := c.AddTable(spoofTable(sc.Network))
+	ch := c.AddChain(spoofChain(t))
+	_, old := spoofRules(c, sc.Network, sc.HostVeth)
+	for _, r := range old {
+		if err := c.DelRule(r); err != nil {
+			return fmt.Errorf("failed to replace the macspoofchk rule of %q: %w", sc.HostVeth, err)
+		}
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: sc.exprs(),
+		UserData: userdata.AppendString(nil, userdata.TypeComment, spoofTag(sc.Network, sc.HostVeth))})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("failed to write the macspoofchk rule of %q (nftables table bridge %s): %w", sc.HostVeth, Table(sc.Network), err)
+	}
+	return nil
+}
+
+// CheckSpoofCheck reports a missing or changed rule of the pod port.
+func CheckSpoofCheck(sc SpoofCheck) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("failed to open nftables: %w", err)
+	}
+	_, rules := spoofRules(c, sc.Network, sc.HostVeth)
+	if len(rules) != 1 || !sameCmp(rules[0].Exprs, sc.exprs()) {
+		return fmt.Errorf("macspoofchk rule of %q (source MAC %s) missing from nftables table bridge %s", sc.HostVeth, sc.MAC, Table(sc.Network))
+	}
+	return nil
+}
+
+// DeleteSpoofCheck removes the pod port's rule; a missing one is fine.
+func DeleteSpoofCheck(network, hostVeth string) error {
+	c, unlock, err := lockedConn()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	_, rules := spoofRules(c, network, hostVeth)
+	if len(rules) == 0 {
+		return nil
+	}
+	for _, r := range rules {
+		if err := c.DelRule(r); err != nil {
+			return err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("failed to delete the macspoofchk rule of %q: %w", hostVeth, err)
+	}
+	return nil
+}
+
+// deleteSpoofTable drops the network's bridge table with every pod's rule.
+func deleteSpoofTable(network string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("failed to open nftables: %w", err)
+	}
+	t := spoofTable(network)
+	c.AddTable(t)
+	c.DelTable(t)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("failed to delete nftables table bridge %s: %w", t.Name, err)
+	}
+	return nil
+}
+
+// spoofAliasPrefix starts the ifalias of a host veth whose pod has
+// macspoofchk: the alias holds the pod MAC, so the rules can be rebuilt
+// for every pod of the bridge after a flush, not only for the pod at hand.
+const spoofAliasPrefix = "village-mac:"
+
+// SpoofAlias is the host veth alias recording the pod's MAC.
+func SpoofAlias(mac net.HardwareAddr) string { return spoofAliasPrefix + mac.String() }
+
+// RestoreSpoofChecks puts back the macspoofchk rule of every port of the
+// bridge (index bridge) whose alias records a pod MAC, when it is missing.
+// It returns the host veths whose rule it restored.
+func RestoreSpoofChecks(network string, bridge int) ([]string, error) {
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("failed to list links for macspoofchk of network %q: %w", network, err)
+	}
+	var restored []string
+	for _, l := range links {
+		a := l.Attrs()
+		if a.MasterIndex != bridge || !strings.HasPrefix(a.Alias, spoofAliasPrefix) {
+			continue
+		}
+		mac, err := net.ParseMAC(strings.TrimPrefix(a.Alias, spoofAliasPrefix))
+		if err != nil {
+			continue
+		}
+		sc := SpoofCheck{Network: network, HostVeth: a.Name, MAC: mac}
+		if CheckSpoofCheck(sc) == nil {
+			continue
+		}
+		if err := EnsureSpoofCheck(sc); err != nil {
+			return restored, err
+		}
+		restored = append(restored, a.Name)
+	}
+	return restored, nil
+}
+
+// lockedConn takes the lock and opens nftables.
+func lockedConn() (*nftables.Conn, func(), error) {
+	unlock, err := lock()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		unlock()
+		return nil, nil, fmt.Errorf("failed to open nftables: %w", err)
+	}
+	return c, unlock, nil
+}
