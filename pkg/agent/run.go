@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/metrics"
@@ -303,10 +305,18 @@ func (a *agent) checkSelf(records chan registry.Node) {
 	}
 }
 
-// repairMasq restores the masquerade rule set when ipMasq is on and the
-// rules are not all there (iptables sends no events, so this runs on every
-// tick).
+// repairMasq restores the network's netfilter rules (masquerade, forward
+// accept, every pod's macspoofchk rule) when they are not all there
+// (netfilter sends no events Village listens to, so this runs on every tick).
 func (a *agent) repairMasq() {
+	if a.c.Net.MacSpoofChk {
+		if br, err := netlinksafe.LinkByName(a.c.Net.Bridge); err == nil {
+			restored, err := masq.RestoreSpoofChecks(a.c.Net.Name, br.Attrs().Index)
+			if len(restored) > 0 || err != nil {
+				a.opts.logf("macspoofchk rules of %v (network %q) were gone: restored (%v)", restored, a.c.Net.Name, err)
+			}
+		}
+	}
 	if a.masq == nil {
 		return
 	}

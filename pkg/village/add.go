@@ -233,6 +233,9 @@ func (a *adder) ensureSpoofCheck() error {
 	if err := masq.EnsureSpoofCheck(sc); err != nil {
 		return err
 	}
+	if err := netlink.LinkSetAlias(a.veth.Host, masq.SpoofAlias(sc.MAC)); err != nil {
+		return fmt.Errorf("failed to record the pod MAC on %q for macspoofchk: %w", sc.HostVeth, err)
+	}
 	a.undo.Push(fmt.Sprintf("delete macspoofchk rule of %q", sc.HostVeth), func() error {
 		return masq.DeleteSpoofCheck(sc.Network, sc.HostVeth)
 	})
@@ -308,8 +311,8 @@ func (a *adder) configureHost() error {
 			return err
 		}
 	}
-	if a.conf.IPMasq || a.conf.ForwardAccept {
-		return ensureMasq(a.bridge, masqSpec(a.conf, a.result.IPs))
+	if a.conf.IPMasq || a.conf.ForwardAccept || a.conf.MacSpoofChk {
+		return ensureNetfilter(a.conf, a.bridge, masqSpec(a.conf, a.result.IPs))
 	}
 	return nil
 }
@@ -326,14 +329,18 @@ func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
 	return masq.Spec{Network: conf.Name, NoMasquerade: true}
 }
 
-// ensureMasq keeps the network's netfilter rules in place at the cost of
+// ensureNetfilter keeps the network's netfilter rules in place at the cost of
 // one nf_tables generation read when nothing changed: the bridge's ifalias
 // records, per network, the spec's stamp and the netfilter fingerprint seen
 // when the rules were last found complete (see masq.Sync). A flush by a
 // firewall reload or an admin moves the fingerprint, so this ADD looks
 // again and puts the rules back. The stamp is per node namespace and
 // disappears with the bridge.
-func ensureMasq(br *netlink.Bridge, spec masq.Spec) error {
+//
+// When the fingerprint moved and macspoofchk is on, the rules of every pod
+// of the bridge are checked too (their MACs are in the host veths' aliases)
+// and put back when a flush took them.
+func ensureNetfilter(conf *netconf.NetConf, br *netlink.Bridge, spec masq.Spec) error {
 	alias := br.Attrs().Alias
 	prev := findStamp(alias, masq.StampNetwork(spec.Stamp()))
 	res, err := masq.Sync(spec, prev)
@@ -345,6 +352,15 @@ func ensureMasq(br *netlink.Bridge, spec masq.Spec) error {
 	}
 	if res.Repaired != "" {
 		fmt.Fprintf(os.Stderr, "village: netfilter rules of network %q were changed behind Village's back, restored: %s\n", spec.Network, res.Repaired)
+	}
+	if conf.MacSpoofChk {
+		restored, err := masq.RestoreSpoofChecks(conf.Name, br.Index)
+		if err != nil {
+			return err
+		}
+		if len(restored) > 0 {
+			fmt.Fprintf(os.Stderr, "village: macspoofchk rules of %v (network %q) were gone, restored\n", restored, conf.Name)
+		}
 	}
 	if err := netlink.LinkSetAlias(br, setStamp(alias, res.Stamp)); err != nil {
 		return fmt.Errorf("failed to record masquerade stamp on bridge %q: %w", br.Attrs().Name, err)

@@ -6,74 +6,16 @@ package e2e
 // portIsolation.
 
 import (
-	"bytes"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/village-cni/village/internal/testenv"
 )
-
-// tcpdump captures packets matching filter inside a namespace.
-type tcpdump struct {
-	cmd *exec.Cmd
-	out bytes.Buffer
-}
-
-func startTcpdump(t *testing.T, n ns.NetNS, iface, filter string) *tcpdump {
-	t.Helper()
-	c := &tcpdump{}
-	c.cmd = exec.Command("ip", "netns", "exec", filepath.Base(n.Path()), "tcpdump", "-i", iface, "-e", "-nn", "-l", "-U", "-p", filter)
-	c.cmd.Stdout = &c.out
-	stderr, err := c.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.cmd.Start(); err != nil {
-		t.Fatalf("tcpdump: %v", err)
-	}
-	t.Cleanup(func() { c.stop() })
-	ready := make(chan string, 1)
-	go func() {
-		var seen []byte
-		buf := make([]byte, 4096)
-		for {
-			k, err := stderr.Read(buf)
-			seen = append(seen, buf[:k]...)
-			if bytes.Contains(seen, []byte("listening on")) || err != nil {
-				ready <- string(seen)
-				_, _ = bytes.NewBuffer(nil).ReadFrom(stderr)
-				return
-			}
-		}
-	}()
-	select {
-	case msg := <-ready:
-		if !strings.Contains(msg, "listening on") {
-			t.Fatalf("tcpdump did not start: %s", msg)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("tcpdump did not start in 20s")
-	}
-	return c
-}
-
-// stop ends the capture and returns what it printed.
-func (c *tcpdump) stop() string {
-	if c.cmd.ProcessState == nil {
-		time.Sleep(300 * time.Millisecond) // let the last packets through
-		_ = c.cmd.Process.Signal(os.Interrupt)
-		_ = c.cmd.Wait()
-	}
-	return c.out.String()
-}
 
 // outside is a host outside the cluster behind node: a namespace on a link
 // of its own (203.0.113.0/24) with no route to any pod network, so only
@@ -93,9 +35,9 @@ func outside(t *testing.T, node ns.NetNS) ns.NetNS {
 // the echo requests reached it with source src (tcpdump on the outside host).
 func egressSeenAs(t *testing.T, pod, ext ns.NetNS, src string) error {
 	t.Helper()
-	c := startTcpdump(t, ext, "eth0", "icmp")
+	c := testenv.StartCapture(t, ext, "eth0", "icmp")
 	err := testenv.Ping(pod, "203.0.113.2", 2)
-	got := c.stop()
+	got := c.Stop()
 	if err != nil {
 		return fmt.Errorf("%w (the outside host saw: %q)", err, got)
 	}
@@ -110,9 +52,9 @@ func egressSeenAs(t *testing.T, pod, ext ns.NetNS, src string) error {
 // own address (no masquerade inside clusterCIDR).
 func podToPodKeepsSource(t *testing.T, from *Pod, fromIP string, to *Pod, toIP string) error {
 	t.Helper()
-	c := startTcpdump(t, to.NS, "eth0", "icmp")
+	c := testenv.StartCapture(t, to.NS, "eth0", "icmp")
 	err := testenv.Ping(from.NS, toIP, 2)
-	got := c.stop()
+	got := c.Stop()
 	if err != nil {
 		return err
 	}
@@ -246,4 +188,116 @@ func TestForwardAcceptOnLockedDownNodes(t *testing.T) {
 			})
 		}
 	}
+}
+
+// bridgeList is a one-node IPv4 conflist on its own bridge with extra keys
+// (JSON members, each followed by a comma) in the village entry.
+func bridgeList(t *testing.T, n *Node, name, subnet, extra string) *libcni.NetworkConfigList {
+	return ConfList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"village","bridge":"b-%s","isGateway":true,%s
+		"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":%q}]]}}]}`, name, name, extra, filepath.Join(n.Dir, name), subnet))
+}
+
+func addV4(t *testing.T, n *Node, l *libcni.NetworkConfigList, p *Pod) string {
+	t.Helper()
+	r := n.MustAdd(l, p)
+	return r.IPs[0].Address.IP.String()
+}
+
+// spoofedPing changes a's eth0 MAC, clears both pods' neighbour caches and
+// pings b, capturing inside b. It returns the ping error, what b saw from
+// the spoofed MAC, and restores a's MAC.
+func spoofedPing(t *testing.T, a, b *Pod, bIP string) (error, string) {
+	t.Helper()
+	orig := strings.Fields(strings.SplitAfter(testenv.MustIP(t, a.NS, "-o", "link", "show", "eth0"), "link/ether ")[1])[0]
+	const spoofed = "02:00:00:00:be:ef"
+	testenv.MustIP(t, a.NS, "link", "set", "eth0", "address", spoofed)
+	defer testenv.MustIP(t, a.NS, "link", "set", "eth0", "address", orig)
+	for _, p := range []*Pod{a, b} {
+		testenv.MustIP(t, p.NS, "neigh", "flush", "dev", "eth0")
+	}
+	c := testenv.StartCapture(t, b.NS, "eth0", "ether src "+spoofed)
+	err := testenv.Ping(a.NS, bIP, 2)
+	return err, c.Stop()
+}
+
+// TestMacSpoofChk: a pod that changes its MAC reaches nobody with
+// macspoofchk on (b's capture sees no frame from the spoofed address), and
+// does without it; its own MAC keeps working; CHECK restores a flushed rule;
+// DEL removes the pod's rule.
+func TestMacSpoofChk(t *testing.T) {
+	n := NewNode(t)
+	on := bridgeList(t, n, "spoof", "10.81.0.0/24", `"macspoofchk":true,`)
+	off := bridgeList(t, n, "nospoof", "10.82.0.0/24", ``)
+	a, b := n.NewPod(), n.NewPod()
+	addV4(t, n, on, a)
+	bIP := addV4(t, n, on, b)
+	must(t, testenv.Ping(a.NS, bIP, 1), "pods with their own MACs")
+	err, seen := spoofedPing(t, a, b, bIP)
+	if err == nil || strings.TrimSpace(seen) != "" {
+		t.Fatalf("with macspoofchk, a spoofed MAC got through: ping %v; b saw:\n%s", err, seen)
+	}
+	must(t, testenv.Ping(a.NS, bIP, 2), "a with its MAC back")
+
+	c, d := n.NewPod(), n.NewPod()
+	addV4(t, n, off, c)
+	dIP := addV4(t, n, off, d)
+	err, seen = spoofedPing(t, c, d, dIP)
+	if err != nil || !strings.Contains(seen, "02:00:00:00:be:ef") {
+		t.Fatalf("without macspoofchk the spoofed MAC should get through (the control): ping %v; d saw:\n%s", err, seen)
+	}
+
+	inNS(t, n.NS, "nft", "flush", "ruleset")
+	if err := n.Check(on, a); err == nil || !strings.Contains(err.Error(), "macspoofchk") || !strings.Contains(err.Error(), "restored") {
+		t.Fatalf("CHECK with the macspoofchk rule flushed: %v", err)
+	}
+	if err, seen := spoofedPing(t, a, b, bIP); err == nil || strings.TrimSpace(seen) != "" {
+		t.Fatalf("after CHECK restored the rule, a spoofed MAC got through: %v\n%s", err, seen)
+	}
+	if err, seen := spoofedPing(t, b, a, addrOf(t, a)); err == nil || strings.TrimSpace(seen) != "" {
+		t.Fatalf("CHECK of a did not restore b's rule: a spoofed MAC from b got through: %v\n%s", err, seen)
+	}
+	// A flush, then the next ADD of another pod: every pod's rule is back.
+	inNS(t, n.NS, "nft", "flush", "ruleset")
+	e := n.NewPod()
+	addV4(t, n, on, e)
+	if err, seen := spoofedPing(t, b, a, addrOf(t, a)); err == nil || strings.TrimSpace(seen) != "" {
+		t.Fatalf("after a flush and one more ADD, a spoofed MAC from an old pod got through: %v\n%s", err, seen)
+	}
+	must(t, n.Del(on, a), "DEL")
+	if r := inNS(t, n.NS, "nft", "list", "table", "bridge", "village-spoof"); strings.Count(r, "drop comment") != 2 {
+		t.Fatalf("after DEL of one of three pods, want two macspoofchk rules:\n%s", r)
+	}
+}
+
+func addrOf(t *testing.T, p *Pod) string {
+	t.Helper()
+	f := strings.Fields(testenv.MustIP(t, p.NS, "-o", "-4", "addr", "show", "dev", "eth0"))
+	for i, w := range f {
+		if w == "inet" {
+			return strings.Split(f[i+1], "/")[0]
+		}
+	}
+	t.Fatalf("no IPv4 address in pod %s", p.ID)
+	return ""
+}
+
+// TestPortIsolation: pods on isolated ports cannot reach each other at L2
+// but reach the gateway; pods of a bridge without it can.
+func TestPortIsolation(t *testing.T) {
+	n := NewNode(t)
+	iso := bridgeList(t, n, "iso", "10.83.0.0/24", `"portIsolation":true,`)
+	open := bridgeList(t, n, "open", "10.84.0.0/24", ``)
+	a, b := n.NewPod(), n.NewPod()
+	addV4(t, n, iso, a)
+	bIP := addV4(t, n, iso, b)
+	if err := testenv.Ping(a.NS, bIP, 2); err == nil {
+		t.Fatal("pods on isolated ports reached each other")
+	}
+	must(t, testenv.Ping(a.NS, "10.83.0.1", 1), "an isolated pod reaches its gateway")
+	if out := inNS(t, n.NS, "bridge", "-d", "link", "show", "master", "b-iso"); strings.Count(out, "isolated on") != 2 {
+		t.Fatalf("want both ports isolated:\n%s", out)
+	}
+	c, d := n.NewPod(), n.NewPod()
+	addV4(t, n, open, c)
+	must(t, testenv.Ping(c.NS, addV4(t, n, open, d), 1), "pods without portIsolation")
 }
