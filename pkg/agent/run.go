@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/metrics"
+	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
 )
@@ -263,6 +265,7 @@ func (a *agent) update(ctx context.Context, why string, change overlay.PeerChang
 // whatever it has to change is drift.
 func (a *agent) pass(ctx context.Context, why string, repair bool) {
 	a.repairShim(why)
+	a.repairHostVeths(why)
 	if !a.haveView {
 		a.health.set(fmt.Errorf("no peer list from the registry yet"))
 		return
@@ -345,6 +348,28 @@ func (a *agent) repairShim(why string) {
 	}
 	if err != nil {
 		a.opts.logf("%s: host shim of network %q: %v", why, a.c.Net.Name, err)
+	}
+}
+
+// repairHostVeths puts the derived MAC back on this network's host veths
+// (Village's owner tag, on its bridge) whose MAC something changed, as udev
+// does with MACAddressPolicy=persistent.
+func (a *agent) repairHostVeths(why string) {
+	ports, err := a.c.bridgePorts()
+	if err != nil {
+		a.opts.logf("%s: %v", why, err)
+		return
+	}
+	for _, p := range ports {
+		if !netsetup.MadeByVillage(p) || bytes.Equal(p.Attrs().HardwareAddr, netsetup.HostVethMAC(p.Attrs().Name)) {
+			continue
+		}
+		was := p.Attrs().HardwareAddr.String()
+		if err := netsetup.EnsureHostVethMAC(p); err != nil {
+			a.opts.logf("%s: %v", why, err)
+			continue
+		}
+		a.opts.logf("%s: host veth %s MAC %s (was %s)", why, p.Attrs().Name, p.Attrs().HardwareAddr, was)
 	}
 }
 

@@ -1,6 +1,7 @@
 package macvlan
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/owner"
 )
 
@@ -60,6 +62,9 @@ func RepairShim(master netlink.Link, ranges []Range, network string) error {
 	if mv, ok := l.(*netlink.Macvlan); !ok || mv.ParentIndex != master.Attrs().Index {
 		return nil // not ours; EnsureShim reports it at the next ADD
 	}
+	if err := ensureShimMAC(l, master); err != nil {
+		return err
+	}
 	return ensureShimRoutes(master, l, ranges, network)
 }
 
@@ -82,6 +87,25 @@ func ensureShimRoutes(master, shim netlink.Link, ranges []Range, network string)
 	return nil
 }
 
+// ShimMAC is the host shim's MAC: derived from the master's MAC (the shim
+// speaks on the LAN, so it must differ between nodes), given at creation
+// (so udev's MACAddressPolicy=persistent leaves it alone) and put back by
+// every ADD and villaged pass when something changed it.
+func ShimMAC(master netlink.Link) net.HardwareAddr {
+	return netsetup.DeriveMAC("village host shim " + master.Attrs().HardwareAddr.String())
+}
+
+func ensureShimMAC(l, master netlink.Link) error {
+	want := ShimMAC(master)
+	if bytes.Equal(l.Attrs().HardwareAddr, want) {
+		return nil
+	}
+	if err := netlink.LinkSetHardwareAddr(l, want); err != nil {
+		return fmt.Errorf("failed to set MAC %s on host shim %q: %w", want, l.Attrs().Name, err)
+	}
+	return nil
+}
+
 func ensureShimLink(master netlink.Link) (netlink.Link, error) {
 	name := ShimName(master.Attrs().Name)
 	l, err := netlinksafe.LinkByName(name)
@@ -89,6 +113,9 @@ func ensureShimLink(master netlink.Link) (netlink.Link, error) {
 		mv, ok := l.(*netlink.Macvlan)
 		if !ok || mv.ParentIndex != master.Attrs().Index {
 			return nil, fmt.Errorf("host shim %q exists but is not a macvlan on %q: remove it or rename the master", name, master.Attrs().Name)
+		}
+		if err := ensureShimMAC(l, master); err != nil {
+			return nil, err
 		}
 		if l.Attrs().Flags&net.FlagUp == 0 {
 			if err := netlink.LinkSetUp(l); err != nil {
@@ -101,6 +128,7 @@ func ensureShimLink(master netlink.Link) (netlink.Link, error) {
 	attrs.Name = name
 	attrs.ParentIndex = master.Attrs().Index
 	attrs.Flags = net.FlagUp
+	attrs.HardwareAddr = ShimMAC(master)
 	if err := netlink.LinkAdd(&netlink.Macvlan{LinkAttrs: attrs, Mode: netlink.MACVLAN_MODE_BRIDGE}); err != nil && !errors.Is(err, syscall.EEXIST) {
 		return nil, fmt.Errorf("failed to create host shim %q on %q: %w", name, master.Attrs().Name, err)
 	}

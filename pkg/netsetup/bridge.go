@@ -9,7 +9,8 @@
 package netsetup
 
 import (
-	"crypto/rand"
+	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -45,7 +46,61 @@ func EnsureBridge(b Bridge) (*netlink.Bridge, error) {
 	if !ok {
 		return nil, fmt.Errorf("%q already exists but is a %s, not a bridge: rename the bridge in the config or remove that link", b.Name, l.Type())
 	}
+	if err := pinBridgeMAC(br); err != nil {
+		return nil, err
+	}
 	return br, fixBridge(br, b)
+}
+
+// BridgeMAC is the MAC Village gives a bridge it creates: derived from the
+// name (locally administered, unicast), so a bridge that has it is known to
+// have a MAC of its own without asking anything else.
+func BridgeMAC(name string) net.HardwareAddr {
+	return DeriveMAC("village bridge " + name)
+}
+
+// DeriveMAC is a locally administered unicast MAC from the hash of seed.
+func DeriveMAC(seed string) net.HardwareAddr {
+	sum := sha256.Sum256([]byte(seed))
+	mac := net.HardwareAddr(sum[:6])
+	mac[0] = (mac[0] | 0x02) &^ 0x01
+	return mac
+}
+
+// pinBridgeMAC gives a bridge Village did not make (or made before bridge
+// MACs were derived) a MAC of its own when it has none: such a bridge takes
+// the lowest MAC of its ports, so the pods' gateway MAC would change when
+// that pod goes. Setting the MAC it has now changes nothing for the pods and
+// keeps it from then on. A bridge without ports gets BridgeMAC (no pod knows
+// its MAC yet), so later ADDs see it is pinned without listing anything; a
+// bridge whose MAC is no port's already has one of its own.
+func pinBridgeMAC(br *netlink.Bridge) error {
+	if bytes.Equal(br.HardwareAddr, BridgeMAC(br.Name)) {
+		return nil
+	}
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return fmt.Errorf("failed to list the ports of bridge %q: %w", br.Name, err)
+	}
+	ports, following := 0, false
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Index {
+			ports++
+			following = following || bytes.Equal(l.Attrs().HardwareAddr, br.HardwareAddr)
+		}
+	}
+	mac := br.HardwareAddr
+	switch {
+	case ports == 0:
+		mac = BridgeMAC(br.Name)
+	case !following:
+		return nil
+	}
+	if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
+		return fmt.Errorf("failed to give bridge %q a MAC of its own (%s): %w", br.Name, mac, err)
+	}
+	br.HardwareAddr = mac
+	return nil
 }
 
 func createBridge(b Bridge) (*netlink.Bridge, error) {
@@ -58,7 +113,7 @@ func createBridge(b Bridge) (*netlink.Bridge, error) {
 	attrs.Flags = net.FlagUp
 	// A bridge without a MAC of its own takes the lowest of its ports', so
 	// its MAC (the pods' gateway MAC) would change as pods come and go.
-	attrs.HardwareAddr = randomMAC()
+	attrs.HardwareAddr = BridgeMAC(b.Name)
 	br := &netlink.Bridge{LinkAttrs: attrs}
 	if b.VlanFiltering {
 		on := true
@@ -209,16 +264,6 @@ func nodadFlag(ip net.IP) int {
 		return unix.IFA_F_NODAD
 	}
 	return 0
-}
-
-// randomMAC returns a locally administered unicast MAC.
-func randomMAC() net.HardwareAddr {
-	mac := make(net.HardwareAddr, 6)
-	if _, err := rand.Read(mac); err != nil {
-		return nil // let the kernel choose
-	}
-	mac[0] = (mac[0] | 0x02) &^ 0x01
-	return mac
 }
 
 func isNotFound(err error) bool {

@@ -1,6 +1,7 @@
 package netsetup
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -82,6 +83,24 @@ func (p *Pod) LinkByName(name string) (netlink.Link, error) {
 	return l, nil
 }
 
+// HostVethMAC is the MAC of the host veth named name: derived from the
+// name, so ADD, a retried ADD and villaged agree on it without state.
+func HostVethMAC(name string) net.HardwareAddr { return DeriveMAC("village host veth " + name) }
+
+// EnsureHostVethMAC puts HostVethMAC back on a host veth whose MAC was
+// changed (by udev, or by hand).
+func EnsureHostVethMAC(l netlink.Link) error {
+	want := HostVethMAC(l.Attrs().Name)
+	if bytes.Equal(l.Attrs().HardwareAddr, want) {
+		return nil
+	}
+	if err := netlink.LinkSetHardwareAddr(l, want); err != nil {
+		return fmt.Errorf("failed to set MAC %s on %q: %w", want, l.Attrs().Name, err)
+	}
+	l.Attrs().HardwareAddr = want
+	return nil
+}
+
 // HostVethName is the node-side name of a pod's veth: "veth" and 8 hex
 // digits derived from the attachment, so DEL and a retried ADD find the same
 // link without any state file.
@@ -142,6 +161,9 @@ func EnsureVeth(v Veth) (*VethLinks, error) {
 	attrs.MTU = v.MTU
 	attrs.MasterIndex = v.Bridge.Attrs().Index
 	attrs.Flags = net.FlagUp
+	// A MAC given at creation is one the kernel marks as set, which udev's
+	// MACAddressPolicy=persistent leaves alone (it rewrites random ones).
+	attrs.HardwareAddr = HostVethMAC(hostName)
 	veth := &netlink.Veth{
 		LinkAttrs:        attrs,
 		PeerName:         v.IfName,
@@ -223,6 +245,9 @@ func (v Veth) finish(links *VethLinks) error {
 		if err := netlink.LinkSetMasterByIndex(links.Host, v.Bridge.Attrs().Index); err != nil {
 			return fmt.Errorf("failed to attach %q to bridge %q: %w", hostName, v.Bridge.Attrs().Name, err)
 		}
+	}
+	if err := EnsureHostVethMAC(links.Host); err != nil {
+		return err
 	}
 	if links.Host.Attrs().Alias != ownerAlias(v.ContainerID) {
 		// The host end says who made it, too (see MadeByVillage); the kernel
