@@ -224,7 +224,7 @@ func Teardown(network string) error {
 		return err
 	}
 	defer unlock()
-	return errors.Join(teardownOthers("", network), deleteSpoofTable(network))
+	return errors.Join(teardownOthers("", network), deleteSpoofTable(network), os.RemoveAll(filepath.Join(SpoofDir, network)))
 }
 
 // Result says what Sync did.

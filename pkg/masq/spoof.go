@@ -1,8 +1,11 @@
 package masq
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -91,6 +94,9 @@ func EnsureSpoofCheck(sc SpoofCheck) error {
 			return fmt.Errorf("failed to replace the macspoofchk rule of %q: %w", sc.HostVeth, err)
 		}
 	}
+	if err := recordSpoofMAC(sc); err != nil {
+		return err
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: sc.exprs(),
 		UserData: userdata.AppendString(nil, userdata.TypeComment, spoofTag(sc.Network, sc.HostVeth))})
 	if err := c.Flush(); err != nil {
@@ -119,6 +125,9 @@ func DeleteSpoofCheck(network, hostVeth string) error {
 		return err
 	}
 	defer unlock()
+	if err := os.Remove(spoofFile(network, hostVeth)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("failed to remove the macspoofchk record of %q: %w", hostVeth, err)
+	}
 	_, rules := spoofRules(c, network, hostVeth)
 	if len(rules) == 0 {
 		return nil
@@ -149,17 +158,30 @@ func deleteSpoofTable(network string) error {
 	return nil
 }
 
-// spoofAliasPrefix starts the ifalias of a host veth whose pod has
-// macspoofchk: the alias holds the pod MAC, so the rules can be rebuilt
-// for every pod of the bridge after a flush, not only for the pod at hand.
-const spoofAliasPrefix = "village-mac:"
+// SpoofDir holds, per network, one file per pod port with macspoofchk
+// (named after the host veth, holding the pod MAC), so the rules can be
+// rebuilt for every pod of the bridge after a flush, not only for the pod
+// at hand.
+const SpoofDir = "/run/village/macspoofchk"
 
-// SpoofAlias is the host veth alias recording the pod's MAC.
-func SpoofAlias(mac net.HardwareAddr) string { return spoofAliasPrefix + mac.String() }
+func spoofFile(network, hostVeth string) string {
+	return filepath.Join(SpoofDir, network, hostVeth)
+}
+
+func recordSpoofMAC(sc SpoofCheck) error {
+	f := spoofFile(sc.Network, sc.HostVeth)
+	if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+		return fmt.Errorf("failed to create %s: %w", filepath.Dir(f), err)
+	}
+	if err := os.WriteFile(f, []byte(sc.MAC.String()), 0o600); err != nil {
+		return fmt.Errorf("failed to record the MAC of %q for macspoofchk: %w", sc.HostVeth, err)
+	}
+	return nil
+}
 
 // RestoreSpoofChecks puts back the macspoofchk rule of every port of the
-// bridge (index bridge) whose alias records a pod MAC, when it is missing.
-// It returns the host veths whose rule it restored.
+// bridge (index bridge) with a recorded pod MAC, when it is missing. It
+// returns the host veths whose rule it restored.
 func RestoreSpoofChecks(network string, bridge int) ([]string, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
@@ -168,10 +190,14 @@ func RestoreSpoofChecks(network string, bridge int) ([]string, error) {
 	var restored []string
 	for _, l := range links {
 		a := l.Attrs()
-		if a.MasterIndex != bridge || !strings.HasPrefix(a.Alias, spoofAliasPrefix) {
+		if a.MasterIndex != bridge {
 			continue
 		}
-		mac, err := net.ParseMAC(strings.TrimPrefix(a.Alias, spoofAliasPrefix))
+		b, err := os.ReadFile(spoofFile(network, a.Name))
+		if err != nil {
+			continue
+		}
+		mac, err := net.ParseMAC(strings.TrimSpace(string(b)))
 		if err != nil {
 			continue
 		}

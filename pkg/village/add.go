@@ -233,9 +233,6 @@ func (a *adder) ensureSpoofCheck() error {
 	if err := masq.EnsureSpoofCheck(sc); err != nil {
 		return err
 	}
-	if err := netlink.LinkSetAlias(a.veth.Host, masq.SpoofAlias(sc.MAC)); err != nil {
-		return fmt.Errorf("failed to record the pod MAC on %q for macspoofchk: %w", sc.HostVeth, err)
-	}
 	a.undo.Push(fmt.Sprintf("delete macspoofchk rule of %q", sc.HostVeth), func() error {
 		return masq.DeleteSpoofCheck(sc.Network, sc.HostVeth)
 	})
@@ -338,8 +335,8 @@ func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
 // disappears with the bridge.
 //
 // When the fingerprint moved and macspoofchk is on, the rules of every pod
-// of the bridge are checked too (their MACs are in the host veths' aliases)
-// and put back when a flush took them.
+// of the bridge are checked too (their MACs are recorded under
+// masq.SpoofDir) and put back when a flush took them.
 func ensureNetfilter(conf *netconf.NetConf, br *netlink.Bridge, spec masq.Spec) error {
 	alias := br.Attrs().Alias
 	prev := findStamp(alias, masq.StampNetwork(spec.Stamp()))
