@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/masq"
 )
 
 // outside is a host outside the cluster behind node: a namespace on a link
@@ -300,4 +302,92 @@ func TestPortIsolation(t *testing.T) {
 	c, d := n.NewPod(), n.NewPod()
 	addV4(t, n, open, c)
 	must(t, testenv.Ping(c.NS, addV4(t, n, open, d), 1), "pods without portIsolation")
+}
+
+// variantNode is a node whose plugin runs in a private mount namespace
+// where /etc/alternatives (through which Debian's /usr/sbin/iptables and
+// ip6tables resolve) points at the variant wanted: "legacy", "nft", or
+// "none" (no iptables binary at all). Nothing outside the plugin process
+// sees the change.
+func variantNode(t *testing.T, variant string) *Node {
+	t.Helper()
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		if l, err := os.Readlink("/usr/sbin/" + tool); err != nil || l != "/etc/alternatives/"+tool {
+			t.Fatalf("/usr/sbin/%s is not the alternatives link this test swaps (%q, %v)", tool, l, err)
+		}
+	}
+	dir := t.TempDir()
+	alt := filepath.Join(dir, "alternatives")
+	sh(t, "cp", "-a", "/etc/alternatives/.", alt+"/")
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			link := filepath.Join(alt, tool+suffix)
+			must(t, os.Remove(link), "remove %s", link)
+			if variant != "none" {
+				must(t, os.Symlink(fmt.Sprintf("/usr/sbin/%s-%s%s", tool, variant, suffix), link), "link %s", link)
+			}
+		}
+	}
+	wrap := filepath.Join(dir, "bin")
+	must(t, os.MkdirAll(wrap, 0o755), "mkdir")
+	script := fmt.Sprintf("#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -c 'mount --bind %s /etc/alternatives && exec %s'\n",
+		alt, filepath.Join(testenv.Bins(t), "village"))
+	must(t, os.WriteFile(filepath.Join(wrap, "village"), []byte(script), 0o755), "wrapper")
+	n := NewNode(t)
+	n.CNI = libcni.NewCNIConfigWithCacheDir(append([]string{wrap}, filepath.SplitList(testenv.CNIPath(t))...), filepath.Join(n.Dir, "cache"), nil)
+	return n
+}
+
+// TestAutomaticBackendPerIptablesVariant: with no ipMasqBackend, a host whose
+// iptables is the legacy variant gets the iptables backend (in the legacy
+// tables, where its FORWARD drop lives), an iptables-nft host and a host
+// without iptables get nftables. On each, egress leaves with the node's
+// address through a FORWARD policy of drop, a flush with that host's tool
+// is repaired by the next ADD, and the old pod's egress works again.
+func TestAutomaticBackendPerIptablesVariant(t *testing.T) {
+	for _, c := range []struct {
+		variant      string
+		lockDown     [][]string
+		flush        []string
+		wantIPTables bool
+	}{
+		{"legacy", [][]string{{"iptables-legacy", "-P", "FORWARD", "DROP"}}, []string{"iptables-legacy", "-t", "nat", "-F"}, true},
+		{"nft", [][]string{{"iptables-nft", "-P", "FORWARD", "DROP"}}, []string{"nft", "flush", "ruleset"}, false},
+		{"none", [][]string{{"nft", "add", "table", "inet", "fw"}, {"nft", "add chain inet fw fwd_chain { type filter hook forward priority 0; policy drop; }"}},
+			[]string{"nft", "flush", "ruleset"}, false},
+	} {
+		t.Run(c.variant, func(t *testing.T) {
+			n := variantNode(t, c.variant)
+			ext := outside(t, n.NS)
+			for _, cmd := range c.lockDown {
+				inNS(t, n.NS, cmd...)
+			}
+			l := bridgeList(t, n, "auto"+c.variant, "10.85.0.0/24", `"ipMasq":true,"isDefaultGateway":true,"clusterCIDR":"10.85.0.0/16",`)
+			old := n.NewPod()
+			addV4(t, n, l, old)
+			legacy := inNS(t, n.NS, "iptables-legacy-save")
+			tables := inNS(t, n.NS, "nft", "list", "tables")
+			if got := strings.Contains(legacy, masq.Chain("auto"+c.variant)); got != c.wantIPTables {
+				t.Fatalf("%s host: masquerade chain in the legacy tables = %v, want %v\n%s", c.variant, got, c.wantIPTables, legacy)
+			}
+			if got := strings.Contains(tables, "inet "+masq.Table("auto"+c.variant)); got == c.wantIPTables {
+				t.Fatalf("%s host: nftables table present = %v, want %v\n%s", c.variant, got, !c.wantIPTables, tables)
+			}
+			must(t, egressSeenAs(t, old.NS, ext, "203.0.113.1"), "egress on the %s host", c.variant)
+
+			inNS(t, n.NS, c.flush...)
+			if c.variant == "none" {
+				// The firewall comes back with its reload; Village's rules do not.
+				for _, cmd := range c.lockDown {
+					inNS(t, n.NS, cmd...)
+				}
+			}
+			if err := testenv.Ping(old.NS, "203.0.113.2", 1); err == nil {
+				t.Fatalf("egress still works after %v", c.flush)
+			}
+			addV4(t, n, l, n.NewPod())
+			must(t, egressSeenAs(t, old.NS, ext, "203.0.113.1"), "egress of the old pod after %v and one more ADD on the %s host", c.flush, c.variant)
+			must(t, n.Del(l, old), "DEL")
+		})
+	}
 }
