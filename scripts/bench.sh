@@ -5,11 +5,13 @@
 # (A B A B) and prints a Markdown table of medians and ratios (see
 # docs/performance.md). It touches only namespaces it makes (named
 # cnib<pid>-*) and temp directories, and removes them when it ends. The
-# runtime row starts one private containerd per suite inside those namespaces
+# backends section compares ADD/DEL per ipMasqBackend (iptables, nftables) with
+# the reference's same backend, and times Village's per-ADD netfilter
+# verification in-process. The runtime row starts one private containerd per suite inside those namespaces
 # (internal/crienv) and times RunPodSandbox/StopPodSandbox over CRI.
 #
 #   sudo ./scripts/bench.sh                 # everything, a few minutes on 2 cores
-#   sudo ./scripts/bench.sh -only latency   # one section (latency,burst,scale,memory,overlay,throughput,runtime)
+#   sudo ./scripts/bench.sh -only latency   # one section (latency,backends,burst,scale,memory,overlay,throughput,runtime)
 #   sudo ./scripts/bench.sh -v              # also every sample series
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).

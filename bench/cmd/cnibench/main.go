@@ -54,7 +54,7 @@ func main() {
 	flag.IntVar(&o.overlayCount, "overlay-count", 5, "runs of pkg/overlay's TestMeasureScale")
 	flag.IntVar(&o.iperfSecs, "iperf-seconds", 3, "length of one iperf3 run")
 	flag.IntVar(&o.iperfRounds, "iperf-rounds", 3, "iperf3 runs per path and mode")
-	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,burst,scale,memory,overlay,throughput,runtime); empty: all")
+	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,backends,burst,scale,memory,overlay,throughput,runtime); empty: all")
 	flag.BoolVar(&o.verbose, "v", false, "print every sample series")
 	flag.StringVar(&o.dataRoot, "data-root", "", "directory for the IPAM data directories (default: the run's temp dir; e.g. /dev/shm to take fsync cost out, for diagnosis)")
 	flag.Parse()
@@ -152,6 +152,8 @@ func benchmark(l *lab, o options) error {
 			"nomasq": s.netConf("nomasq", "cbr1", "10.91.0.0/24", false, ""),
 			"burst":  s.netConf("burst", "cbr2", "10.92.0.0/24", true, ""),
 			"scale":  s.netConf("scale", "cbr3", "10.93.0.0/24", true, ""),
+			"mipt":   s.netConf("mipt", "cbr4", "10.94.0.0/24", true, `,"ipMasqBackend":"iptables"`),
+			"mnft":   s.netConf("mnft", "cbr5", "10.95.0.0/24", true, `,"ipMasqBackend":"nftables"`),
 			"lo":     s.loConf(),
 		}
 		for name, body := range confs {
@@ -166,6 +168,14 @@ func benchmark(l *lab, o options) error {
 	start := time.Now()
 	if o.want("latency") {
 		if err := latency(l, o, v, r, s, t); err != nil {
+			return err
+		}
+	}
+	if o.want("backends") {
+		if err := backends(l, o, v, r, s, t); err != nil {
+			return err
+		}
+		if err := verification(v, s, t); err != nil {
 			return err
 		}
 	}
