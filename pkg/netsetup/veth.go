@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Pod is an open handle on a pod's network namespace. All container-side
@@ -45,7 +46,9 @@ func OpenPod(path string) (*Pod, error) {
 		n.Close()
 		return nil, ErrHostNetNS
 	}
-	nh, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()))
+	// Only the route family: NewHandleAt without families also opens XFRM and
+	// NETFILTER sockets (each a setns round trip) that nothing here uses.
+	nh, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()), unix.NETLINK_ROUTE)
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("failed to open netlink in netns %q: %w", path, err)

@@ -9,7 +9,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/vishvananda/netlink"
 
 	"github.com/village-cni/village/pkg/cleanup"
@@ -159,7 +158,7 @@ func (a *adder) fillGateways() {
 	isGW := a.conf.IsGateway || a.conf.IsDefaultGW
 	for _, ipc := range a.result.IPs {
 		if ipc.Gateway == nil && isGW {
-			ipc.Gateway = ip.NextIP(ip.Network(&ipc.Address).IP)
+			ipc.Gateway = firstHost(&ipc.Address)
 		}
 	}
 	if !a.conf.IsDefaultGW {
@@ -318,7 +317,7 @@ func (a *adder) configureHost() error {
 func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
 	var subnets []*net.IPNet
 	for _, ipc := range ips {
-		subnets = append(subnets, ip.Network(&ipc.Address))
+		subnets = append(subnets, subnetOf(&ipc.Address))
 	}
 	if s := conf.Netfilter(subnets); s != nil {
 		return *s

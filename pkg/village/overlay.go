@@ -7,7 +7,6 @@ import (
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/ip"
 
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/overlay"
@@ -35,7 +34,7 @@ func OverlayConfig(network string, b *netconf.Backend) overlay.Config {
 func podSubnets(ips []*current.IPConfig) []*net.IPNet {
 	var out []*net.IPNet
 	for _, ipc := range ips {
-		out = append(out, ip.Network(&ipc.Address))
+		out = append(out, subnetOf(&ipc.Address))
 	}
 	return out
 }
