@@ -4,14 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/pluginexec"
 )
 
 // ipamCall execs the IPAM plugin for one interface. The main plugin runs it
@@ -26,8 +25,7 @@ type ipamCall struct {
 }
 
 func (c ipamCall) path() (string, error) {
-	paths := filepath.SplitList(c.Args.Path)
-	p, err := invoke.FindInPath(c.Type, paths)
+	p, err := pluginexec.Find(c.Type, c.Args.Path)
 	if err != nil {
 		return "", types.NewError(types.ErrInvalidNetworkConfig,
 			fmt.Sprintf("IPAM plugin %q not found in CNI_PATH %q: install it next to village or fix \"ipam.type\"", c.Type, c.Args.Path), err.Error())
@@ -35,24 +33,28 @@ func (c ipamCall) path() (string, error) {
 	return p, nil
 }
 
-func (c ipamCall) args(verb string) *invoke.Args {
-	return &invoke.Args{
-		Command:       verb,
-		ContainerID:   c.Args.ContainerID,
-		NetNS:         c.Args.Netns,
-		IfName:        c.IfName,
-		PluginArgs:    nil,
-		PluginArgsStr: c.Args.Args,
-		Path:          c.Args.Path,
+// exec is the plugin call of verb: the runtime's environment with this
+// call's CNI_IFNAME, as the CNI spec has main plugins run IPAM.
+func (c ipamCall) exec(verb string) (pluginexec.Call, error) {
+	p, err := c.path()
+	if err != nil {
+		return pluginexec.Call{}, err
 	}
+	return pluginexec.Call{Path: p, Command: verb, Stdin: c.Conf, Env: []string{
+		"CNI_CONTAINERID=" + c.Args.ContainerID,
+		"CNI_NETNS=" + c.Args.Netns,
+		"CNI_IFNAME=" + c.IfName,
+		"CNI_ARGS=" + c.Args.Args,
+		"CNI_PATH=" + c.Args.Path,
+	}}, nil
 }
 
 func (c ipamCall) Add(ctx context.Context) (*current.Result, error) {
-	p, err := c.path()
+	call, err := c.exec("ADD")
 	if err != nil {
 		return nil, err
 	}
-	r, err := invoke.ExecPluginWithResult(ctx, p, c.Conf, c.args("ADD"), nil)
+	r, err := call.Result(ctx)
 	if err != nil {
 		return nil, wrapIPAM(c.Type, "ADD", err)
 	}
@@ -67,11 +69,11 @@ func (c ipamCall) Add(ctx context.Context) (*current.Result, error) {
 }
 
 func (c ipamCall) run(ctx context.Context, verb string) error {
-	p, err := c.path()
+	call, err := c.exec(verb)
 	if err != nil {
 		return err
 	}
-	if err := invoke.ExecPluginWithoutResult(ctx, p, c.Conf, c.args(verb), nil); err != nil {
+	if _, err := call.Run(ctx); err != nil {
 		return wrapIPAM(c.Type, verb, err)
 	}
 	return nil

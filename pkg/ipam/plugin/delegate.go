@@ -4,13 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/pluginexec"
 )
 
 // Register builds a store type into this binary. The etcd store registers
@@ -68,24 +67,20 @@ func helperFor(stdin []byte) (string, bool) {
 }
 
 func runHelper(verb, helper string, args *skel.CmdArgs) error {
-	path, err := invoke.FindInPath(helper, filepath.SplitList(args.Path))
+	path, err := pluginexec.Find(helper, args.Path)
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetworkConfig,
 			fmt.Sprintf("this store type is served by %q, which is not in CNI_PATH %q: install it next to village-ipam", helper, args.Path), err.Error())
 	}
-	iargs := &invoke.Args{
-		Command:       verb,
-		ContainerID:   args.ContainerID,
-		NetNS:         args.Netns,
-		IfName:        args.IfName,
-		PluginArgsStr: args.Args,
-		Path:          args.Path,
-	}
+	// The helper gets this process's environment (the runtime's CNI_*
+	// variables) and stdin unchanged.
+	call := pluginexec.Call{Path: path, Command: verb, Stdin: args.StdinData}
 	ctx := context.Background()
 	if verb != "ADD" {
-		return invoke.ExecPluginWithoutResult(ctx, path, args.StdinData, iargs, nil)
+		_, err := call.Run(ctx)
+		return err
 	}
-	res, err := invoke.ExecPluginWithResult(ctx, path, args.StdinData, iargs, nil)
+	res, err := call.Result(ctx)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,122 @@
+package pluginexec
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+// plugin writes an executable shell script named name into dir.
+func plugin(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestFind(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	want := plugin(t, b, "p", "true")
+	if err := os.Mkdir(filepath.Join(a, "p"), 0o755); err != nil { // a directory is not a plugin
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, path, want string
+		ok               bool
+	}{
+		{"p", a + ":" + b, want, true},
+		{"p", b, want, true},
+		{"p", a, "", false},
+		{"missing", a + ":" + b, "", false},
+		{"", b, "", false},
+		{"../b/p", a, "", false},
+	} {
+		got, err := Find(tc.name, tc.path)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("Find(%q, %q) = %q, %v; want %q (ok %v)", tc.name, tc.path, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestEnv(t *testing.T) {
+	t.Setenv("CNI_COMMAND", "ADD")
+	t.Setenv("CNI_IFNAME", "eth0")
+	t.Setenv("CNI_NETNS", "/run/netns/x")
+	env := Env("DEL", "CNI_IFNAME=net1", "CNI_ARGS=")
+	count := func(k string) (n int, last string) {
+		for _, kv := range env {
+			if strings.HasPrefix(kv, k+"=") {
+				n++
+				last = kv
+			}
+		}
+		return
+	}
+	for _, tc := range []struct{ key, want string }{
+		{"CNI_COMMAND", "CNI_COMMAND=DEL"},
+		{"CNI_IFNAME", "CNI_IFNAME=net1"},
+		{"CNI_NETNS", "CNI_NETNS=/run/netns/x"},
+		{"CNI_ARGS", "CNI_ARGS="},
+	} {
+		if n, got := count(tc.key); n != 1 || got != tc.want {
+			t.Errorf("%s: %d entries, %q; want one, %q", tc.key, n, got, tc.want)
+		}
+	}
+}
+
+func TestRun(t *testing.T) {
+	dir := t.TempDir()
+	conf := []byte(`{"cniVersion":"1.0.0","name":"n","type":"p"}`)
+	for _, tc := range []struct {
+		name, body string
+		wantIP     string // a result with this address
+		wantCode   uint   // a CNI error with this code
+		wantMsg    string
+	}{
+		{"result", `cat >/dev/null; echo '{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.2/24"}]}'`, "10.1.0.2/24", 0, ""},
+		{"old result without version", `cat >/dev/null; echo '{"ips":[{"address":"10.1.0.3/24"}]}'`, "10.1.0.3/24", 0, ""},
+		{"env reaches the plugin", `cat >/dev/null; echo "{\"cniVersion\":\"1.0.0\",\"ips\":[{\"address\":\"$ADDR/24\"}]}"; [ "$CNI_COMMAND" = ADD ]`, "10.1.0.4/24", 0, ""},
+		{"stdin reaches the plugin", `grep -q '"name":"n"' || exit 3; echo '{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.5/24"}]}'`, "10.1.0.5/24", 0, ""},
+		{"CNI error", `echo '{"cniVersion":"1.0.0","code":11,"msg":"busy"}'; exit 1`, "", 11, "busy"},
+		{"stderr only", `echo oops >&2; exit 2`, "", 0, "oops"},
+		{"no output", `exit 2`, "", 0, "no error message"},
+		{"garbage", `echo '{not json'; exit 1`, "", 0, "error parsing its diagnostic message"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := plugin(t, dir, strings.ReplaceAll(tc.name, " ", "-"), tc.body)
+			res, err := Call{Path: p, Command: "ADD", Env: []string{"ADDR=10.1.0.4"}, Stdin: conf}.Result(context.Background())
+			if tc.wantIP != "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Version() != "1.0.0" {
+					t.Fatalf("result version %s, want the configuration's 1.0.0", res.Version())
+				}
+				r, err := current.NewResultFromResult(res)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(r.IPs) != 1 || r.IPs[0].Address.String() != tc.wantIP {
+					t.Fatalf("result %+v, want one address %s", r, tc.wantIP)
+				}
+				return
+			}
+			var e *types.Error
+			if !errors.As(err, &e) || e.Code != tc.wantCode || !strings.Contains(e.Msg, tc.wantMsg) {
+				t.Fatalf("error %#v, want code %d with %q", err, tc.wantCode, tc.wantMsg)
+			}
+		})
+	}
+	if !slices.Contains(Env("ADD"), "CNI_COMMAND=ADD") {
+		t.Fatal("Env lacks CNI_COMMAND")
+	}
+}
