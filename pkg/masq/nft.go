@@ -23,8 +23,9 @@ import (
 //	    (the same for IPv6, without the multicast rule)
 //
 // and with forwardAccept, at the top of every forward base chain of the
-// ip, ip6 and inet tables on the node (iptables-nft's filter FORWARD, a
-// firewalld-like table, ...):
+// ip, ip6 and inet tables on the node that refuses what it does not accept
+// (policy drop, or a last rule that drops or rejects: iptables-nft's filter
+// FORWARD after `iptables -P FORWARD DROP`, firewalld's filter_FORWARD, ...):
 //
 //	ip saddr <clusterCIDR> accept   comment "village:<net>"
 //	ip daddr <clusterCIDR> accept   comment "village:<net>"
@@ -133,6 +134,40 @@ func (s Spec) acceptRules(fam nftables.TableFamily) [][]expr.Any {
 	return out
 }
 
+// acceptFor is what a foreign forward chain needs from us: the accept
+// rules when the chain can refuse traffic, nothing otherwise.
+func (s Spec) acceptFor(cr chainRules) [][]expr.Any {
+	if !blocks(cr) {
+		return nil
+	}
+	return s.acceptRules(cr.chain.Table.Family)
+}
+
+// blocks: the chain drops what it does not accept, by its policy (Docker's
+// FORWARD DROP through iptables-nft) or by a final drop or reject rule
+// (firewalld's filter_FORWARD ends in `reject with icmpx admin-prohibited`).
+// Chains that only classify or jump (kube-proxy's filter-forward) are left
+// alone: an accept at their top would skip their own rejects.
+func blocks(cr chainRules) bool {
+	if cr.chain.Policy != nil && *cr.chain.Policy == nftables.ChainPolicyDrop {
+		return true
+	}
+	if len(cr.rules) == 0 {
+		return false
+	}
+	last := cr.rules[len(cr.rules)-1]
+	if len(last.Exprs) == 0 {
+		return false
+	}
+	switch e := last.Exprs[len(last.Exprs)-1].(type) {
+	case *expr.Reject:
+		return true
+	case *expr.Verdict:
+		return e.Kind == expr.VerdictDrop
+	}
+	return false
+}
+
 func tag(network string) []byte {
 	return userdata.AppendString(nil, userdata.TypeComment, Comment(network))
 }
@@ -211,7 +246,7 @@ func (nftBackend) ensure(s Spec) error {
 	}
 	for _, cr := range chains {
 		ch, have := cr.chain, cr.rules
-		want := s.acceptRules(ch.Table.Family)
+		want := s.acceptFor(cr)
 		if acceptInPlace(have, s.Network, len(want)) {
 			continue
 		}
@@ -289,7 +324,7 @@ func (nftBackend) check(s Spec) error {
 	}
 	for _, cr := range chains {
 		ch, have := cr.chain, cr.rules
-		n := len(s.acceptRules(ch.Table.Family))
+		n := len(s.acceptFor(cr))
 		if !acceptInPlace(have, s.Network, n) {
 			errs = append(errs, fmt.Errorf("forward accept rules of network %q are not at the top of nftables chain %s %s %s (want %d tagged %q)", s.Network, famName(ch.Table.Family), ch.Table.Name, ch.Name, n, Comment(s.Network)))
 		}

@@ -277,3 +277,30 @@ func TestResolve(t *testing.T) {
 		t.Errorf("wrapper with legacy tables present: Resolve = %s", got)
 	}
 }
+
+// Forward chains that refuse by a last reject rule (firewalld's shape) get
+// the accept rules; chains that only classify and jump (kube-proxy's
+// nftables mode) are left alone, so their own rejects keep working.
+func TestForwardAcceptOnlyWhereTheChainRefuses(t *testing.T) {
+	node := testenv.NewNS(t)
+	nft(t, node, "add table inet firewalld")
+	nft(t, node, "add chain inet firewalld filter_FORWARD { type filter hook forward priority 10; policy accept; }")
+	nft(t, node, "add rule inet firewalld filter_FORWARD ct state established,related accept")
+	nft(t, node, "add rule inet firewalld filter_FORWARD reject with icmpx admin-prohibited")
+	nft(t, node, "add table ip kube-proxy")
+	nft(t, node, "add chain ip kube-proxy filter-forward { type filter hook forward priority -10; policy accept; }")
+	nft(t, node, "add chain ip kube-proxy service-endpoints-check")
+	nft(t, node, "add rule ip kube-proxy filter-forward ct state new jump service-endpoints-check")
+	s := nftSpec(t, "net1")
+	s.ForwardAccept = true
+	ensure(t, node, s)
+	if fw := nft(t, node, "list chain inet firewalld filter_FORWARD"); strings.Count(fw, `comment "village:net1"`) != 4 {
+		t.Errorf("firewalld-like chain (final reject) should get the 4 accept rules:\n%s", fw)
+	}
+	if kp := nft(t, node, "list table ip kube-proxy"); strings.Contains(kp, "village") {
+		t.Errorf("kube-proxy's chain (no drop of its own) was changed:\n%s", kp)
+	}
+	if err := check(t, node, s); err != nil {
+		t.Error(err)
+	}
+}

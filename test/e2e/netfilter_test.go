@@ -126,14 +126,18 @@ func TestMasqueradeHealsAfterFlush(t *testing.T) {
 
 // TestForwardAcceptOnLockedDownNodes: nodes whose forwarding policy drops
 // (Docker's `iptables -P FORWARD DROP`, set before the first ADD; a
-// firewalld-like nftables table whose forward chain drops, loaded after it)
+// firewalld-like nftables table whose forward chain rejects, loaded after it)
 // still carry pod egress, node-to-pod and pod-to-pod traffic across nodes
 // over host-gw and vxlan; with forwardAccept false they do not.
 func TestForwardAcceptOnLockedDownNodes(t *testing.T) {
 	docker := func(t *testing.T, n ns.NetNS) { inNS(t, n, "iptables", "-P", "FORWARD", "DROP") }
+	// firewalld's shape: policy accept, established traffic accepted, the
+	// rest rejected by the last rule.
 	firewalld := func(t *testing.T, n ns.NetNS) {
 		inNS(t, n, "nft", "add", "table", "inet", "fwlike")
-		inNS(t, n, "nft", "add chain inet fwlike filter_FORWARD { type filter hook forward priority 10; policy drop; }")
+		inNS(t, n, "nft", "add chain inet fwlike filter_FORWARD { type filter hook forward priority 10; policy accept; }")
+		inNS(t, n, "nft", "add rule inet fwlike filter_FORWARD ct state established,related accept")
+		inNS(t, n, "nft", "add rule inet fwlike filter_FORWARD reject with icmpx admin-prohibited")
 	}
 	for _, mode := range []string{"host-gw", "vxlan"} {
 		for _, c := range []struct {
