@@ -120,6 +120,7 @@ func Run(ctx context.Context, opts Options) error {
 		first := record(c.Node, ip, cidrs)
 		wg.Go(func() { _ = reg.Follow(ctx, snaps, opts.logf) })
 		wg.Go(func() { keep(ctx, reg, first, records, a.m, opts.logf) })
+		a.reclaim = newReclaimer(c, reg, opts.logf)
 		opts.logf("node %s: %s, pods %s; registering in etcd at %v under %s (lease TTL %ds)",
 			c.Node, ip, cidrList(cidrs), c.Registry().Endpoints, reg.NodesPrefix()+c.Node, c.Registry().TTL)
 	} else {
@@ -144,6 +145,7 @@ type agent struct {
 	masq     *masq.Spec
 	m        *metrics.Metrics // nil: metrics off (its methods do nothing)
 	health   *health
+	reclaim  *reclaimer // nil: no registry, or reclaiming is off
 }
 
 func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records chan registry.Node, kernel <-chan struct{}) {
@@ -176,6 +178,9 @@ func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records 
 			a.checkSelf(records)
 			a.pass(ctx, "periodic repair", true)
 			a.repairMasq()
+			if a.reclaim != nil {
+				a.reclaim.pass(ctx)
+			}
 			a.countAllocations()
 		}
 	}

@@ -51,6 +51,10 @@ type Registry struct {
 	// SubnetLen is the prefix length of the pod subnet villaged leases out
 	// of clusterCIDR when the IPAM block names no range.
 	SubnetLen int `json:"subnetLen,omitempty"`
+	// ReclaimAfter is how long, in seconds, a node may be gone from the
+	// registry before the surviving agents release its subnet lease and its
+	// allocations in the shared LAN pool (0: DefaultReclaimAfter; -1: never).
+	ReclaimAfter int `json:"reclaimAfter,omitempty"`
 }
 
 // Backend types.
@@ -66,6 +70,7 @@ const (
 	DefaultRegistryPrefix = "/village"
 	DefaultRegistryTTL    = 60
 	DefaultSubnetLen      = 24
+	DefaultReclaimAfter   = 24 * 60 * 60
 )
 
 // ParseBackend validates a raw backend section; nil/empty means none.
@@ -177,6 +182,12 @@ func (r *Registry) validate() *types.Error {
 	}
 	if r.SubnetLen < 8 || r.SubnetLen > 126 {
 		return Error("invalid \"backend.registry.subnetLen\" %d", r.SubnetLen)
+	}
+	if r.ReclaimAfter == 0 {
+		r.ReclaimAfter = DefaultReclaimAfter
+	}
+	if r.ReclaimAfter < -1 {
+		return Error("invalid \"backend.registry.reclaimAfter\" %d: seconds (at least 1), or -1 for never", r.ReclaimAfter)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@
 //
 //	<prefix>/nodes/<network>/<name>     {"name","ip","podCIDRs","vtepMAC"}   under the node's lease
 //	<prefix>/subnets/<network>/<cidr>   "<name>"                              no lease
+//	<prefix>/departed/<network>/<name>  "<time first seen gone>"              no lease (see reclaim.go)
 //
 // A node record lives under an etcd lease of the configured TTL that the
 // node's agent keeps alive; when the agent dies the lease expires, etcd
@@ -141,6 +142,9 @@ func New(cli *clientv3.Client, cfg Config) (*Registry, error) {
 
 // Config returns the configuration with defaults filled in.
 func (r *Registry) Config() Config { return r.cfg }
+
+// Client is the etcd client the registry uses.
+func (r *Registry) Client() *clientv3.Client { return r.cli }
 
 // NodesPrefix is the key prefix of the node records (with a trailing '/').
 func (r *Registry) NodesPrefix() string {

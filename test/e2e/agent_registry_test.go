@@ -90,16 +90,19 @@ type agentLab struct {
 	nodes []*agentNode
 }
 
-func agentConflist(mode, dataDir string) string {
+// agentConflist is the lab's conflist; extra[0] is added to the registry
+// section, extra[1] to the village entry.
+func agentConflist(mode, dataDir string, extra ...string) string {
+	extra = append(extra, "", "")
 	return fmt.Sprintf(`{"cniVersion":"1.1.0","name":"agt","plugins":[{"type":"village","bridge":"village0","isDefaultGateway":true,
 		"ipMasq":true,"clusterCIDR":%q,
 		"ipam":{"type":"village-ipam","dataDir":%q},
 		"backend":{"type":%q,"underlay":"lan0","vni":9,
-			"registry":{"type":"etcd","endpoints":["http://%s:2379"],"prefix":"/village","ttl":%d}}}]}`,
-		agentCluster, dataDir, mode, agentEtcdIP, agentTTL)
+			"registry":{"type":"etcd","endpoints":["http://%s:2379"],"prefix":"/village","ttl":%d%s}}%s}]}`,
+		agentCluster, dataDir, mode, agentEtcdIP, agentTTL, extra[0], extra[1])
 }
 
-func newAgentLab(t *testing.T, mode string) *agentLab {
+func newAgentLab(t *testing.T, mode string, extra ...string) *agentLab {
 	t.Helper()
 	lan := NewLAN(t)
 	host := testenv.NewNS(t)
@@ -107,7 +110,7 @@ func newAgentLab(t *testing.T, mode string) *agentLab {
 	lab := &agentLab{t: t, host: host, etcd: etcdtest.StartIn(t, host, agentEtcdIP)}
 	dir := t.TempDir()
 	lab.conf = filepath.Join(dir, "10-agt.conflist")
-	text := agentConflist(mode, filepath.Join(dir, "ipam"))
+	text := agentConflist(mode, filepath.Join(dir, "ipam"), extra...)
 	must(t, os.WriteFile(lab.conf, []byte(text), 0o644), "writing the conflist")
 	lab.list = ConfList(t, text)
 	for i := 1; i <= 3; i++ {

@@ -466,3 +466,37 @@ func (s *Store) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation
 	slices.SortFunc(released, func(a, b store.Allocation) int { return a.IP.Compare(b.IP) })
 	return released, errors.Join(errs...)
 }
+
+// NodeAllocation is one allocation as stored: its key at revision Rev, and
+// every key to delete with it (the allocation and its owner index key).
+type NodeAllocation struct {
+	IP   netip.Addr
+	Key  string
+	Rev  int64
+	Keys []string
+}
+
+// AllocationsByNode lists the allocations of network under prefix (as in
+// Options) by the node that made them, read with cli: what a caller needs to
+// release a departed node's allocations in a transaction of its own (see
+// registry.Reclaim). Records that do not parse are left out.
+func AllocationsByNode(ctx context.Context, cli *clientv3.Client, prefix, network string) (map[string][]NodeAllocation, error) {
+	prefix, err := CleanPrefix(prefix)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{cli: cli, base: prefix + "/ipam/" + network + "/", timeout: DefaultOpTimeout}
+	entries, err := s.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]NodeAllocation{}
+	for _, e := range entries {
+		if e.corrupt || e.node == "" {
+			continue
+		}
+		key := s.ipKey(e.IP)
+		out[e.node] = append(out[e.node], NodeAllocation{IP: e.IP, Key: key, Rev: e.rev, Keys: []string{key, s.ownerPrefix(e.Owner) + e.IP.String()}})
+	}
+	return out, nil
+}

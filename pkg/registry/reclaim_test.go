@@ -1,0 +1,139 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/village-cni/village/internal/etcdtest"
+)
+
+// TestReclaimOnceNeverWhileAlive: against a real etcd, a departed node's
+// subnet lease and held keys (more than fit one transaction) are released by
+// exactly one of many racing agents, only after the grace period; a node with
+// a record is never marked, a marker for it is cleared, and a node that comes
+// back before the reclaim keeps everything.
+func TestReclaimOnceNeverWhileAlive(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	sp, err := NewSubnetSpace(cidr("10.80.0.0/16"), 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agents := make([]*Registry, 8)
+	var cli *clientv3.Client
+	for i := range agents {
+		agents[i], cli = newRegistry(t, srv, 5*time.Second)
+	}
+	r := agents[0]
+	if _, err := r.Register(ctx, Node{Name: "alive", IP: "192.0.2.1"}); err != nil {
+		t.Fatal(err)
+	}
+	var gone netip.Prefix
+	for _, n := range []string{"alive", "gone", "back"} {
+		p, err := r.LeaseSubnet(ctx, sp, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == "gone" {
+			gone = p
+		}
+	}
+	// "gone" holds 40 keys elsewhere (a LAN pool): more than one transaction takes.
+	var held []Held
+	for i := range 40 {
+		key := fmt.Sprintf("/village/ipam/ovl/ips/192.0.2.%d", 100+i)
+		idx := fmt.Sprintf("/village/ipam/ovl/owners/c%d/net1/192.0.2.%d", i, 100+i)
+		resp, err := cli.Txn(ctx).Then(clientv3.OpPut(key, `{"node":"gone"}`), clientv3.OpPut(idx, "")).Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, Held{Key: key, Rev: resp.Header.Revision, Delete: []string{key, idx}})
+	}
+	if _, err := cli.Put(ctx, r.DepartedPrefix()+"alive", "2000-01-01T00:00:00Z"); err != nil {
+		t.Fatal(err)
+	}
+
+	t0 := time.Now()
+	deps, err := r.Departures(ctx, nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]Departure{}
+	for _, d := range deps {
+		names[d.Node] = d
+	}
+	if _, ok := names["alive"]; ok || len(deps) != 2 || names["gone"].rev == 0 || names["back"].rev == 0 {
+		t.Fatalf("departures %+v: want gone and back, not alive", deps)
+	}
+	if resp, _ := cli.Get(ctx, r.DepartedPrefix()+"alive"); resp.Count != 0 {
+		t.Fatal("the marker of a node with a record was not cleared")
+	}
+	// Before the grace period: nothing.
+	if _, won, err := r.Reclaim(ctx, names["gone"], time.Hour, t0.Add(time.Minute), held); err != nil || won {
+		t.Fatalf("reclaim within the grace period: won %v, %v", won, err)
+	}
+	// "back" registers again before anyone reclaims it: its stale view must lose.
+	if _, err := r.Register(ctx, Node{Name: "back", IP: "192.0.2.3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, won, err := r.Reclaim(ctx, names["back"], time.Minute, t0.Add(time.Hour), nil); err != nil || won {
+		t.Fatalf("reclaim of a node that is back: won %v, %v", won, err)
+	}
+	// Eight agents race for "gone", each with its own read of the departures.
+	var wins atomic.Int32
+	var wg sync.WaitGroup
+	for _, a := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ds, err := a.Departures(ctx, nil, t0.Add(time.Hour))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for _, d := range ds {
+				if d.Node != "gone" {
+					continue
+				}
+				subnets, won, err := a.Reclaim(ctx, d, time.Minute, t0.Add(time.Hour), held)
+				if err != nil {
+					t.Error(err)
+				}
+				if won {
+					wins.Add(1)
+					if len(subnets) != 1 || subnets[0] != gone {
+						t.Errorf("reclaimed subnets %v, want %v", subnets, gone)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if wins.Load() != 1 {
+		t.Fatalf("%d agents reclaimed node gone, want exactly 1", wins.Load())
+	}
+	leases, err := r.Subnets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]int{}
+	for _, n := range leases {
+		owners[n]++
+	}
+	if owners["gone"] != 0 || owners["alive"] != 1 || owners["back"] != 1 {
+		t.Fatalf("leases after the reclaim: %v", leases)
+	}
+	if resp, _ := cli.Get(ctx, "/village/ipam/ovl/", clientv3.WithPrefix(), clientv3.WithCountOnly()); resp.Count != 0 {
+		t.Fatalf("%d held keys of node gone left", resp.Count)
+	}
+	if resp, _ := cli.Get(ctx, r.DepartedPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()); resp.Count != 0 {
+		t.Fatalf("%d departure markers left: gone's goes with the reclaim, back's when a pass sees its record", resp.Count)
+	}
+}
