@@ -69,11 +69,10 @@ func TestClassicCnitoolDemo(t *testing.T) {
 		t.Fatalf("lo not up: %s", l)
 	}
 	must(t, testenv.Ping(n.NS, "10.22.0.2", 2), "node -> pod")
-	out, err = run("del", "mynet-village-e2e", pod.NS.Path())
-	must(t, err, "cnitool del: %s", out)
-	out, err = run("del", "lo", pod.NS.Path())
-	must(t, err, "cnitool del lo: %s", out)
-	if left := ipFiles(t, dataDir); len(left) != 0 {
-		t.Fatalf("cnitool del left %v", left)
-	}
+	noneLeft(t, dataDir, "cnitool del", func() {
+		out, err = run("del", "mynet-village-e2e", pod.NS.Path())
+		must(t, err, "cnitool del: %s", out)
+		out, err = run("del", "lo", pod.NS.Path())
+		must(t, err, "cnitool del lo: %s", out)
+	})
 }

@@ -74,12 +74,11 @@ func TestDualStackChainedWithReferenceMetaPlugins(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("CHECK after removing %s: %v, want an error naming it", addr, err)
 	}
-	must(t, n.Del(l, a), "DEL a")
-	must(t, n.Del(l, b), "DEL b")
-	must(t, n.Del(l, b), "DEL b twice")
-	if left := ipFiles(t, filepath.Join(n.Dir, "ipam")); len(left) != 0 {
-		t.Fatalf("allocations left after DEL: %v", left)
-	}
+	noneLeft(t, filepath.Join(n.Dir, "ipam"), "DEL of both pods", func() {
+		must(t, n.Del(l, a), "DEL a")
+		must(t, n.Del(l, b), "DEL b")
+		must(t, n.Del(l, b), "DEL b twice")
+	})
 	if out := testenv.MustIP(t, n.NS, "-o", "link", "show", "type", "veth"); strings.TrimSpace(out) != "" {
 		t.Fatalf("veths left on the node: %s", out)
 	}
@@ -119,11 +118,10 @@ func TestVillageWithReferenceHostLocal(t *testing.T) {
 	rb := n.MustAdd(l, b)
 	must(t, testenv.Ping(a.NS, rb.IPs[0].Address.IP.String(), 2), "ping")
 	must(t, n.Check(l, a), "CHECK")
-	must(t, n.Del(l, a), "DEL")
-	must(t, n.Del(l, b), "DEL")
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("host-local allocations left: %v", left)
-	}
+	noneLeft(t, data, "DEL (host-local)", func() {
+		must(t, n.Del(l, a), "DEL")
+		must(t, n.Del(l, b), "DEL")
+	})
 }
 
 func TestReferenceBridgeWithVillageIPAM(t *testing.T) {
@@ -138,11 +136,10 @@ func TestReferenceBridgeWithVillageIPAM(t *testing.T) {
 		must(t, testenv.Ping(a.NS, ipc.Address.IP.String(), 3), "ping %s", ipc.Address.IP)
 	}
 	must(t, n.Check(l, a), "CHECK")
-	must(t, n.Del(l, a), "DEL")
-	must(t, n.Del(l, b), "DEL")
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("village-ipam allocations left: %v", left)
-	}
+	noneLeft(t, data, "DEL (reference bridge, village-ipam)", func() {
+		must(t, n.Del(l, a), "DEL")
+		must(t, n.Del(l, b), "DEL")
+	})
 }
 
 func TestRepeatedAddIsIdempotentAndForeignIfnameFails(t *testing.T) {
@@ -214,12 +211,11 @@ func TestParallelAddsFillRangeExactly(t *testing.T) {
 	if got := strings.Count(testenv.MustIP(t, n.NS, "-o", "link", "show", "type", "veth"), "\n"); got != size {
 		t.Fatalf("%d veths on the node, want %d (failed ADD must not leave its host veth)", got, size)
 	}
-	for _, p := range pods {
-		must(t, n.Del(l, p), "DEL")
-	}
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("allocations left: %v", left)
-	}
+	noneLeft(t, data, "DEL of every pod", func() {
+		for _, p := range pods {
+			must(t, n.Del(l, p), "DEL")
+		}
+	})
 }
 
 func TestDelAfterNetnsGoneReleasesAddress(t *testing.T) {
@@ -232,22 +228,20 @@ func TestDelAfterNetnsGoneReleasesAddress(t *testing.T) {
 		t.Fatal("no allocation after ADD")
 	}
 	sh(t, "ip", "netns", "del", filepath.Base(p.NS.Path()))
-	must(t, n.Del(l, p), "DEL with the netns gone")
-	must(t, n.Del(l, p), "DEL again")
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("DEL with the netns gone did not release: %v", left)
-	}
+	noneLeft(t, data, "DEL with the netns gone", func() {
+		must(t, n.Del(l, p), "DEL with the netns gone")
+		must(t, n.Del(l, p), "DEL again")
+	})
 	// Empty CNI_NETNS is also "already gone".
 	q := n.NewPod()
 	n.MustAdd(l, q)
-	out := n.Exec(testenv.Call{Bin: "village", Command: "DEL", ContainerID: q.ID, IfName: "eth0",
-		Stdin: []byte(`{"cniVersion":"1.1.0","name":"gone","type":"village","bridge":"vlg-gone","ipam":{"type":"village-ipam","dataDir":"` + data + `","ranges":[[{"subnet":"10.37.0.0/24"}]]}}`)})
-	if out.ExitCode != 0 {
-		t.Fatalf("DEL with empty CNI_NETNS failed: %s %s", out.Stdout, out.Stderr)
-	}
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("DEL with empty CNI_NETNS did not release: %v", left)
-	}
+	noneLeft(t, data, "DEL with an empty CNI_NETNS", func() {
+		out := n.Exec(testenv.Call{Bin: "village", Command: "DEL", ContainerID: q.ID, IfName: "eth0",
+			Stdin: []byte(`{"cniVersion":"1.1.0","name":"gone","type":"village","bridge":"vlg-gone","ipam":{"type":"village-ipam","dataDir":"` + data + `","ranges":[[{"subnet":"10.37.0.0/24"}]]}}`)})
+		if out.ExitCode != 0 {
+			t.Fatalf("DEL with empty CNI_NETNS failed: %s %s", out.Stdout, out.Stderr)
+		}
+	})
 }
 
 func TestGCStatusVersion(t *testing.T) {
@@ -268,10 +262,7 @@ func TestGCStatusVersion(t *testing.T) {
 		t.Fatalf("GC kept the wrong allocation: %q", b)
 	}
 	// GC with an empty list releases everything.
-	must(t, n.GC(l), "GC all")
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("GC with no valid attachments left %v", left)
-	}
+	noneLeft(t, data, "GC with no valid attachments", func() { must(t, n.GC(l), "GC all") })
 	var info interface{ SupportedVersions() []string }
 	must(t, n.in(func() error {
 		var err error

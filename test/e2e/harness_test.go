@@ -187,7 +187,24 @@ func files(t *testing.T, dir string) []string {
 	return out
 }
 
-// ipFiles lists the allocation files (named by an IP) in an IPAM data dir.
+// noneLeft proves that do (a DEL, a GC) leaves no allocation file under
+// dir: there must be at least one before it (so a wrong path, or a test that
+// never allocated, fails instead of passing on an empty directory), and
+// none after.
+func noneLeft(t *testing.T, dir, what string, do func()) {
+	t.Helper()
+	before := ipFiles(t, dir)
+	if len(before) == 0 {
+		t.Fatalf("%s: no allocation under %s before it, so nothing to prove gone (wrong path?)", what, dir)
+	}
+	do()
+	if left := ipFiles(t, dir); len(left) != 0 {
+		t.Fatalf("%s left allocations %v (of %v)", what, left, before)
+	}
+}
+
+// ipFiles lists the allocation files (named by an IP) in an IPAM data dir
+// (none when dir does not exist: "nothing left" assertions use noneLeft).
 func ipFiles(t *testing.T, dir string) []string {
 	t.Helper()
 	var out []string

@@ -98,12 +98,11 @@ func TestMacvlanOnTheLAN(t *testing.T) {
 	if err := n.Check(l, pods[0]); err == nil || !strings.Contains(err.Error(), "net1") {
 		t.Fatalf("CHECK after flushing net1: %v, want drift naming net1", err)
 	}
-	for _, p := range pods {
-		must(t, n.Del(l, p), "DEL")
-	}
-	if left := ipFiles(t, filepath.Join(n.Dir, "lan")); len(left) != 0 {
-		t.Fatalf("LAN allocations left after DEL: %v", left)
-	}
+	noneLeft(t, filepath.Join(n.Dir, "lan"), "DEL of the LAN pods", func() {
+		for _, p := range pods {
+			must(t, n.Del(l, p), "DEL")
+		}
+	})
 	if out := testenv.MustIP(t, n.NS, "-o", "link", "show", "vshim-lan0"); !strings.Contains(out, "vshim-lan0") {
 		t.Fatalf("the host shim must stay until uninstall: %s", out)
 	}
