@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -48,6 +49,9 @@ func delegating(verb string, local func(*skel.CmdArgs) error) func(*skel.CmdArgs
 // helperFor peeks at ipam.store.type; anything unparsable is left to the
 // local verb, which reports it properly.
 func helperFor(stdin []byte) (string, bool) {
+	if !bytes.Contains(stdin, []byte(`"store"`)) {
+		return "", false // the default store, without decoding stdin once more
+	}
 	var peek struct {
 		IPAM struct {
 			Store *struct {
