@@ -79,6 +79,10 @@ type Disk struct {
 	explicit bool // held through Lock
 	idx      *index
 	dirty    bool
+	// unsynced: the network directory changed under the lock and must be
+	// fsynced before the operation reports success; unlock does it after
+	// releasing the lock (see unlock).
+	unsynced bool
 	reads    int // reservation files read (tests check the hot path stays lean)
 
 	prepMu   sync.Mutex
@@ -261,6 +265,13 @@ func (d *Disk) flock(ctx context.Context) error {
 	}
 }
 
+// unlock writes the index back, releases the lock, and then fsyncs the
+// network directory when a claim or release changed it. The fsync is outside
+// the lock so that parallel ADDs do not wait for each other's disk flushes;
+// durability is unchanged, because every operation that changed the
+// directory still fsyncs it before it returns (and so before its ADD or DEL
+// reports success), and an fsync of the directory makes every entry made so
+// far durable, including another process's.
 func (d *Disk) unlock() error {
 	var err error
 	if d.dirty {
@@ -269,10 +280,17 @@ func (d *Disk) unlock() error {
 		}
 	}
 	d.idx = nil
+	unsynced := d.unsynced
+	d.unsynced = false
 	if uerr := syscall.Flock(int(d.lockFile.Fd()), syscall.LOCK_UN); uerr != nil && err == nil {
 		err = fmt.Errorf("unlocking %s: %w", d.lockPath, uerr)
 	}
 	d.mu.Unlock()
+	if unsynced {
+		if serr := syncDir(d.dir); serr != nil && err == nil {
+			err = serr
+		}
+	}
 	return err
 }
 
@@ -327,16 +345,13 @@ func (d *Disk) Claim(ctx context.Context, c store.Claim) (bool, error) {
 			}
 			return fmt.Errorf("reserving %s in %s: %w", ip, d.dir, err)
 		}
-		d.dirty = true
-		err = d.writeLast(c.RangeSet, name)
-		if err == nil {
-			err = syncDir(d.dir)
-		}
-		if err != nil {
-			// Not durable: take it back so the failed claim leaves nothing.
+		if err := d.writeLast(c.RangeSet, name); err != nil {
+			// Take it back so the failed claim leaves nothing.
 			_ = os.Remove(filepath.Join(d.dir, name))
 			return err
 		}
+		d.dirty = true
+		d.unsynced = true // the new name is made durable at unlock
 		d.idx.add(name, entry{Owner: c.Owner})
 		ok = true
 		return nil
@@ -364,8 +379,9 @@ func (d *Disk) Release(ctx context.Context, ip netip.Addr, o store.Owner) (bool,
 		}
 		d.idx.remove(e.Name)
 		d.dirty = true
+		d.unsynced = true
 		ok = true
-		return syncDir(d.dir)
+		return nil
 	})
 	return ok, err
 }
@@ -517,16 +533,30 @@ func (d *Disk) writeTemp(b []byte, durable bool) (string, error) {
 	return name, nil
 }
 
-// writeLast replaces last_reserved_ip.<set> atomically.
+// writeLast rewrites last_reserved_ip.<set> in place, as host-local does.
+// It is only a round-robin hint, read under the same lock, so it needs no
+// fsync and no temporary file and rename (on ext4 a rename over an existing
+// file also starts writeback of the new one, inside the lock). A marker torn
+// by a crash reads as none (LastReserved), which only restarts the
+// round-robin. Whatever is in the way (a symlink, a directory) is replaced.
 func (d *Disk) writeLast(set int, name string) error {
-	// Only a round-robin hint: atomic, but not worth an fsync.
-	tmp, err := d.writeTemp([]byte(name), false)
+	path := filepath.Join(d.dir, lastPrefix+strconv.Itoa(set))
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("writing the round-robin marker of range set %d: %w", set, err)
+		_ = os.RemoveAll(path)
+		fd, err = unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	}
-	if err := os.Rename(tmp, filepath.Join(d.dir, lastPrefix+strconv.Itoa(set))); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing the round-robin marker of range set %d: %w", set, err)
+	if err == nil {
+		_, err = unix.Pwrite(fd, []byte(name), 0)
+		if err == nil {
+			err = unix.Ftruncate(fd, int64(len(name)))
+		}
+		if cerr := unix.Close(fd); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("writing the round-robin marker %s: %w", path, err)
 	}
 	return nil
 }
