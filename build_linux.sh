@@ -25,6 +25,9 @@ cp bin/ref/cnitool bin/cnitool
 echo "built $(ls bin | grep -v -e '^ref$' -e '\.tar$' | tr '\n' ' ')(version ${VERSION}); reference plugins in bin/ref"
 
 if [ "${1:-}" = image ]; then
-  go run -trimpath ./internal/ociimage/mkimage -bin bin -o bin/village-image.tar
+  # The commit's time as the image's creation time and every file's mtime:
+  # the same commit gives the same bytes.
+  SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}" \
+    go run -trimpath ./internal/ociimage/mkimage -bin bin -o bin/village-image.tar
   sha256sum bin/village-image.tar
 fi

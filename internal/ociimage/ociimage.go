@@ -1,8 +1,9 @@
 // Package ociimage writes single-layer OCI images as OCI image-layout tar
 // archives (what `ctr images import` and `podman load` read), byte for byte
-// reproducibly: entries sorted, every mtime fixed at the Unix epoch, owner
-// root, no host user or group names, gzip without name or time. The same
-// files give the same archive, so the image digest follows the content only.
+// reproducibly: entries sorted, every mtime fixed (Image.Created: the Unix
+// epoch, or the commit time SOURCE_DATE_EPOCH gives), owner root, no host user
+// or group names, gzip without name or time. The same files and time give the
+// same archive, so the image digest follows the content only.
 //
 // It makes the image the DaemonSet names (see Village in village.go and
 // `./build_linux.sh image`) and the small images the runtime tests run.
@@ -50,6 +51,9 @@ type Image struct {
 	Env        []string // KEY=VALUE; PATH is set when missing
 	WorkingDir string
 	Files      []File
+	// Created is the image's creation time and every entry's mtime; zero
+	// means the Unix epoch.
+	Created time.Time
 }
 
 var epoch = time.Unix(0, 0).UTC()
@@ -84,7 +88,11 @@ func Write(w io.Writer, img Image) error {
 	if img.Name == "" {
 		return fmt.Errorf("image has no name")
 	}
-	layerTar, err := layer(img.Files)
+	mtime := epoch
+	if !img.Created.IsZero() {
+		mtime = img.Created.UTC().Truncate(time.Second)
+	}
+	layerTar, err := layer(img.Files, mtime)
 	if err != nil {
 		return fmt.Errorf("layer of image %q: %w", img.Name, err)
 	}
@@ -108,7 +116,7 @@ func Write(w io.Writer, img Image) error {
 		env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
 	}
 	cfg := map[string]any{
-		"created":      epoch.Format(time.RFC3339),
+		"created":      mtime.Format(time.RFC3339),
 		"architecture": runtime.GOARCH,
 		"os":           "linux",
 		"config": map[string]any{
@@ -170,7 +178,7 @@ func Write(w io.Writer, img Image) error {
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Path < entries[j].Path })
 	for _, e := range entries {
-		if err := writeEntry(tw, e.Path, e); err != nil {
+		if err := writeEntry(tw, e.Path, e, mtime); err != nil {
 			return err
 		}
 	}
@@ -188,7 +196,7 @@ func hasKey(env []string, key string) bool {
 
 // layer returns the uncompressed layer tar: every file plus its missing
 // parent directories, sorted by path.
-func layer(files []File) ([]byte, error) {
+func layer(files []File, mtime time.Time) ([]byte, error) {
 	byPath := map[string]File{}
 	for _, f := range files {
 		p := path.Clean("/" + f.Path)
@@ -214,7 +222,7 @@ func layer(files []File) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, p := range paths {
-		if err := writeEntry(tw, strings.TrimPrefix(p, "/"), byPath[p]); err != nil {
+		if err := writeEntry(tw, strings.TrimPrefix(p, "/"), byPath[p], mtime); err != nil {
 			return nil, err
 		}
 	}
@@ -224,8 +232,8 @@ func layer(files []File) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-func writeEntry(tw *tar.Writer, name string, f File) error {
-	h := &tar.Header{Name: name, ModTime: epoch, Format: tar.FormatPAX, Uid: 0, Gid: 0}
+func writeEntry(tw *tar.Writer, name string, f File, mtime time.Time) error {
+	h := &tar.Header{Name: name, ModTime: mtime, Format: tar.FormatPAX, Uid: 0, Gid: 0}
 	mode := f.Mode.Perm()
 	switch {
 	case f.Dir:

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // entries lists an archive's tar headers (name, type, mtime, owner) and
@@ -114,6 +115,40 @@ func TestWrite(t *testing.T) {
 				t.Errorf("iptables link %q", h.Linkname)
 			}
 		}
+	}
+}
+
+// TestCreated: a given creation time is every entry's mtime and the
+// config's "created"; the bytes still depend on nothing else.
+func TestCreated(t *testing.T) {
+	when := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	img := Image{Name: "example.test/x:v1", Created: when, Files: []File{{Path: "/a", Data: []byte("a")}}}
+	var a, b bytes.Buffer
+	if err := Write(&a, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(&b, img); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a.Bytes(), b.Bytes()) {
+		t.Fatal("two writes differ")
+	}
+	hs, files := entries(t, a.Bytes())
+	for _, h := range hs {
+		if !h.ModTime.Equal(when) {
+			t.Errorf("%s: mtime %v, want %v", h.Name, h.ModTime, when)
+		}
+	}
+	found := false
+	for name, body := range files {
+		if strings.Contains(string(body), `"created":"2026-12-01T10:00:00Z"`) {
+			found = true
+		} else if strings.HasPrefix(name, "blobs/") && strings.Contains(string(body), `"created"`) {
+			t.Errorf("config %s: %s", name, body)
+		}
+	}
+	if !found {
+		t.Error("no config says created 2026-12-01T10:00:00Z")
 	}
 }
 

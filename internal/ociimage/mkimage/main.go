@@ -1,6 +1,7 @@
 // Command mkimage writes the image the DaemonSet runs as an OCI archive:
 // `./build_linux.sh image` runs it after building ./bin. The archive is the
-// same bytes for the same binaries (see package ociimage); import it with
+// same bytes for the same binaries and time (see package ociimage; build_linux.sh
+// passes the commit time as SOURCE_DATE_EPOCH); import it with
 // `ctr -n k8s.io images import` or `podman load`.
 package main
 
@@ -8,6 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
+	"time"
 
 	"github.com/village-cni/village/internal/ociimage"
 	"github.com/village-cni/village/pkg/buildinfo"
@@ -18,8 +21,15 @@ func main() {
 	out := flag.String("o", "bin/village-image.tar", "archive to write")
 	flag.StringVar(&o.Name, "name", buildinfo.Image, "image reference")
 	flag.StringVar(&o.BinDir, "bin", "bin", "directory holding the built binaries")
+	created := flag.Int64("created", 0, "image creation time and file mtimes, Unix seconds (default: $SOURCE_DATE_EPOCH, else 0)")
 	flag.Parse()
+	if *created == 0 {
+		if v, err := strconv.ParseInt(os.Getenv("SOURCE_DATE_EPOCH"), 10, 64); err == nil {
+			*created = v
+		}
+	}
 	img, err := ociimage.Village(o)
+	img.Created = time.Unix(*created, 0)
 	if err == nil {
 		err = ociimage.WriteFile(*out, img)
 	}
