@@ -19,16 +19,23 @@ func Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	// The links and the addresses go at the same time: removing a veth
+	// waits in the kernel for an RCU grace period (most of a DEL's wall
+	// time), and the IPAM plugin's exec does not depend on it. The reference
+	// bridge releases the addresses first; a released address is handed out
+	// again only by a later ADD.
+	links := make(chan error, 1)
+	go func() { links <- deleteLinks(conf, args) }()
 	var errs []error
-	if err := deleteLinks(conf, args); err != nil {
-		errs = append(errs, err)
-	}
 	ctx, cancel := ipamTimeout()
 	defer cancel()
 	for _, call := range calls {
 		if err := call.Del(ctx); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := <-links; err != nil {
+		errs = append([]error{err}, errs...)
 	}
 	return errors.Join(errs...)
 }
