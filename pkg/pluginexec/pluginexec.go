@@ -13,15 +13,16 @@
 package pluginexec
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/types/create"
@@ -79,21 +80,105 @@ func Env(command string, overrides ...string) []string {
 // Run execs the plugin and returns what it printed on stdout. A plugin that
 // fails yields the *types.Error it printed (or one describing its failure
 // when it printed none); what it wrote to stderr goes to this process's
-// stderr.
+// stderr. The plugin is killed when ctx ends.
+//
+// It forks with syscall.ForkExec rather than os/exec: os.StartProcess tests
+// once per process whether pidfds work by forking a throwaway child, which
+// for a plugin that execs one child is a second fork (and, on a busy node, a
+// second wait for the scheduler) on every ADD and DEL.
 func (c Call) Run(ctx context.Context) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, c.Path)
-	cmd.Env = Env(c.Command, c.Env...)
-	cmd.Stdin = bytes.NewReader(c.Stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if stderr.Len() > 0 {
-		_, _ = os.Stderr.Write(stderr.Bytes())
+	var pipes [3][2]*os.File // stdin, stdout, stderr: [read, write]
+	defer func() {
+		for _, p := range pipes {
+			for _, f := range p {
+				if f != nil {
+					f.Close()
+				}
+			}
+		}
+	}()
+	for i := range pipes {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("failed to run plugin %s: %w", c.Path, err)
+		}
+		pipes[i] = [2]*os.File{r, w}
 	}
+	attr := &syscall.ProcAttr{
+		Env:   Env(c.Command, c.Env...),
+		Files: []uintptr{pipes[0][0].Fd(), pipes[1][1].Fd(), pipes[2][1].Fd()},
+	}
+	pid, err := forkExec(c.Path, attr)
 	if err != nil {
-		return nil, pluginError(err, stdout.Bytes(), stderr.Bytes())
+		return nil, fmt.Errorf("failed to run plugin %s: %w", c.Path, err)
 	}
-	return stdout.Bytes(), nil
+	// The child's ends belong to the child now.
+	for _, f := range []**os.File{&pipes[0][0], &pipes[1][1], &pipes[2][1]} {
+		(*f).Close()
+		*f = nil
+	}
+	exited := make(chan struct{})
+	defer close(exited)
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		case <-exited:
+		}
+	}()
+	stdin := pipes[0][1]
+	pipes[0][1] = nil
+	go func() {
+		_, _ = stdin.Write(c.Stdin) // a plugin that exits without reading it is fine
+		stdin.Close()
+	}()
+	errc := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(pipes[2][0])
+		errc <- b
+	}()
+	stdout, rerr := io.ReadAll(pipes[1][0])
+	stderr := <-errc
+	var ws syscall.WaitStatus
+	for {
+		_, err = syscall.Wait4(pid, &ws, 0, nil)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if len(stderr) > 0 {
+		_, _ = os.Stderr.Write(stderr)
+	}
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("failed to wait for plugin %s: %w", c.Path, err)
+	case ctx.Err() != nil && ws.Signaled():
+		return nil, fmt.Errorf("plugin %s killed: %w", c.Path, ctx.Err())
+	case !ws.Exited() || ws.ExitStatus() != 0:
+		return nil, pluginError(waitString(ws), stdout, stderr)
+	case rerr != nil:
+		return nil, fmt.Errorf("failed to read the output of plugin %s: %w", c.Path, rerr)
+	}
+	return stdout, nil
+}
+
+// forkExec starts path, retrying while the binary is being written (as
+// libcni does).
+func forkExec(path string, attr *syscall.ProcAttr) (int, error) {
+	for i := 0; ; i++ {
+		pid, err := syscall.ForkExec(path, []string{path}, attr)
+		if err != syscall.ETXTBSY || i == 5 {
+			return pid, err
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func waitString(ws syscall.WaitStatus) string {
+	if ws.Signaled() {
+		return "signal: " + ws.Signal().String()
+	}
+	return "exit status " + strconv.Itoa(ws.ExitStatus())
 }
 
 // Result runs the plugin and decodes its result in the version it printed
@@ -133,11 +218,7 @@ func (c Call) Result(ctx context.Context) (types.Result, error) {
 	return create.Create(conf.CNIVersion, out)
 }
 
-func pluginError(err error, stdout, stderr []byte) error {
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		return fmt.Errorf("failed to run plugin: %w", err)
-	}
+func pluginError(status string, stdout, stderr []byte) error {
 	e := &types.Error{}
 	switch {
 	case len(stdout) > 0:
@@ -145,9 +226,9 @@ func pluginError(err error, stdout, stderr []byte) error {
 			e.Msg = fmt.Sprintf("netplugin failed but error parsing its diagnostic message %q: %v", stdout, perr)
 		}
 	case len(stderr) > 0:
-		e.Msg = fmt.Sprintf("netplugin failed: %q: %v", stderr, err)
+		e.Msg = fmt.Sprintf("netplugin failed: %q: %s", stderr, status)
 	default:
-		e.Msg = fmt.Sprintf("netplugin failed with no error message: %v", err)
+		e.Msg = fmt.Sprintf("netplugin failed with no error message: %s", status)
 	}
 	return e
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -118,5 +119,19 @@ func TestRun(t *testing.T) {
 	}
 	if !slices.Contains(Env("ADD"), "CNI_COMMAND=ADD") {
 		t.Fatal("Env lacks CNI_COMMAND")
+	}
+}
+
+func TestRunKilledWhenContextEnds(t *testing.T) {
+	p := plugin(t, t.TempDir(), "hang", "exec sleep 60")
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := Call{Path: p, Command: "ADD", Stdin: []byte(`{}`)}.Run(ctx)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("error %v, want the deadline", err)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("Run returned after %s: the plugin was not killed", d)
 	}
 }
