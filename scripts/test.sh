@@ -26,6 +26,10 @@ echo "== build"
 ./build_linux.sh
 export VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref"
 
+echo "== kube-apiserver for the kubernetes registry tests (built once, cached)"
+VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)"
+export VILLAGE_KUBE_APISERVER
+
 echo "== go test"
 go test -count=1 -timeout 60m ./... 2>&1 | tee /tmp/village-test.log
 

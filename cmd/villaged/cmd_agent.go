@@ -30,7 +30,7 @@ func agentFlags(name string, stderr io.Writer, opts *agent.Options) *flag.FlagSe
 	fs := flag.NewFlagSet("villaged "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&opts.ConfFile, "conf", "", "the network configuration: a .conflist (its \"village\" plugin) or a .conf (required)")
-	fs.StringVar(&opts.NodeName, "node-name", "", "this node's name in the registry (default: the host name)")
+	fs.StringVar(&opts.NodeName, "node-name", "", "this node's name in the registry and its Node object (default: $NODE_NAME, else the host name)")
 	fs.StringVar(&opts.RunDir, "run-dir", "", "where leased subnets are published (default: $VILLAGE_RUN_DIR or /run/village)")
 	return fs
 }

@@ -27,7 +27,8 @@ type Options struct {
 	// ConfFile is a .conflist (the plugin whose type is "village" is used)
 	// or a single plugin .conf.
 	ConfFile string
-	// NodeName names this node in the registry; "" means the host name.
+	// NodeName names this node in the registry (and its Node object with
+	// the kubernetes registry); "" means $NODE_NAME, else the host name.
 	NodeName string
 	// RunDir is where leased subnets are published; "" means
 	// $VILLAGE_RUN_DIR or /run/village (what village-ipam reads).
@@ -125,6 +126,9 @@ func Load(opts Options) (*Conf, error) {
 		c.SubnetFile = filepath.Join(dir, nc.Name, ipamconfig.SubnetFileName)
 	}
 	c.Node = opts.NodeName
+	if c.Node == "" {
+		c.Node = os.Getenv("NODE_NAME")
+	}
 	if c.Node == "" {
 		if c.Node, err = os.Hostname(); err != nil {
 			return nil, fmt.Errorf("no --node-name and no host name: %w", err)

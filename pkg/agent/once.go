@@ -23,7 +23,7 @@ type view struct {
 	selfSrc string // where the pod subnets come from
 	peers   []overlay.Node
 	// Registry only.
-	reg        *registry.Registry
+	src        source
 	rev        int64
 	registered *registry.Node // this node's record, nil when absent
 	bad        error          // records that do not decode
@@ -41,19 +41,17 @@ func readView(ctx context.Context, opts Options) (*view, error) {
 	}
 	v.close = func() { v.r.Close() }
 	fail := func(err error) (*view, error) { v.close(); return nil, err }
-	if c.Registry() != nil {
-		reg, closeReg, err := c.openRegistry()
-		if err != nil {
-			return fail(err)
-		}
-		v.reg = reg
-		v.close = func() { closeReg(); v.r.Close() }
+	if v.src, err = c.openSource(); err != nil {
+		return fail(err)
+	}
+	if v.src != nil {
+		v.close = func() { v.src.close(); v.r.Close() }
 	}
 	_, ip, err := underlayAddr(c.Backend.Underlay)
 	if err != nil {
 		return fail(err)
 	}
-	cidrs, src, err := c.podCIDRs(ctx, v.reg)
+	cidrs, src, err := c.podCIDRs(ctx, v.src)
 	if err != nil {
 		return fail(err)
 	}
@@ -62,8 +60,8 @@ func readView(ctx context.Context, opts Options) (*view, error) {
 	}
 	v.self, v.selfSrc = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}, src
 	v.peers = c.staticPeers()
-	if v.reg != nil {
-		nodes, rev, bad, err := v.reg.Nodes(ctx)
+	if v.src != nil {
+		nodes, rev, bad, err := v.src.nodes(ctx)
 		if err != nil {
 			return fail(err)
 		}
@@ -146,12 +144,12 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 	}
 	fmt.Fprintf(w, ", underlay %s, pod MTU %d\n", d.Underlay, d.MTU)
 	fmt.Fprintf(w, "node %s: %s, pod subnets %s (%s)\n", c.Node, v.self.IP, cidrList(v.self.PodCIDRs), v.selfSrc)
-	if v.reg != nil {
+	if v.src != nil {
 		want := record(c.Node, v.self.IP, v.self.PodCIDRs)
 		switch {
 		case v.registered == nil:
 			clean = false
-			fmt.Fprintf(w, "registry %v %s: NOT REGISTERED (is `villaged run` running?)\n", c.Registry().Endpoints, v.reg.NodesPrefix()+c.Node)
+			fmt.Fprintf(w, "registry %s: NOT REGISTERED (is `villaged run` running?)\n", v.src.where())
 		case !v.registered.Equal(want):
 			clean = false
 			fmt.Fprintf(w, "registry %v: registered as %+v, but this node is %+v\n", c.Registry().Endpoints, *v.registered, want)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/metrics"
+	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
@@ -51,14 +51,17 @@ func Run(ctx context.Context, opts Options) error {
 	defer r.Close()
 	a := &agent{c: c, opts: opts, r: r, health: newHealth()}
 
-	var reg *registry.Registry
-	if c.Registry() != nil {
-		var closeReg func()
-		reg, closeReg, err = c.openRegistry()
-		if err != nil {
-			return err
+	src, err := c.openSource()
+	if err != nil {
+		return err
+	}
+	if src != nil {
+		defer src.close()
+		if c.Registry().Type == netconf.RegistryEtcd && len(c.PodCIDRs) == 0 {
+			if _, err := c.subnetSpace(); err != nil {
+				return err
+			}
 		}
-		defer closeReg()
 	} else if len(c.PodCIDRs) == 0 {
 		return fmt.Errorf("%s: the IPAM block names no range and the backend has no registry to lease one from", c.File)
 	}
@@ -73,17 +76,10 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	cidrs := c.PodCIDRs
 	if len(cidrs) == 0 {
-		space, err := c.subnetSpace()
-		if err != nil {
+		if err := retry(ctx, opts, "taking the pod subnets of node "+c.Node, func() error {
+			var err error
+			cidrs, err = src.podCIDRs(ctx, true)
 			return err
-		}
-		if err := retry(ctx, opts, "leasing a pod subnet", func() error {
-			p, err := reg.LeaseSubnet(ctx, space, c.Node)
-			if err != nil {
-				return err
-			}
-			cidrs = toIPNets([]netip.Prefix{p})
-			return nil
 		}); err != nil {
 			return nil
 		}
@@ -91,7 +87,7 @@ func Run(ctx context.Context, opts Options) error {
 		if err != nil {
 			return err
 		}
-		opts.logf("node %s holds pod subnet %s of %s (published in %s%s)", c.Node, cidrs[0], c.Net.ClusterNet, c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
+		opts.logf("node %s holds pod subnets %s (published in %s%s)", c.Node, cidrList(cidrs), c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
 	}
 	a.self = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}
 	a.masq = c.Net.Netfilter(cidrs)
@@ -114,15 +110,15 @@ func Run(ctx context.Context, opts Options) error {
 
 	var snaps chan registry.Snapshot
 	var records chan registry.Node
-	if reg != nil {
+	if src != nil {
 		snaps = make(chan registry.Snapshot, 1)
 		records = make(chan registry.Node, 1)
 		first := record(c.Node, ip, cidrs)
-		wg.Go(func() { _ = reg.Follow(ctx, snaps, opts.logf) })
-		wg.Go(func() { keep(ctx, reg, first, records, a.m, opts.logf) })
-		a.reclaim = newReclaimer(c, reg, opts.logf)
-		opts.logf("node %s: %s, pods %s; registering in etcd at %v under %s (lease TTL %ds)",
-			c.Node, ip, cidrList(cidrs), c.Registry().Endpoints, reg.NodesPrefix()+c.Node, c.Registry().TTL)
+		wg.Go(func() { src.follow(ctx, first, records, snaps, a.m, opts.logf) })
+		opts.logf("node %s: %s, pods %s; registering in %s", c.Node, ip, cidrList(cidrs), src.where())
+		if es, ok := src.(*etcdSource); ok {
+			a.reclaim = newReclaimer(c, es.reg, opts.logf) // the etcd registry's departed nodes
+		}
 	} else {
 		a.peers, a.haveView = c.staticPeers(), true
 		opts.logf("node %s: %s, pods %s; %d static peers, no registry", c.Node, ip, cidrList(cidrs), len(a.peers))

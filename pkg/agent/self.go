@@ -196,25 +196,21 @@ func (c *Conf) publish(cidrs []*net.IPNet) (changed bool, err error) {
 // podCIDRs are this node's pod subnets for the read-only commands: the
 // config's ranges, else what run published, else what the registry says the
 // node holds (nil when nothing).
-func (c *Conf) podCIDRs(ctx context.Context, reg *registry.Registry) ([]*net.IPNet, string, error) {
+func (c *Conf) podCIDRs(ctx context.Context, src source) ([]*net.IPNet, string, error) {
 	if len(c.PodCIDRs) > 0 {
 		return c.PodCIDRs, "from the IPAM ranges of " + c.File, nil
 	}
 	if p, err := c.publishedCIDRs(); err != nil || p != nil {
 		return p, "leased, published in " + c.SubnetFile, err
 	}
-	if reg == nil {
+	if src == nil {
 		return nil, "", nil
 	}
-	sp, err := c.subnetSpace()
-	if err != nil {
+	p, err := src.podCIDRs(ctx, false)
+	if err != nil || p == nil {
 		return nil, "", err
 	}
-	p, ok, err := reg.HeldSubnet(ctx, sp, c.Node)
-	if err != nil || !ok {
-		return nil, "", err
-	}
-	return toIPNets([]netip.Prefix{p}), "leased in the registry, NOT published in " + c.SubnetFile, nil
+	return p, "held in the registry, NOT published in " + c.SubnetFile, nil
 }
 
 func sameCIDRs(a, b []*net.IPNet) bool {

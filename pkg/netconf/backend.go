@@ -38,14 +38,18 @@ type StaticNode struct {
 	Subnets []*net.IPNet `json:"-"`
 }
 
-// Registry is the etcd datastore villaged keeps the node list in.
+// Registry is the datastore villaged keeps the node list in: etcd, or
+// the Kubernetes API (Node objects).
 type Registry struct {
 	Type      string   `json:"type"`
-	Endpoints []string `json:"endpoints"`
-	Prefix    string   `json:"prefix,omitempty"`
-	CAFile    string   `json:"caFile,omitempty"`
-	CertFile  string   `json:"certFile,omitempty"`
-	KeyFile   string   `json:"keyFile,omitempty"`
+	Endpoints []string `json:"endpoints,omitempty"`
+	// Kubeconfig is the kubeconfig file of the kubernetes registry; ""
+	// means the in-cluster configuration (the pod's service account).
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	Prefix     string `json:"prefix,omitempty"`
+	CAFile     string `json:"caFile,omitempty"`
+	CertFile   string `json:"certFile,omitempty"`
+	KeyFile    string `json:"keyFile,omitempty"`
 	// TTL of a node's registration lease, in seconds.
 	TTL int `json:"ttl,omitempty"`
 	// SubnetLen is the prefix length of the pod subnet villaged leases out
@@ -63,6 +67,12 @@ const (
 	BackendVXLAN  = "vxlan"
 	BackendHostGW = "host-gw"
 	BackendAuto   = "auto"
+)
+
+// Registry types.
+const (
+	RegistryEtcd       = "etcd"
+	RegistryKubernetes = "kubernetes"
 )
 
 // Registry defaults.
@@ -152,10 +162,20 @@ func (b *Backend) parseNodes() *types.Error {
 
 func (r *Registry) validate() *types.Error {
 	if r.Type == "" {
-		r.Type = "etcd"
+		r.Type = RegistryEtcd
 	}
-	if r.Type != "etcd" {
-		return Error("invalid \"backend.registry.type\" %q: only etcd", r.Type)
+	switch r.Type {
+	case RegistryKubernetes:
+		if len(r.Endpoints) > 0 || r.CAFile != "" || r.CertFile != "" || r.KeyFile != "" {
+			return Error("invalid \"backend.registry\": type kubernetes takes a \"kubeconfig\" (or none: in-cluster), not etcd endpoints or certificates")
+		}
+		return nil
+	case RegistryEtcd:
+		if r.Kubeconfig != "" {
+			return Error("invalid \"backend.registry\": \"kubeconfig\" is for type kubernetes, not etcd")
+		}
+	default:
+		return Error("invalid \"backend.registry.type\" %q: etcd or kubernetes", r.Type)
 	}
 	if len(r.Endpoints) == 0 {
 		return Error("invalid \"backend.registry\": \"endpoints\" is empty")

@@ -25,6 +25,8 @@ func FuzzParseBackend(f *testing.F) {
 		`{"type":"host-gw","nodes":[{"name":"a","ip":"fe80::1%eth0","podCIDR":"10.0.0.0/24"}]}`,
 		`{"type":"host-gw","nodes":[{"name":"a","ip":"10.0.0.1","podCIDR":"10.0.0.1/24"}]}`,
 		`{"registry":{"endpoints":["http://x"],"prefix":"/../x"}}`,
+		`{"type":"vxlan","registry":{"type":"kubernetes","kubeconfig":"/etc/village/kubeconfig"}}`,
+		`{"registry":{"type":"kubernetes","endpoints":["http://x"]}}`,
 		`{"type":"frob"}`, `[`, `"vxlan"`,
 	} {
 		f.Add([]byte(s))
@@ -62,8 +64,12 @@ func FuzzParseBackend(f *testing.F) {
 				}
 			}
 		}
-		if r := b.Registry; r != nil {
-			if !strings.HasPrefix(r.Prefix, "/") || strings.Contains(r.Prefix, "..") || len(r.Endpoints) == 0 {
+		if r := b.Registry; r != nil && r.Type == netconf.RegistryKubernetes {
+			if len(r.Endpoints) > 0 || r.CAFile != "" || r.CertFile != "" || r.KeyFile != "" {
+				t.Fatalf("accepted kubernetes registry with etcd settings %+v", r)
+			}
+		} else if r != nil {
+			if r.Type != netconf.RegistryEtcd || r.Kubeconfig != "" || !strings.HasPrefix(r.Prefix, "/") || strings.Contains(r.Prefix, "..") || len(r.Endpoints) == 0 {
 				t.Fatalf("accepted registry %+v", r)
 			}
 		}

@@ -36,6 +36,8 @@ type objects struct {
 	daemonSets      []*appsv1.DaemonSet
 	configMaps      []*corev1.ConfigMap
 	serviceAccounts []*corev1.ServiceAccount
+	clusterRoles    []*rbacv1.ClusterRole
+	bindings        []*rbacv1.ClusterRoleBinding
 	all             []runtime.Object
 }
 
@@ -81,15 +83,18 @@ func load(t *testing.T) *objects {
 				o.configMaps = append(o.configMaps, v)
 			case *corev1.ServiceAccount:
 				o.serviceAccounts = append(o.serviceAccounts, v)
-			case *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *rbacv1.Role, *rbacv1.RoleBinding:
-				t.Errorf("%s: %s: Village's agent uses etcd, not the Kubernetes API; RBAC is not needed", filepath.Base(f), gvk.Kind)
+			case *rbacv1.ClusterRole:
+				o.clusterRoles = append(o.clusterRoles, v)
+			case *rbacv1.ClusterRoleBinding:
+				o.bindings = append(o.bindings, v)
 			default:
 				t.Errorf("%s: unexpected kind %s", filepath.Base(f), gvk)
 			}
 		}
 	}
-	if len(o.daemonSets) != 1 || len(o.configMaps) != 1 || len(o.serviceAccounts) != 1 {
-		t.Fatalf("want one DaemonSet, ConfigMap and ServiceAccount; got %d, %d, %d", len(o.daemonSets), len(o.configMaps), len(o.serviceAccounts))
+	if len(o.daemonSets) != 1 || len(o.configMaps) != 1 || len(o.serviceAccounts) != 1 || len(o.clusterRoles) != 1 || len(o.bindings) != 1 {
+		t.Fatalf("want one DaemonSet, ConfigMap, ServiceAccount, ClusterRole and ClusterRoleBinding; got %d, %d, %d, %d, %d",
+			len(o.daemonSets), len(o.configMaps), len(o.serviceAccounts), len(o.clusterRoles), len(o.bindings))
 	}
 	return o
 }
@@ -239,38 +244,47 @@ func TestDaemonSet(t *testing.T) {
 	if host, ro := hostMount(t, spec, agent, "/run/village"); host != "/run/village" || ro {
 		t.Errorf("agent publishes leased subnets in /run/village: host %s readOnly %v", host, ro)
 	}
-	// etcd TLS from a Secret, read-only, where the conflist points.
-	tlsDir := ""
-	for _, m := range agent.VolumeMounts {
-		for _, v := range spec.Volumes {
-			if v.Name == m.Name && v.Secret != nil {
-				if v.Secret.SecretName != "village-etcd-tls" || !m.ReadOnly {
-					t.Errorf("secret mount %+v of %+v", m, v.Secret)
-				}
-				tlsDir = m.MountPath
-			}
-		}
-	}
-	if tlsDir == "" {
-		t.Fatal("agent mounts no Secret for etcd TLS")
-	}
+	// The kubernetes registry: in-cluster credentials of the ServiceAccount.
 	reg := renderVillage(t, cm).Overlay.Registry
-	if reg == nil {
-		t.Fatal("the ConfigMap's conflist has no registry (the agent needs one to lease subnets)")
+	if reg == nil || reg.Type != netconf.RegistryKubernetes || reg.Kubeconfig != "" {
+		t.Fatalf("the ConfigMap's conflist must use the kubernetes registry in-cluster, has %+v", reg)
 	}
-	for _, f := range []string{reg.CAFile, reg.CertFile, reg.KeyFile} {
-		if filepath.Dir(f) != tlsDir {
-			t.Errorf("conflist TLS file %s is not in the Secret mount %s", f, tlsDir)
-		}
+	if !envFromField(agent, "NODE_NAME", "spec.nodeName") || flagMap(agent.Command[2:])["--node-name"] != "$(NODE_NAME)" {
+		t.Errorf("agent must get its Node's name from the downward API: %v", agent.Command)
 	}
-
-	// The ServiceAccount: used, and without an API token.
 	sa := o.serviceAccounts[0]
 	if spec.ServiceAccountName != sa.Name || sa.Namespace != ds.Namespace {
 		t.Errorf("serviceAccountName %q, ServiceAccount %s/%s", spec.ServiceAccountName, sa.Namespace, sa.Name)
 	}
-	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-		t.Error("the pods do not use the Kubernetes API: automountServiceAccountToken must be false")
+	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken {
+		t.Error("the agent reads Nodes in-cluster: automountServiceAccountToken must be true")
+	}
+	if sa.AutomountServiceAccountToken != nil && !*sa.AutomountServiceAccountToken {
+		t.Error("the ServiceAccount must not refuse its token")
+	}
+}
+
+// TestRBAC: the ClusterRole grants exactly what villaged uses (nodes: get,
+// list, watch, patch), bound to the DaemonSet's ServiceAccount.
+func TestRBAC(t *testing.T) {
+	o := load(t)
+	role, b := o.clusterRoles[0], o.bindings[0]
+	if len(role.Rules) != 1 {
+		t.Fatalf("ClusterRole %s: want one rule, got %+v", role.Name, role.Rules)
+	}
+	r := role.Rules[0]
+	verbs := slices.Sorted(slices.Values(r.Verbs))
+	if !slices.Equal(r.APIGroups, []string{""}) || !slices.Equal(r.Resources, []string{"nodes"}) ||
+		!slices.Equal(verbs, []string{"get", "list", "patch", "watch"}) || len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
+		t.Errorf("ClusterRole %s rule %+v, want nodes get/list/watch/patch only", role.Name, r)
+	}
+	if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != role.Name || b.RoleRef.APIGroup != "rbac.authorization.k8s.io" {
+		t.Errorf("ClusterRoleBinding %s refers to %+v", b.Name, b.RoleRef)
+	}
+	ds, sa := o.daemonSets[0], o.serviceAccounts[0]
+	if len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != sa.Name ||
+		b.Subjects[0].Namespace != sa.Namespace || ds.Spec.Template.Spec.ServiceAccountName != sa.Name {
+		t.Errorf("ClusterRoleBinding %s subjects %+v, want the DaemonSet's ServiceAccount %s/%s", b.Name, b.Subjects, sa.Namespace, sa.Name)
 	}
 }
 

@@ -1,0 +1,373 @@
+// Package kuberegistry is Village's node registry kept in the Kubernetes
+// API instead of etcd: `villaged run` with backend.registry.type
+// "kubernetes" reads this node's pod subnets from its Node object's
+// spec.podCIDRs (assigned by kube-controller-manager, one per family),
+// publishes its underlay address and VTEP MAC as annotations on that Node,
+// and follows every Node with an informer (one list, then one watch), each
+// change yielding a full snapshot of the nodes in the registry.Node form the
+// etcd registry uses, so the agent reconciles both the same way.
+//
+// # Annotations
+//
+// Village owns the prefix "village.cni.io/":
+//
+//	village.cni.io/underlay-ip   the node's underlay address (overlay endpoint / next hop)
+//	village.cni.io/vtep-mac      the MAC of its VTEP (vxlan)
+//
+// A Node without the underlay-ip annotation or without spec.podCIDRs is
+// not (yet) a peer. The agent writes only its own Node's annotations, with a
+// JSON merge patch, and writes them again when they differ from what it
+// wants (changed or removed by hand): the informer's copy tells it, so a
+// quiet cluster costs no request beyond the watch.
+//
+// Unlike the etcd registry there is no lease: a node leaves when its Node
+// object is deleted (kubectl delete node, or the cloud controller), not
+// when its agent stops.
+package kuberegistry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/village-cni/village/pkg/registry"
+)
+
+// Annotation keys on a Node, all under Prefix.
+const (
+	Prefix            = "village.cni.io/"
+	AnnotationIP      = Prefix + "underlay-ip"
+	AnnotationVtepMAC = Prefix + "vtep-mac"
+)
+
+// DefaultTimeout bounds one API request (the watch excepted).
+const DefaultTimeout = 10 * time.Second
+
+// retryEvery is the pause before writing the annotations again after a
+// failed patch.
+const retryEvery = 2 * time.Second
+
+// ErrNoPodCIDR says the Node has no spec.podCIDRs yet.
+var ErrNoPodCIDR = errors.New("no spec.podCIDRs yet")
+
+// Config says how to reach the API server and which Node is this one.
+type Config struct {
+	// Kubeconfig is a kubeconfig file; "" means the in-cluster
+	// configuration (the pod's service account).
+	Kubeconfig string
+	// Node is this node's Node name.
+	Node string
+	// Timeout bounds one request (DefaultTimeout when 0).
+	Timeout time.Duration
+	// Check is how often the agent compares its Node's annotations with
+	// what it wants, from the informer's cache (no request); 0 means 30 s.
+	// Watch events of its own Node are checked at once anyway.
+	Check time.Duration
+}
+
+// Registry reads Nodes and writes this node's annotations.
+type Registry struct {
+	cs   kubernetes.Interface
+	cfg  Config
+	host string
+}
+
+// RESTConfig loads the client configuration: the kubeconfig file, or the
+// in-cluster configuration when path is "".
+func RESTConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes registry: no kubeconfig given and not in a pod: %w", err)
+		}
+		return rc, nil
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes registry: kubeconfig %s: %w", path, err)
+	}
+	return rc, nil
+}
+
+// New connects per cfg (no request is made yet).
+func New(cfg Config) (*Registry, error) {
+	rc, err := RESTConfig(cfg.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "villaged"
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes registry at %s: %w", rc.Host, err)
+	}
+	return NewForClient(cs, cfg, rc.Host), nil
+}
+
+// NewForClient uses an existing clientset; host names the API server in
+// errors.
+func NewForClient(cs kubernetes.Interface, cfg Config, host string) *Registry {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Check <= 0 {
+		cfg.Check = 30 * time.Second
+	}
+	return &Registry{cs: cs, cfg: cfg, host: host}
+}
+
+// Where names the API server and this node's Node, for messages.
+func (r *Registry) Where() string {
+	return fmt.Sprintf("kubernetes API %s, Node %q", r.host, r.cfg.Node)
+}
+
+func (r *Registry) wrap(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("kubernetes API %s: %s: %w", r.host, what, err)
+}
+
+// PodCIDRs reads this node's pod subnets from its Node's spec.podCIDRs
+// (spec.podCIDR when the list is empty). A Node without any answers an
+// error wrapping ErrNoPodCIDR.
+func (r *Registry) PodCIDRs(ctx context.Context) ([]netip.Prefix, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	n, err := r.cs.CoreV1().Nodes().Get(ctx, r.cfg.Node, metav1.GetOptions{})
+	if err != nil {
+		return nil, r.wrap(fmt.Sprintf("reading Node %q", r.cfg.Node), err)
+	}
+	cidrs := podCIDRs(n)
+	if len(cidrs) == 0 {
+		return nil, fmt.Errorf("Node %q has %w (kube-controller-manager assigns them with --allocate-node-cidrs; or set spec.podCIDRs)", r.cfg.Node, ErrNoPodCIDR)
+	}
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("Node %q: spec.podCIDRs entry %q: %w", r.cfg.Node, c, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func podCIDRs(n *corev1.Node) []string {
+	if len(n.Spec.PodCIDRs) > 0 {
+		return n.Spec.PodCIDRs
+	}
+	if n.Spec.PodCIDR != "" {
+		return []string{n.Spec.PodCIDR}
+	}
+	return nil
+}
+
+// Record is a Node as a registry record; ok is false when the Node is not
+// a Village peer (no underlay-ip annotation or no pod subnets), err when it
+// claims to be one but its annotations do not parse.
+func Record(n *corev1.Node) (rec registry.Node, ok bool, err error) {
+	ip := n.Annotations[AnnotationIP]
+	cidrs := podCIDRs(n)
+	if ip == "" || len(cidrs) == 0 {
+		return rec, false, nil
+	}
+	rec = registry.Node{Name: n.Name, IP: ip, PodCIDRs: slices.Clone(cidrs), VtepMAC: n.Annotations[AnnotationVtepMAC]}
+	if err := rec.Validate(); err != nil {
+		return rec, false, fmt.Errorf("Node %q: %w", n.Name, err)
+	}
+	return rec, true, nil
+}
+
+// annotations are the annotations that say rec.
+func annotations(rec registry.Node) map[string]string {
+	return map[string]string{AnnotationIP: rec.IP, AnnotationVtepMAC: rec.VtepMAC}
+}
+
+// Nodes lists every Node that is a Village peer (one request), sorted by
+// name; Nodes whose annotations do not parse are skipped and joined in bad.
+func (r *Registry) Nodes(ctx context.Context) (nodes []registry.Node, rev int64, bad error, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	list, err := r.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, 0, nil, r.wrap("listing Nodes", err)
+	}
+	var errs []error
+	for i := range list.Items {
+		rec, ok, err := Record(&list.Items[i])
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
+			nodes = append(nodes, rec)
+		}
+	}
+	slices.SortFunc(nodes, func(a, b registry.Node) int { return strings.Compare(a.Name, b.Name) })
+	rev, _ = strconv.ParseInt(list.ResourceVersion, 10, 64)
+	return nodes, rev, errors.Join(errs...), nil
+}
+
+// Publish writes rec's annotations on this node's Node (one merge patch).
+func (r *Registry) Publish(ctx context.Context, rec registry.Node) error {
+	if rec.Name != r.cfg.Node {
+		return fmt.Errorf("kubernetes registry of Node %q cannot publish Node %q", r.cfg.Node, rec.Name)
+	}
+	if err := rec.Validate(); err != nil {
+		return err
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations(rec)}})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	_, err = r.cs.CoreV1().Nodes().Patch(ctx, r.cfg.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "villaged"})
+	return r.wrap(fmt.Sprintf("annotating Node %q", r.cfg.Node), err)
+}
+
+// slim keeps of a Node only what the registry reads, so the informer's
+// cache of a large cluster stays small.
+func slim(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	ann := map[string]string{}
+	for k, v := range n.Annotations {
+		if strings.HasPrefix(k, Prefix) {
+			ann[k] = v
+		}
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Annotations: ann},
+		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
+	}, nil
+}
+
+// Run keeps this node's annotations saying first (then the latest record
+// from records) and sends a snapshot of every peer Node on out (capacity 1;
+// only the newest unread snapshot is kept) after the informer's first list
+// and after every change, until ctx is done. The informer relists and
+// rewatches by itself when the API server goes away and comes back.
+func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan registry.Node, out chan registry.Snapshot, logf func(string, ...any)) {
+	factory := informers.NewSharedInformerFactoryWithOptions(r.cs, 0, informers.WithTransform(slim))
+	inf := factory.Core().V1().Nodes().Informer()
+	changed := make(chan struct{}, 1)
+	var rev atomic.Int64
+	note := func(obj any) {
+		if m, err := metaOf(obj); err == nil {
+			if v, err := strconv.ParseInt(m.GetResourceVersion(), 10, 64); err == nil {
+				rev.Store(v)
+			}
+		}
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    note,
+		UpdateFunc: func(_, obj any) { note(obj) },
+		DeleteFunc: note,
+	}); err != nil {
+		logf("kubernetes registry: %v", err)
+		return
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return
+	}
+	want := first
+	var retry <-chan time.Time
+	check := time.NewTicker(r.cfg.Check)
+	defer check.Stop()
+	ensure := func() {
+		retry = nil
+		obj, exists, err := inf.GetStore().GetByKey(r.cfg.Node)
+		if err != nil || !exists {
+			logf("kubernetes registry: Node %q does not exist (retrying in %s)", r.cfg.Node, retryEvery)
+			retry = time.After(retryEvery)
+			return
+		}
+		n := obj.(*corev1.Node)
+		if n.Annotations[AnnotationIP] == want.IP && n.Annotations[AnnotationVtepMAC] == want.VtepMAC {
+			return
+		}
+		if err := r.Publish(ctx, want); err != nil {
+			if ctx.Err() == nil {
+				logf("%v (retrying in %s)", err, retryEvery)
+				retry = time.After(retryEvery)
+			}
+			return
+		}
+		logf("annotated Node %q: %s=%s %s=%s", r.cfg.Node, AnnotationIP, want.IP, AnnotationVtepMAC, want.VtepMAC)
+	}
+	ensure()
+	r.send(ctx, inf.GetStore(), rev.Load(), out, logf)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case want = <-records:
+			ensure()
+		case <-retry:
+			ensure()
+		case <-check.C:
+			ensure()
+		case <-changed:
+			ensure()
+			r.send(ctx, inf.GetStore(), rev.Load(), out, logf)
+		}
+	}
+}
+
+func metaOf(obj any) (metav1.Object, error) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return nil, fmt.Errorf("not an object: %T", obj)
+	}
+	return m, nil
+}
+
+// send makes a snapshot of the store and replaces any unread one on out.
+func (r *Registry) send(ctx context.Context, store cache.Store, rev int64, out chan registry.Snapshot, logf func(string, ...any)) {
+	s := registry.Snapshot{Revision: rev}
+	for _, obj := range store.List() {
+		rec, ok, err := Record(obj.(*corev1.Node))
+		if err != nil {
+			logf("kubernetes registry: skipping %v", err)
+		}
+		if ok {
+			s.Nodes = append(s.Nodes, rec)
+		}
+	}
+	slices.SortFunc(s.Nodes, func(a, b registry.Node) int { return strings.Compare(a.Name, b.Name) })
+	select {
+	case <-out:
+	default:
+	}
+	select {
+	case out <- s:
+	case <-ctx.Done():
+	}
+}
