@@ -23,6 +23,15 @@
 //     ever reconciled against a view the agent does not have, so an
 //     unreachable etcd at start leaves the kernel as it was.
 //
+// # The kubernetes registry
+//
+// With backend.registry.type "kubernetes" the steps are the same with the
+// API server in etcd's place (package kuberegistry): the pod subnets are the
+// Node's spec.podCIDRs (a Node without any yet is a log line and a retry
+// every 2 s), the registration is two village.cni.io/ annotations on the
+// Node, and the follower is a Node informer. Both registries implement
+// source, so run, sync and status do not tell them apart past Load.
+//
 // # Events and periodic repair
 //
 // Like flannel's agent, run reacts to events and also repairs on a timer.

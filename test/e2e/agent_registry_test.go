@@ -83,7 +83,8 @@ func (l *lockedBuffer) String() string {
 
 type agentLab struct {
 	t     *testing.T
-	host  ns.NetNS // the LAN host etcd listens in
+	host  ns.NetNS // the LAN host etcd (or the API server) listens in
+	lan   *LAN
 	etcd  *etcdtest.Server
 	conf  string // the one conflist every node uses
 	list  *libcni.NetworkConfigList
@@ -108,20 +109,23 @@ func newAgentLab(t *testing.T, mode string, extra ...string) *agentLab {
 	host := testenv.NewNS(t)
 	lan.Attach(t, host, "eth0", agentEtcdIP+"/24")
 	lab := &agentLab{t: t, host: host, etcd: etcdtest.StartIn(t, host, agentEtcdIP)}
+	lab.setup(lan, func(dataDir string) string { return agentConflist(mode, dataDir, extra...) }, 3)
+	return lab
+}
+
+// setup writes the one conflist (made by conflist from the IPAM data
+// directory) and attaches count node namespaces to the LAN, stopping their
+// agents when the test ends.
+func (lab *agentLab) setup(lan *LAN, conflist func(dataDir string) string, count int) {
+	t := lab.t
 	dir := t.TempDir()
 	lab.conf = filepath.Join(dir, "10-agt.conflist")
-	text := agentConflist(mode, filepath.Join(dir, "ipam"), extra...)
+	text := conflist(filepath.Join(dir, "ipam"))
 	must(t, os.WriteFile(lab.conf, []byte(text), 0o644), "writing the conflist")
 	lab.list = ConfList(t, text)
-	for i := 1; i <= 3; i++ {
-		n := &agentNode{Node: NewNode(t), name: fmt.Sprintf("node%d", i), ip: fmt.Sprintf("%s1%d", agentLANPrefix, i)}
-		lan.Attach(t, n.NS, "lan0", n.ip+"/24")
-		n.runDir = filepath.Join(n.Dir, "run")
-		n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"),
-			envExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}},
-				env: []string{"VILLAGE_RUN_DIR=" + n.runDir}})
-		n.log = &lockedBuffer{}
-		lab.nodes = append(lab.nodes, n)
+	lab.lan = lan
+	for range count {
+		lab.addNode()
 	}
 	t.Cleanup(func() {
 		for _, n := range lab.nodes {
@@ -131,7 +135,22 @@ func newAgentLab(t *testing.T, mode string, extra ...string) *agentLab {
 			}
 		}
 	})
-	return lab
+}
+
+// addNode attaches one more node namespace (nodeN, LAN address .1N) to the
+// LAN; its agent is not started.
+func (lab *agentLab) addNode() *agentNode {
+	t := lab.t
+	i := len(lab.nodes) + 1
+	n := &agentNode{Node: NewNode(t), name: fmt.Sprintf("node%d", i), ip: fmt.Sprintf("%s1%d", agentLANPrefix, i)}
+	lab.lan.Attach(t, n.NS, "lan0", n.ip+"/24")
+	n.runDir = filepath.Join(n.Dir, "run")
+	n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"),
+		envExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}},
+			env: []string{"VILLAGE_RUN_DIR=" + n.runDir}})
+	n.log = &lockedBuffer{}
+	lab.nodes = append(lab.nodes, n)
+	return n
 }
 
 // villaged is the command line of the real binary inside node n.

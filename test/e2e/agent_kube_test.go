@@ -1,0 +1,277 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/village-cni/village/internal/kubetest"
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/kuberegistry"
+)
+
+// The kubernetes-registry scenario: the same namespace LAN as the etcd one,
+// a real kube-apiserver (with its etcd) in the "LAN host" namespace, and
+// three node namespaces each running the real `villaged run` with one
+// identical conflist naming the registry type kubernetes. The test plays
+// kube-controller-manager: it creates the Node objects with spec.podCIDRs.
+// The agents authenticate as the DaemonSet's ServiceAccount, bound only by
+// deploy/kubernetes/rbac.yaml, so the shipped RBAC is proven sufficient.
+
+func kubeConflist(mode, dataDir, kubeconfig string) string {
+	return fmt.Sprintf(`{"cniVersion":"1.1.0","name":"agt","plugins":[{"type":"village","bridge":"village0","isDefaultGateway":true,
+		"ipMasq":true,"clusterCIDR":%q,
+		"ipam":{"type":"village-ipam","dataDir":%q},
+		"backend":{"type":%q,"underlay":"lan0","vni":9,
+			"registry":{"type":"kubernetes","kubeconfig":%q}}}]}`,
+		agentCluster, dataDir, mode, kubeconfig)
+}
+
+type kubeLab struct {
+	*agentLab
+	kube *kubetest.Server
+}
+
+func newKubeLab(t *testing.T, mode string) *kubeLab {
+	t.Helper()
+	lan := NewLAN(t)
+	host := testenv.NewNS(t)
+	lan.Attach(t, host, "eth0", agentEtcdIP+"/24")
+	kube := kubetest.Start(t, kubetest.Options{NetNS: host, IP: agentEtcdIP})
+	applyRBAC(t, kube)
+	lab := &kubeLab{agentLab: &agentLab{t: t, host: host}, kube: kube}
+	lab.setup(lan, func(dataDir string) string { return kubeConflist(mode, dataDir, kube.AgentKubeconfig) }, 3)
+	return lab
+}
+
+// applyRBAC creates the ClusterRole and ClusterRoleBinding of
+// deploy/kubernetes/rbac.yaml.
+func applyRBAC(t *testing.T, kube *kubetest.Server) {
+	root, err := testenv.ModuleRoot()
+	must(t, err, "module root")
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "rbac.yaml"))
+	must(t, err, "reading rbac.yaml")
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+	ctx := context.Background()
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		must(t, err, "reading rbac.yaml")
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		must(t, err, "decoding rbac.yaml")
+		switch o := obj.(type) {
+		case *rbacv1.ClusterRole:
+			_, err = kube.Client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = kube.Client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("rbac.yaml: unexpected %T", obj)
+		}
+		must(t, err, "creating %T from rbac.yaml", obj)
+	}
+}
+
+// createNode makes node n's Node object, with podCIDR when it is not "".
+func (lab *kubeLab) createNode(n *agentNode, podCIDR string) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}
+	if podCIDR != "" {
+		node.Spec.PodCIDR, node.Spec.PodCIDRs = podCIDR, []string{podCIDR}
+	}
+	_, err := lab.kube.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{})
+	must(lab.t, err, "creating Node %s", n.name)
+}
+
+func (lab *kubeLab) node(name string) *corev1.Node {
+	n, err := lab.kube.Client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	must(lab.t, err, "reading Node %s", name)
+	return n
+}
+
+func (lab *kubeLab) annotate(name, key, value string) {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
+	_, err := lab.kube.Client.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, patch, metav1.PatchOptions{})
+	must(lab.t, err, "annotating Node %s", name)
+}
+
+func TestAgentKubernetesCluster(t *testing.T) {
+	for _, mode := range []string{"vxlan", "host-gw"} {
+		t.Run(mode, func(t *testing.T) {
+			lab := newKubeLab(t, mode)
+			for i, n := range lab.nodes {
+				lab.createNode(n, fmt.Sprintf("10.70.%d.0/24", i+1))
+			}
+			subnets := lab.startAll()
+			for i, s := range subnets {
+				if want := fmt.Sprintf("10.70.%d.0/24", i+1); s != want {
+					t.Fatalf("node%d published %s, want its Node's podCIDR %s", i+1, s, want)
+				}
+				n := lab.node(lab.nodes[i].name)
+				if n.Annotations[kuberegistry.AnnotationIP] != lab.nodes[i].ip || n.Annotations[kuberegistry.AnnotationVtepMAC] == "" {
+					t.Fatalf("Node %s annotations %v", n.Name, n.Annotations)
+				}
+			}
+			pods := lab.podsPing(subnets)
+			lab.annotationRepaired(subnets)
+			lab.apiServerRestart(pods, subnets)
+			subnets = lab.lateNode(subnets)
+			lab.deletedNode(subnets)
+		})
+	}
+}
+
+// annotationRepaired: node2's underlay-ip annotation changed by hand is
+// written back by node2's agent, and the cluster routes to node2 again.
+func (lab *kubeLab) annotationRepaired(subnets []string) {
+	t := lab.t
+	n2 := lab.nodes[1]
+	lab.annotate(n2.name, kuberegistry.AnnotationIP, "192.168.79.99")
+	waitFor(t, 30*time.Second, "node2's agent restores its annotation", func() (bool, string) {
+		n := lab.node(n2.name)
+		return n.Annotations[kuberegistry.AnnotationIP] == n2.ip, fmt.Sprint(n.Annotations)
+	})
+	n1 := lab.nodes[0]
+	waitFor(t, 30*time.Second, "node1 routes to node2 through node2's real address", func() (bool, string) {
+		r := n1.routes(t)
+		for _, l := range strings.Split(r, "\n") {
+			if strings.HasPrefix(l, subnets[1]+" ") {
+				return !strings.Contains(r, "192.168.79.99"), r
+			}
+		}
+		return false, r
+	})
+}
+
+// datapath is every node's routes, neighbours and FDB entries of Village.
+func (lab *kubeLab) datapath() string {
+	var b strings.Builder
+	for _, n := range lab.nodes {
+		r, _ := testenv.IP(n.NS, "route", "show", "proto", "86")
+		ne, _ := testenv.IP(n.NS, "neigh", "show", "nud", "permanent")
+		fdb, _ := testenv.IP(n.NS, "-d", "link", "show", "type", "vxlan")
+		fmt.Fprintf(&b, "== %s\n%s%s%s", n.name, r, ne, fdb)
+	}
+	return b.String()
+}
+
+// apiServerRestart: with the API server stopped the datapath stays and
+// pods keep talking; when it is back the agents resume (a change made
+// after the restart reaches them: lateNode).
+func (lab *kubeLab) apiServerRestart(pods []*Pod, subnets []string) {
+	t := lab.t
+	before := lab.datapath()
+	lab.kube.StopAPIServer()
+	time.Sleep(3 * time.Second) // the informers notice the broken watch
+	to := podIPv4(t, pods[1])
+	must(t, testenv.Ping(pods[0].NS, to, 2), "pod on node1 -> pod on node2 with the API server down")
+	for i, n := range lab.nodes {
+		others := append(append([]string{}, subnets[:i]...), subnets[i+1:]...)
+		if ok, r := n.hasRoutes(t, others, nil); !ok {
+			t.Fatalf("%s lost routes while the API server was down: %s", n.name, r)
+		}
+	}
+	lab.kube.StartAPIServer()
+	time.Sleep(2 * time.Second)
+	if after := lab.datapath(); after != before {
+		t.Fatalf("the datapath changed across an API server restart:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	for _, n := range lab.nodes {
+		if n.cmd == nil {
+			t.Fatalf("agent on %s is not running", n.name)
+		}
+		select {
+		case err := <-n.exited:
+			t.Fatalf("agent on %s exited across the API server restart: %v", n.name, err)
+		default:
+		}
+	}
+}
+
+// lateNode: node4 joins after the others; its Node has no podCIDR at
+// first, so its agent says so and waits (no crash); once the podCIDR is set
+// it publishes it, and node4's pod reaches node1's pod both ways.
+func (lab *kubeLab) lateNode(subnets []string) []string {
+	t := lab.t
+	n4 := lab.addNode()
+	lab.createNode(n4, "")
+	lab.start(n4)
+	waitFor(t, 30*time.Second, "node4's agent reports the missing podCIDR", func() (bool, string) {
+		return strings.Contains(n4.log.String(), "no spec.podCIDRs yet"), n4.log.String()
+	})
+	select {
+	case err := <-n4.exited:
+		t.Fatalf("node4's agent exited without a podCIDR: %v\n%s", err, n4.log.String())
+	default:
+	}
+	patch := []byte(`{"spec":{"podCIDR":"10.70.4.0/24","podCIDRs":["10.70.4.0/24"]}}`)
+	_, err := lab.kube.Client.CoreV1().Nodes().Patch(context.Background(), n4.name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	must(t, err, "setting node4's podCIDR")
+	waitFor(t, 30*time.Second, "node4 publishes its podCIDR", func() (bool, string) {
+		return n4.subnet(t) == "10.70.4.0/24", n4.log.String()
+	})
+	subnets = append(subnets, "10.70.4.0/24")
+	for i, n := range lab.nodes {
+		others := append(append([]string{}, subnets[:i]...), subnets[i+1:]...)
+		waitFor(t, 30*time.Second, n.name+" routes to every other node", func() (bool, string) {
+			return n.hasRoutes(t, others, nil)
+		})
+	}
+	p4, p1 := n4.NewPod(), lab.nodes[0].NewPod()
+	a4 := n4.MustAdd(lab.list, p4).IPs[0].Address.IP.String()
+	a1 := lab.nodes[0].MustAdd(lab.list, p1).IPs[0].Address.IP.String()
+	must(t, testenv.Ping(p4.NS, a1, 2), "pod on node4 -> pod on node1")
+	must(t, testenv.Ping(p1.NS, a4, 2), "pod on node1 -> pod on node4")
+	return subnets
+}
+
+// deletedNode: node4's Node deleted (its agent stopped first, as when a
+// machine is removed) takes its routes off every other node.
+func (lab *kubeLab) deletedNode(subnets []string) {
+	t := lab.t
+	n4 := lab.nodes[3]
+	_ = n4.stop(t, syscall.SIGTERM)
+	err := lab.kube.Client.CoreV1().Nodes().Delete(context.Background(), n4.name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatalf("deleting Node %s: %v", n4.name, err)
+	}
+	for _, n := range lab.nodes[:3] {
+		waitFor(t, 30*time.Second, n.name+" drops the deleted Node's routes", func() (bool, string) {
+			return n.hasRoutes(t, nil, []string{subnets[3]})
+		})
+	}
+	if ok, r := lab.nodes[0].hasRoutes(t, subnets[1:3], nil); !ok {
+		t.Fatalf("node1 lost routes to node2/node3: %s", r)
+	}
+}
+
+// podIPv4 is the IPv4 address of p's eth0.
+func podIPv4(t *testing.T, p *Pod) string {
+	out := testenv.MustIP(t, p.NS, "-4", "-o", "addr", "show", "dev", "eth0")
+	f := strings.Fields(out)
+	for i := range f {
+		if f[i] == "inet" && i+1 < len(f) {
+			return strings.Split(f[i+1], "/")[0]
+		}
+	}
+	t.Fatalf("no IPv4 address on the pod's eth0: %s", out)
+	return ""
+}
