@@ -46,7 +46,7 @@ func runInstall(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&withVillaged, "with-villaged", false, "install villaged itself into the CNI binary directory too")
 	fs.Var(setFlags(o.Vars), "set", "`NAME=VALUE` for the template (repeatable; beats the environment and detected values)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: villaged install [flags]\n\nCopies village, village-ipam, village-ipam-etcd and loopback into the CNI binary directory and writes\nthe conflist, each atomically; records what it wrote so uninstall removes exactly that.\nTemplate variables: NODE_NAME, NODE_IP, DEFAULT_IFACE, CNI_BIN_DIR, CNI_CONF_DIR, any\n--set NAME=VALUE and any environment variable.\n\nflags:")
+		fmt.Fprintln(stderr, "usage: villaged install [flags]\n\nCopies village, village-ipam, village-ipam-etcd, village-ipam-kube and loopback into the CNI binary directory and writes\nthe conflist, each atomically; records what it wrote so uninstall removes exactly that.\nTemplate variables: NODE_NAME, NODE_IP, DEFAULT_IFACE, CNI_BIN_DIR, CNI_CONF_DIR, any\n--set NAME=VALUE and any environment variable.\n\nflags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

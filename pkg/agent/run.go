@@ -87,7 +87,7 @@ func Run(ctx context.Context, opts Options) error {
 		if err != nil {
 			return err
 		}
-		opts.logf("node %s holds pod subnets %s (published in %s%s)", c.Node, cidrList(cidrs), c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
+		opts.logf("node %s holds pod subnet %s (published in %s%s)", c.Node, cidrList(cidrs), c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
 	}
 	a.self = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}
 	a.masq = c.Net.Netfilter(cidrs)

@@ -38,7 +38,7 @@ const (
 )
 
 // Plugins are the binaries install copies by default.
-var Plugins = []string{"village", "village-ipam", "village-ipam-etcd", "loopback"}
+var Plugins = []string{"village", "village-ipam", "village-ipam-etcd", "village-ipam-kube", "loopback"}
 
 // Options say where to install from and to.
 type Options struct {

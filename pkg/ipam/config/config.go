@@ -38,8 +38,9 @@ const MaxConfigSize = 1 << 20
 
 // Store types accepted in ipam.store.type.
 const (
-	StoreDisk = "disk"
-	StoreEtcd = "etcd"
+	StoreDisk       = "disk"
+	StoreEtcd       = "etcd"
+	StoreKubernetes = "kubernetes"
 )
 
 // DefaultEtcdPrefix is the key prefix the etcd store uses when
@@ -145,6 +146,10 @@ type StoreConfig struct {
 	CertFile  string   `json:"certFile"`
 	KeyFile   string   `json:"keyFile"`
 	NodeName  string   `json:"nodeName"`
+	// Kubeconfig and Namespace are the kubernetes store's: a kubeconfig
+	// file ("" = in-cluster) and the namespace of its Leases.
+	Kubeconfig string `json:"kubeconfig"`
+	Namespace  string `json:"namespace"`
 }
 
 // RangeSet is a list of ranges of one address family; an allocation takes one
@@ -643,6 +648,20 @@ func parseRange(field string, rr rawRange) (Range, error) {
 	return r, nil
 }
 
+// dnsLabel reports whether s is an RFC 1123 label (a namespace name).
+func dnsLabel(s string) bool {
+	if s == "" || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 func parseStore(s *StoreConfig) (StoreConfig, error) {
 	if s == nil {
 		return StoreConfig{Type: StoreDisk}, nil
@@ -653,6 +672,9 @@ func parseStore(s *StoreConfig) (StoreConfig, error) {
 		out.Type = StoreDisk
 		if len(out.Endpoints) > 0 {
 			return out, fieldErr("ipam.store.endpoints", "only used with store type %q, but the type is %q", StoreEtcd, StoreDisk)
+		}
+		if out.Kubeconfig != "" || out.Namespace != "" {
+			return out, fieldErr("ipam.store", "\"kubeconfig\" and \"namespace\" are only used with store type %q", StoreKubernetes)
 		}
 	case StoreEtcd:
 		if len(out.Endpoints) == 0 {
@@ -673,8 +695,18 @@ func parseStore(s *StoreConfig) (StoreConfig, error) {
 		if !strings.HasPrefix(out.Prefix, "/") {
 			return out, fieldErr("ipam.store.prefix", "%q must start with '/'", out.Prefix)
 		}
+		if out.Kubeconfig != "" || out.Namespace != "" {
+			return out, fieldErr("ipam.store", "\"kubeconfig\" and \"namespace\" are only used with store type %q", StoreKubernetes)
+		}
+	case StoreKubernetes:
+		if len(out.Endpoints) > 0 || out.CAFile != "" || out.CertFile != "" || out.KeyFile != "" || out.Prefix != "" {
+			return out, fieldErr("ipam.store", "type %q takes \"kubeconfig\" and \"namespace\", not etcd's endpoints, prefix or certificates", StoreKubernetes)
+		}
+		if out.Namespace != "" && !dnsLabel(out.Namespace) {
+			return out, fieldErr("ipam.store.namespace", "%q is not a namespace name (lowercase letters, digits and '-', at most 63)", out.Namespace)
+		}
 	default:
-		return out, fieldErr("ipam.store.type", "unknown store type %q; use %q or %q", out.Type, StoreDisk, StoreEtcd)
+		return out, fieldErr("ipam.store.type", "unknown store type %q; use %q, %q or %q", out.Type, StoreDisk, StoreEtcd, StoreKubernetes)
 	}
 	return out, nil
 }

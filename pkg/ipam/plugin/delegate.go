@@ -14,15 +14,16 @@ import (
 )
 
 // Register builds a store type into this binary. The etcd store registers
-// itself only in village-ipam-etcd, so that village-ipam, which every pod on
-// a disk-store node execs, does not pay for linking the etcd client (about
-// 11 MB of binary and 2 ms of package initialisation per exec).
+// itself only in village-ipam-etcd and the kubernetes store only in
+// village-ipam-kube, so that village-ipam, which every pod on a disk-store
+// node execs, does not pay for linking their clients (the etcd client alone
+// is about 11 MB of binary and 2 ms of package initialisation per exec).
 func Register(storeType string, open OpenFunc) { backends[storeType] = open }
 
 // helpers names the binary that serves a store type this binary was built
 // without; it is looked up in CNI_PATH and run with the same environment and
 // config, and its output passed through.
-var helpers = map[string]string{config.StoreEtcd: "village-ipam-etcd"}
+var helpers = map[string]string{config.StoreEtcd: "village-ipam-etcd", config.StoreKubernetes: "village-ipam-kube"}
 
 // Funcs are the verbs for skel.PluginMainFuncs: the local implementation
 // when the configured store is built in, the helper binary otherwise.
