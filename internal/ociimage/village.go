@@ -12,7 +12,7 @@ import (
 // VillageBinaries are the static binaries of the DaemonSet image, all in
 // BinDir: `villaged install` copies the plugins from the directory of the
 // villaged that runs it.
-var VillageBinaries = []string{"villaged", "village", "village-ipam", "village-ipam-etcd", "loopback"}
+var VillageBinaries = []string{"villaged", "village", "village-ipam", "village-ipam-etcd", "village-ipam-kube", "loopback"}
 
 // BinDir is where the image keeps Village's binaries.
 const BinDir = "/usr/local/bin"
