@@ -13,6 +13,12 @@
 #   sudo ./scripts/bench.sh                 # everything, a few minutes on 2 cores
 #   sudo ./scripts/bench.sh -only latency   # one section (latency,backends,burst,scale,memory,overlay,throughput,runtime)
 #   sudo ./scripts/bench.sh -v              # also every sample series
+#   sudo ./scripts/bench.sh -only kube      # only the kubernetes registry at scale (below)
+#
+# The kube section (also run after the others when no -only is given) is
+# BenchmarkAgentKubeScale in test/e2e: one villaged watching a real
+# kube-apiserver (scripts/kube-apiserver.sh) while 1,000 Node objects are
+# created, then idle, then 100 of them changed at once.
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -25,6 +31,15 @@ done
 crictl=$(./scripts/crictl.sh)
 
 ./build_linux.sh >&2
+
+kube_bench() {
+  VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
+    go test -run '^$' -bench '^BenchmarkAgentKubeScale$' -benchtime 1x -timeout 30m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
+}
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "kube" ]; then
+  kube_bench
+  exit
+fi
 # Run from a private copy of the binaries, so a rebuild of ./bin by someone
 # else during the run cannot change what is measured.
 work=$(mktemp -d /tmp/village-bench.XXXXXX)
@@ -41,3 +56,6 @@ ls -l "$work"/bin/village "$work"/bin/village-ipam "$work"/bin/ref/bridge "$work
 
 "$work/cnibench" -bin "$work/bin" -ref "$work/bin/ref" -cnitool "$work/cnitool" \
   -overlay-test "$work/overlay.test" -crictl "$crictl" -module-root "$PWD" "$@"
+if [ "${1:-}" != "-only" ]; then
+  kube_bench
+fi

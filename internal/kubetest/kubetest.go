@@ -15,6 +15,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -61,6 +63,8 @@ type Options struct {
 	// IP is the address of NetNS the API server listens on (ignored
 	// without NetNS).
 	IP string
+	// Audit logs every request's metadata (read with AuditEvents).
+	Audit bool
 }
 
 // Server is a running etcd + kube-apiserver.
@@ -137,7 +141,7 @@ func Start(t testing.TB, opts Options) *Server {
 }
 
 func (s *Server) apiArgs() []string {
-	return []string{
+	args := []string{
 		"--etcd-servers=" + s.etcdURL,
 		"--bind-address=" + s.ip, "--advertise-address=" + s.ip, "--secure-port=" + strconv.Itoa(s.port),
 		"--cert-dir=" + filepath.Join(s.dir, "certs"),
@@ -152,6 +156,11 @@ func (s *Server) apiArgs() []string {
 		"--profiling=false",
 		"--v=0",
 	}
+	if s.opts.Audit {
+		args = append(args, "--audit-policy-file="+filepath.Join(s.dir, "audit-policy.yaml"),
+			"--audit-log-path="+filepath.Join(s.dir, "audit.log"), "--audit-log-format=json")
+	}
+	return args
 }
 
 func token(t testing.TB) string {
@@ -172,6 +181,10 @@ func (s *Server) writeFiles(admin, agent string) error {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(s.dir, "sa.key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return err
+	}
+	policy := "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n"
+	if err := os.WriteFile(filepath.Join(s.dir, "audit-policy.yaml"), []byte(policy), 0o600); err != nil {
 		return err
 	}
 	tokens := fmt.Sprintf("%s,kubetest-admin,uid-admin,\"system:masters\"\n%s,%s,uid-village,\"system:serviceaccounts\"\n", admin, agent, ServiceAccount)
@@ -375,3 +388,44 @@ func freePorts(n int) ([]int, error) {
 }
 
 func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+// AuditEvent is one request as the audit log records it.
+type AuditEvent struct {
+	Verb       string `json:"verb"`
+	RequestURI string `json:"requestURI"`
+	Stage      string `json:"stage"`
+	User       struct {
+		Username string `json:"username"`
+	} `json:"user"`
+	UserAgent string    `json:"userAgent"`
+	Received  time.Time `json:"requestReceivedTimestamp"`
+}
+
+// AuditEvents reads the audit log (Options.Audit): one event per request
+// of user (every user when ""), at the stage the request was first logged.
+func (s *Server) AuditEvents(user string) ([]AuditEvent, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, "audit.log"))
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []AuditEvent
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" {
+			continue
+		}
+		var e AuditEvent
+		var id struct {
+			AuditID string `json:"auditID"`
+		}
+		if json.Unmarshal([]byte(line), &e) != nil || json.Unmarshal([]byte(line), &id) != nil {
+			continue
+		}
+		if (user != "" && e.User.Username != user) || seen[id.AuditID] {
+			continue
+		}
+		seen[id.AuditID] = true
+		out = append(out, e)
+	}
+	return out, nil
+}
