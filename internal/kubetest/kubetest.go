@@ -205,7 +205,9 @@ func (s *Server) spawn(name, bin string, args ...string) *proc {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// No Pdeathsig: it fires when the forking OS thread exits, and Go
+	// ends threads that a namespace switch left locked.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		log.Close()
 		s.t.Fatalf("kubetest: starting %s: %v", name, err)
