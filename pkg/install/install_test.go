@@ -79,7 +79,7 @@ func TestInstallFreshIdempotentUninstall(t *testing.T) {
 
 	r := mustInstall(t, s.opts())
 	a := actions(r)
-	for _, p := range []string{"village", "village-ipam", "village-ipam-etcd", "loopback"} {
+	for _, p := range []string{"village", "village-ipam", "village-ipam-etcd", "village-ipam-kube", "loopback"} {
 		path := filepath.Join(s.bin, p)
 		if a[path] != Created {
 			t.Errorf("%s: %s, want created", path, a[path])
@@ -118,7 +118,7 @@ func TestInstallFreshIdempotentUninstall(t *testing.T) {
 	}
 
 	m, err := LoadManifest(s.state)
-	if err != nil || len(m.Files) != 5 || len(m.Networks) != 1 || m.Networks[0].Name != "village" || !slices.Equal(m.Networks[0].Bridges, []string{"village0"}) {
+	if err != nil || len(m.Files) != len(Plugins)+1 || len(m.Networks) != 1 || m.Networks[0].Name != "village" || !slices.Equal(m.Networks[0].Bridges, []string{"village0"}) {
 		t.Fatalf("manifest %+v %v", m, err)
 	}
 

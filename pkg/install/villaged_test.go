@@ -52,7 +52,7 @@ func TestVillagedInstallOnAFreshMachine(t *testing.T) {
 			t.Errorf("install output lacks %q:\n%s", want, out)
 		}
 	}
-	for _, b := range []string{"village", "village-ipam", "village-ipam-etcd", "loopback"} {
+	for _, b := range []string{"village", "village-ipam", "village-ipam-etcd", "village-ipam-kube", "loopback"} {
 		got, _ := os.ReadFile(filepath.Join(bin, b))
 		want, _ := os.ReadFile(filepath.Join(testenv.Bins(t), b))
 		if len(got) == 0 || string(got) != string(want) {
