@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -161,14 +163,24 @@ func (lab *kubeLab) annotationRepaired(subnets []string) {
 	})
 }
 
-// datapath is every node's routes, neighbours and FDB entries of Village.
+// datapath is every node's Village routes, permanent neighbours, FDB
+// entries and VXLAN device, each node's lines sorted (dump order is the
+// kernel's hash order, not state).
 func (lab *kubeLab) datapath() string {
 	var b strings.Builder
 	for _, n := range lab.nodes {
 		r, _ := testenv.IP(n.NS, "route", "show", "proto", "86")
 		ne, _ := testenv.IP(n.NS, "neigh", "show", "nud", "permanent")
-		fdb, _ := testenv.IP(n.NS, "-d", "link", "show", "type", "vxlan")
-		fmt.Fprintf(&b, "== %s\n%s%s%s", n.name, r, ne, fdb)
+		dev, _ := testenv.IP(n.NS, "-d", "link", "show", "type", "vxlan")
+		fdb, _ := exec.Command("ip", "netns", "exec", n.Name(), "bridge", "fdb", "show", "dev", "village.9").CombinedOutput()
+		var lines []string
+		for _, l := range strings.Split(r+ne+dev+string(fdb), "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				lines = append(lines, l)
+			}
+		}
+		slices.Sort(lines)
+		fmt.Fprintf(&b, "== %s\n%s\n", n.name, strings.Join(lines, "\n"))
 	}
 	return b.String()
 }
