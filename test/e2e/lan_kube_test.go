@@ -1,0 +1,99 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/village-cni/village/internal/kubetest"
+	"github.com/village-cni/village/internal/testenv"
+)
+
+// TestSharedLANPoolThroughKubernetes: the LAN layout of the etcd test with
+// the pool kept in a real kube-apiserver (on the LAN host) instead:
+// village-ipam execs village-ipam-kube, which keeps one Lease per address.
+// 12 pods on two nodes, all added at once, get 12 distinct addresses of a
+// 12-address range; the 13th ADD fails; DEL frees the addresses.
+func TestSharedLANPoolThroughKubernetes(t *testing.T) {
+	lan := NewLAN(t)
+	host := testenv.NewNS(t)
+	lan.Attach(t, host, "eth0", "192.168.77.5/24")
+	kube := kubetest.Start(t, kubetest.Options{NetNS: host, IP: "192.168.77.5"})
+
+	var nodes []*Node
+	var lists []*libcni.NetworkConfigList
+	for i := 1; i <= 2; i++ {
+		n := NewNode(t)
+		lan.Attach(t, n.NS, "lan0", fmt.Sprintf("192.168.77.1%d/24", i))
+		nodes = append(nodes, n)
+		store := fmt.Sprintf(`,"store":{"type":"kubernetes","kubeconfig":%q,"namespace":"default","nodeName":"node%d"}`, kube.AdminKubeconfig, i)
+		lists = append(lists, ConfList(t, lanList(n, "shared", fmt.Sprintf("10.53.%d.0/24", i), "192.168.77.200", "192.168.77.211", store)))
+	}
+	type placed struct {
+		node int
+		pod  *Pod
+		ip   string
+	}
+	var mu sync.Mutex
+	var all []placed
+	var wg sync.WaitGroup
+	errs := make(chan error, 12)
+	for i := range 12 {
+		node := i % 2
+		p := nodes[node].NewPod()
+		wg.Go(func() {
+			res, err := nodes[node].Add(lists[node], p)
+			if err != nil {
+				errs <- err
+				return
+			}
+			cur, _ := current.NewResultFromResult(res)
+			mu.Lock()
+			all = append(all, placed{node, p, lanIP(t, cur)})
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("parallel ADD on two nodes: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, p := range all {
+		if seen[p.ip] {
+			t.Fatalf("LAN address %s handed out twice across nodes", p.ip)
+		}
+		seen[p.ip] = true
+	}
+	leases, err := kube.Client.CoordinationV1().Leases("default").List(context.Background(), metav1.ListOptions{LabelSelector: "village.cni.io/ipam-kind=address"})
+	must(t, err, "listing the allocation Leases")
+	if len(leases.Items) != 12 {
+		t.Fatalf("%d allocation Leases, want 12", len(leases.Items))
+	}
+	var a, b placed
+	for _, p := range all {
+		if p.node == 0 {
+			a = p
+		} else {
+			b = p
+		}
+	}
+	must(t, testenv.Ping(a.pod.NS, b.ip, 2), "pod on node 1 -> pod on node 2 over the LAN")
+
+	extra := nodes[0].NewPod()
+	if _, err := nodes[0].Add(lists[0], extra); err == nil || !strings.Contains(err.Error(), "192.168.77.200") {
+		t.Fatalf("ADD past the shared range: %v", err)
+	}
+	victim := all[0]
+	must(t, nodes[victim.node].Del(lists[victim.node], victim.pod), "DEL")
+	r := nodes[0].MustAdd(lists[0], extra)
+	if ip := lanIP(t, r); ip != victim.ip {
+		t.Fatalf("the only free LAN address is %s, got %s", victim.ip, ip)
+	}
+}
