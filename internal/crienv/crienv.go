@@ -87,6 +87,10 @@ func Start(o Options) (*Env, error) {
 			return nil, fmt.Errorf("write CNI conf %q: %w", name, err)
 		}
 	}
+	crictlCfg := fmt.Sprintf("runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 60\n", e.Socket, e.Socket)
+	if err := os.WriteFile(filepath.Join(o.Dir, "crictl.yaml"), []byte(crictlCfg), 0o644); err != nil {
+		return nil, err
+	}
 	cfg := filepath.Join(o.Dir, "config.toml")
 	if err := os.WriteFile(cfg, []byte(e.config()), 0o644); err != nil {
 		return nil, err
@@ -191,13 +195,17 @@ func inNS(path string, f func() error) error {
 	return n.Do(func(ns.NetNS) error { return f() })
 }
 
-// run runs a command in the node namespace with a bound.
-func (e *Env) run(timeout time.Duration, name string, args ...string) (string, error) {
+// run runs a command in the node namespace with a bound and returns its
+// standard output (with combined, standard error too, in order).
+func (e *Env) run(timeout time.Duration, combined bool, name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var out, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if combined {
+		cmd.Stderr = &out
+	}
 	err := inNS(e.NetNS, cmd.Run)
 	if err != nil {
 		return out.String(), fmt.Errorf("%s %s: %w: %s%s", filepath.Base(name), strings.Join(args, " "), err, out.String(), stderr.String())
@@ -208,13 +216,22 @@ func (e *Env) run(timeout time.Duration, name string, args ...string) (string, e
 // Crictl runs crictl against this containerd (in the node namespace, where
 // the stream server for exec listens) and returns its standard output.
 func (e *Env) Crictl(args ...string) (string, error) {
-	ep := "unix://" + e.Socket
-	return e.run(2*time.Minute, e.CrictlBin, append([]string{"--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "60s"}, args...)...)
+	return e.run(2*time.Minute, false, e.CrictlBin, e.crictlArgs(args)...)
+}
+
+// ContainerLogs returns what a container wrote, standard output and error
+// interleaved (crictl logs copies the container's stderr to its own).
+func (e *Env) ContainerLogs(id string) (string, error) {
+	return e.run(2*time.Minute, true, e.CrictlBin, e.crictlArgs([]string{"logs", id})...)
+}
+
+func (e *Env) crictlArgs(args []string) []string {
+	return append([]string{"--config", filepath.Join(e.Dir, "crictl.yaml")}, args...)
 }
 
 // Ctr runs ctr in the k8s.io namespace (the one CRI uses).
 func (e *Env) Ctr(args ...string) (string, error) {
-	return e.run(2*time.Minute, "ctr", append([]string{"--address", e.Socket, "--namespace", "k8s.io"}, args...)...)
+	return e.run(2*time.Minute, false, "ctr", append([]string{"--address", e.Socket, "--namespace", "k8s.io"}, args...)...)
 }
 
 // Import imports an OCI archive for CRI, unpacked for its snapshotter.

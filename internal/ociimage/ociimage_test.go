@@ -167,7 +167,7 @@ func TestWriteErrors(t *testing.T) {
 // binaries: the same bytes.
 func TestVillageReproducible(t *testing.T) {
 	bin := t.TempDir()
-	for _, b := range VillageBinaries {
+	for _, b := range append(VillageBinaries, XtablesWrapper) {
 		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!"+b), 0o755); err != nil {
 			t.Fatal(err)
 		}

@@ -17,16 +17,22 @@ var VillageBinaries = []string{"villaged", "village", "village-ipam", "village-i
 // BinDir is where the image keeps Village's binaries.
 const BinDir = "/usr/local/bin"
 
-// iptablesTools are the commands the agent execs (through go-iptables: masquerade
-// in pkg/masq, orphan detection in pkg/agent, purge in pkg/install) with
-// the multi-call binary each is a name of. iptables means iptables-nft, the
-// default of Debian 12 and current distributions; the -legacy names are there
-// for hosts still on the legacy backend.
+// XtablesWrapper is the binary (cmd/village-xtables) the image's plain
+// iptables names point at: it runs the nft or the legacy variant, whichever
+// the node uses, judged per call the way the agent picks its masquerade
+// backend. It is built with the other binaries.
+const XtablesWrapper = "village-xtables"
+
+// iptablesTools are the commands the agent execs (go-iptables in pkg/masq's
+// iptables backend and pkg/agent's orphan check; Detect looks iptables up)
+// with the binary each names: the plain names go through XtablesWrapper, the
+// -nft and -legacy names straight to their multi-call binary.
 var iptablesTools = map[string]string{
-	"iptables": "xtables-nft-multi", "ip6tables": "xtables-nft-multi",
-	"iptables-save": "xtables-nft-multi", "ip6tables-save": "xtables-nft-multi",
-	"iptables-restore": "xtables-nft-multi", "ip6tables-restore": "xtables-nft-multi",
+	"iptables": XtablesWrapper, "ip6tables": XtablesWrapper,
+	"iptables-save": XtablesWrapper, "ip6tables-save": XtablesWrapper,
+	"iptables-restore": XtablesWrapper, "ip6tables-restore": XtablesWrapper,
 	"iptables-nft": "xtables-nft-multi", "ip6tables-nft": "xtables-nft-multi",
+	"iptables-nft-save": "xtables-nft-multi", "ip6tables-nft-save": "xtables-nft-multi",
 	"iptables-legacy": "xtables-legacy-multi", "ip6tables-legacy": "xtables-legacy-multi",
 	"iptables-legacy-save": "xtables-legacy-multi", "ip6tables-legacy-save": "xtables-legacy-multi",
 }
@@ -41,9 +47,9 @@ type VillageOptions struct {
 
 // Village returns the DaemonSet image: Village's static binaries in BinDir
 // plus the host's iptables (nft and legacy multi-call binaries, the shared
-// libraries they and their extensions link, the extensions themselves),
-// because villaged execs iptables/ip6tables. Nothing else: no shell, no
-// package manager.
+// libraries they and their extensions link, the extensions themselves) behind
+// XtablesWrapper, because villaged execs iptables/ip6tables on nodes that use
+// the iptables backend. Nothing else: no shell, no package manager.
 func Village(o VillageOptions) (Image, error) {
 	if o.SbinDir == "" {
 		o.SbinDir = "/usr/sbin"
@@ -56,6 +62,11 @@ func Village(o VillageOptions) (Image, error) {
 		}
 		img.Files = append(img.Files, f)
 	}
+	w, err := HostFile(filepath.Join(o.BinDir, XtablesWrapper), "/usr/sbin/"+XtablesWrapper)
+	if err != nil {
+		return Image{}, err
+	}
+	img.Files = append(img.Files, w)
 	var elfs []string
 	seen := map[string]bool{}
 	for _, multi := range []string{"xtables-nft-multi", "xtables-legacy-multi"} {

@@ -398,7 +398,7 @@ func (c *cri) createContainer(p *pod, ct container) string {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	logs, err := c.env.Crictl("logs", id)
+	logs, err := c.env.ContainerLogs(id)
 	if state != "CONTAINER_EXITED 0" {
 		c.t.Fatalf("container %s (%s) ended %q; logs (%v):\n%s", ct.name, strings.Join(ct.command, " "), state, err, logs)
 	}
@@ -460,14 +460,29 @@ func (c *cri) villageImage(root, bins string) {
 	// pkg/masq writes (comment match, MASQUERADE target: extensions loaded
 	// from the image) with the agent container's capabilities only; the
 	// node's own iptables-save sees it in the pod's namespace.
+	// The agent's /run/xtables.lock mount (iptables-legacy takes that lock;
+	// the root file system is read-only).
+	lock := filepath.Join(c.dir, "xtables.lock")
+	if err := os.WriteFile(lock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	agentMounts := []any{map[string]any{"container_path": "/run/xtables.lock", "host_path": lock}}
 	for _, ipt := range []struct{ bin, src string }{{"iptables", "10.99.0.0/16"}, {"ip6tables", "fd00:99::/64"}} {
-		c.createContainer(p, container{name: ipt.bin + "-masq", image: agent.Image, caps: addedCaps(agent), wait: true,
+		c.createContainer(p, container{name: ipt.bin + "-masq", image: agent.Image, caps: addedCaps(agent), mounts: agentMounts, wait: true,
 			command: []string{ipt.bin, "-t", "nat", "-A", "POSTROUTING", "-s", ipt.src, "-m", "comment", "--comment", "village:image-test", "-j", "MASQUERADE"}})
 		save := ipt.bin + "-save"
 		out, err := exec.Command("ip", "netns", "exec", filepath.Base(p.netns), save, "-t", "nat").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "-A POSTROUTING -s "+ipt.src+` -m comment --comment "village:image-test" -j MASQUERADE`) {
 			t.Errorf("the image's %s did not write its masquerade rule in the pod's namespace (%v):\n%s", ipt.bin, err, out)
 		}
+	}
+	// Once legacy tables exist in the namespace (a node on iptables-legacy),
+	// the image's iptables is the legacy one: the variant the agent's
+	// backend detection then picks, and the plugin on such a node uses.
+	c.createContainer(p, container{name: "legacy-tables", image: agent.Image, caps: addedCaps(agent), mounts: agentMounts, wait: true,
+		command: []string{"iptables-legacy", "-t", "nat", "-S"}})
+	if out := c.createContainer(p, container{name: "iptables-legacy-node", image: agent.Image, command: []string{"iptables", "--version"}, wait: true}); !strings.Contains(out, "(legacy)") {
+		t.Errorf("with legacy tables in the namespace the image's iptables --version printed %q, want the legacy variant", out)
 	}
 
 	sandbox := map[string]string{}
