@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/village-cni/village/pkg/install"
 )
 
 // VillageBinaries are the static binaries of the DaemonSet image, all in
-// BinDir: `villaged install` copies the plugins from the directory of the
-// villaged that runs it.
-var VillageBinaries = []string{"villaged", "village", "village-ipam", "village-ipam-etcd", "village-ipam-kube", "loopback"}
+// BinDir: villaged and the plugins `villaged install` copies from the
+// directory of the villaged that runs it.
+var VillageBinaries = append([]string{"villaged"}, install.Plugins...)
 
 // BinDir is where the image keeps Village's binaries.
 const BinDir = "/usr/local/bin"

@@ -29,6 +29,7 @@ import (
 	"github.com/village-cni/village/internal/ociimage"
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/buildinfo"
+	"github.com/village-cni/village/pkg/install"
 )
 
 const hostPort = 18080
@@ -516,7 +517,7 @@ func (c *cri) villageImage(root, bins string) {
 	t.Logf("install init container: %s", strings.TrimSpace(out))
 
 	binDir, confDir := sandbox["/opt/cni/bin"], sandbox["/etc/cni/net.d"]
-	for _, b := range []string{"village", "village-ipam", "village-ipam-etcd", "loopback"} {
+	for _, b := range install.Plugins {
 		got, err := os.ReadFile(filepath.Join(binDir, b))
 		want, _ := os.ReadFile(filepath.Join(bins, b))
 		if err != nil || !bytes.Equal(got, want) {
