@@ -242,27 +242,75 @@ func (d *Disk) lock(ctx context.Context) error {
 }
 
 func (d *Disk) flock(ctx context.Context) error {
-	deadline := time.Now().Add(d.timeout)
-	wait := time.Millisecond
-	for {
-		err := syscall.Flock(int(d.lockFile.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return nil
+	err := syscall.Flock(int(d.lockFile.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+		return fmt.Errorf("locking %s: %w", d.lockPath, err)
+	}
+	return d.waitLock(ctx)
+}
+
+// waitLock waits for the lock in flock(2) itself, so the kernel hands it
+// over the moment the holder lets go (as host-local's waiters get it). A
+// sleep-and-retry loop overshoots: with parallel ADDs most waiters slept
+// while the lock was free, which made a burst of ADDs wait longer than it
+// worked. The wait uses a descriptor of its own, which becomes the store's
+// when it gets the lock; when the timeout or ctx ends first, the waiter is
+// abandoned and closes that descriptor (releasing the lock, should it get it
+// later) without touching the store's.
+func (d *Disk) waitLock(ctx context.Context) error {
+	f, err := os.OpenFile(d.lockPath, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("locking %s: %w", d.lockPath, err)
+	}
+	fd := int(f.Fd())
+	got := make(chan error, 1)
+	var mu sync.Mutex
+	abandoned := false
+	go func() {
+		var err error
+		for {
+			if err = syscall.Flock(fd, syscall.LOCK_EX); !errors.Is(err, syscall.EINTR) {
+				break
+			}
 		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+		mu.Lock()
+		defer mu.Unlock()
+		if abandoned {
+			f.Close()
+			return
+		}
+		got <- err
+	}()
+	timer := time.NewTimer(d.timeout)
+	defer timer.Stop()
+	var werr error
+	select {
+	case err := <-got:
+		if err != nil {
+			f.Close()
 			return fmt.Errorf("locking %s: %w", d.lockPath, err)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("gave up after %s waiting for the lock %s, held by another village-ipam or host-local process; retry later (a process stuck holding it shows up in `fuser %s`): %w",
-				d.timeout, d.lockPath, d.lockPath, store.ErrBusy)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the lock %s: %w", d.lockPath, ctx.Err())
-		case <-time.After(wait):
-		}
-		wait = min(wait*2, 50*time.Millisecond)
+		d.lockFile.Close()
+		d.lockFile = f
+		return nil
+	case <-timer.C:
+		werr = fmt.Errorf("gave up after %s waiting for the lock %s, held by another village-ipam or host-local process; retry later (a process stuck holding it shows up in `fuser %s`): %w",
+			d.timeout, d.lockPath, d.lockPath, store.ErrBusy)
+	case <-ctx.Done():
+		werr = fmt.Errorf("waiting for the lock %s: %w", d.lockPath, ctx.Err())
 	}
+	mu.Lock()
+	abandoned = true
+	select {
+	case <-got: // taken just now: let go of it
+		f.Close()
+	default:
+	}
+	mu.Unlock()
+	return werr
 }
 
 // unlock writes the index back, releases the lock, and then fsyncs the
