@@ -234,11 +234,13 @@ func (lab *kubeLab) lateNode(subnets []string) []string {
 		t.Fatalf("node4's agent exited without a podCIDR: %v\n%s", err, n4.log.String())
 	default:
 	}
-	patch := []byte(`{"spec":{"podCIDR":"10.70.4.0/24","podCIDRs":["10.70.4.0/24"]}}`)
+	// Dual stack, as kube-controller-manager assigns it: one per family.
+	patch := []byte(`{"spec":{"podCIDR":"10.70.4.0/24","podCIDRs":["10.70.4.0/24","fd70:4::/64"]}}`)
 	_, err := lab.kube.Client.CoreV1().Nodes().Patch(context.Background(), n4.name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 	must(t, err, "setting node4's podCIDR")
-	waitFor(t, 30*time.Second, "node4 publishes its podCIDR", func() (bool, string) {
-		return n4.subnet(t) == "10.70.4.0/24", n4.log.String()
+	waitFor(t, 30*time.Second, "node4 publishes both its podCIDRs", func() (bool, string) {
+		b, _ := os.ReadFile(filepath.Join(n4.runDir, "agt", "subnet"))
+		return strings.HasSuffix(string(b), "\n10.70.4.0/24\nfd70:4::/64\n"), string(b) + n4.log.String()
 	})
 	subnets = append(subnets, "10.70.4.0/24")
 	for i, n := range lab.nodes {
