@@ -88,7 +88,11 @@ func joinErr(a, b error) error {
 }
 
 func (v *view) masqSpec() *masq.Spec {
-	return v.c.Net.Netfilter(v.self.PodCIDRs)
+	s := v.c.Net.Netfilter(v.self.PodCIDRs)
+	if s != nil {
+		*s = masq.WithPluginBackend(*s, v.c.Net.Bridge)
+	}
+	return s
 }
 
 // Sync is `villaged sync`: one reconcile pass against the static peers and

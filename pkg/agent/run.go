@@ -324,12 +324,13 @@ func (a *agent) repairMasq() {
 	if a.masq == nil {
 		return
 	}
-	err := masq.Check(*a.masq)
+	spec := masq.WithPluginBackend(*a.masq, a.c.Net.Bridge)
+	err := masq.Check(spec)
 	if err == nil {
 		return
 	}
 	a.opts.logf("masquerade of network %q drifted (%v): restoring", a.masq.Network, err)
-	if err := masq.Ensure(*a.masq); err != nil {
+	if err := masq.Ensure(spec); err != nil {
 		a.opts.logf("restoring masquerade of network %q: %v", a.masq.Network, err)
 	}
 }

@@ -251,7 +251,7 @@ func Sync(s Spec, prev string) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	digest := s.Stamp() + "@"
+	digest := s.Stamp() + "@" + string(backendLetters[name])
 	if prev == digest+Fingerprint(name) {
 		return Result{Stamp: prev}, nil
 	}
@@ -262,7 +262,7 @@ func Sync(s Spec, prev string) (Result, error) {
 	defer unlock()
 	res := Result{Looked: true}
 	if !strings.HasPrefix(prev, digest) {
-		// A new spec (or backend): install in full, clear the other backend.
+		// A new spec or resolved backend: install in full, clear the other.
 		if err := ensureLocked(s); err != nil {
 			return Result{}, err
 		}

@@ -1,6 +1,7 @@
 package masq_test
 
 import (
+	"fmt"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -375,5 +376,69 @@ func TestStamp(t *testing.T) {
 	}
 	if s := a.Stamp(); s == "" || len(s) > 32 {
 		t.Errorf("Stamp = %q", s)
+	}
+}
+
+func TestStampItems(t *testing.T) {
+	// Items are "m" + 4 hex digits of the network + the spec digest, then
+	// "@" + the backend letter + the netfilter fingerprint.
+	for _, c := range []struct {
+		alias, key, found, stamp, next string
+	}{
+		{"", "mabcd", "", "mabcd1@ng1", "village:mabcd1@ng1"},
+		{"someone else's alias", "mabcd", "", "mabcd1@ng1", "village:mabcd1@ng1"},
+		{"village:mabcd1@ng1", "mabcd", "mabcd1@ng1", "mabcd1@ng2", "village:mabcd1@ng2"},
+		{"village:m00001@ig1,mabcd1@ng1", "mabcd", "mabcd1@ng1", "mabcd2@ng1", "village:mabcd2@ng1,m00001@ig1"},
+		{"village:m00001@ig1", "mabcd", "", "mabcd1@ng1", "village:mabcd1@ng1,m00001@ig1"},
+		{"village:" + strings.Repeat("x", 240), "mabcd", "", "mabcd1@ng1", "village:mabcd1@ng1"},
+	} {
+		if got := masq.FindStamp(c.alias, c.key); got != c.found {
+			t.Errorf("FindStamp(%q, %q) = %q, want %q", c.alias, c.key, got, c.found)
+		}
+		if got := masq.SetStamp(c.alias, c.stamp); got != c.next {
+			t.Errorf("SetStamp(%q, %q) = %q, want %q", c.alias, c.stamp, got, c.next)
+		}
+	}
+	for stamp, want := range map[string]string{"mabcd1@ng1": masq.NFTables, "mabcd1@ig1l-": masq.IPTables, "mabcd1": "", "mabcd1@": "", "mabcd1@xg1": ""} {
+		if got := masq.StampBackend(stamp); got != want {
+			t.Errorf("StampBackend(%q) = %q, want %q", stamp, got, want)
+		}
+	}
+}
+
+// villaged follows the backend the plugin resolved (read from the bridge's
+// stamp), not its own guess: in a container its iptables may not be the
+// node's.
+func TestWithPluginBackend(t *testing.T) {
+	node := testenv.NewNS(t)
+	s := spec(t, "net1")
+	s.Backend = ""
+	var got masq.Spec
+	err := in(t, node, func() error {
+		if out, err := exec.Command("ip", "link", "add", "brx", "type", "bridge").CombinedOutput(); err != nil {
+			return fmt.Errorf("%v %s", err, out)
+		}
+		if got = masq.WithPluginBackend(s, "brx"); got.Backend != "" {
+			return fmt.Errorf("no stamp yet: backend %q", got.Backend)
+		}
+		explicit := s
+		explicit.Backend = masq.IPTables
+		res, err := masq.Sync(explicit, "")
+		if err != nil {
+			return err
+		}
+		// The plugin's stamp for the automatic spec, made on an iptables node.
+		stamp := s.Stamp() + res.Stamp[strings.IndexByte(res.Stamp, '@'):]
+		if out, err := exec.Command("ip", "link", "set", "brx", "alias", masq.SetStamp("", stamp)).CombinedOutput(); err != nil {
+			return fmt.Errorf("%v %s", err, out)
+		}
+		got = masq.WithPluginBackend(s, "brx")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Backend != masq.IPTables {
+		t.Fatalf("WithPluginBackend = %q, want the plugin's iptables", got.Backend)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -338,7 +337,7 @@ func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
 // masq.SpoofDir) and put back when a flush took them.
 func ensureNetfilter(conf *netconf.NetConf, br *netlink.Bridge, spec masq.Spec) error {
 	alias := br.Attrs().Alias
-	prev := findStamp(alias, masq.StampNetwork(spec.Stamp()))
+	prev := masq.FindStamp(alias, masq.StampNetwork(spec.Stamp()))
 	res, err := masq.Sync(spec, prev)
 	if err != nil {
 		return err
@@ -358,44 +357,8 @@ func ensureNetfilter(conf *netconf.NetConf, br *netlink.Bridge, spec masq.Spec) 
 			fmt.Fprintf(os.Stderr, "village: macspoofchk rules of %v (network %q) were gone, restored\n", restored, conf.Name)
 		}
 	}
-	if err := netlink.LinkSetAlias(br, setStamp(alias, res.Stamp)); err != nil {
+	if err := netlink.LinkSetAlias(br, masq.SetStamp(alias, res.Stamp)); err != nil {
 		return fmt.Errorf("failed to record masquerade stamp on bridge %q: %w", br.Attrs().Name, err)
 	}
 	return nil
-}
-
-const stampPrefix = "village:"
-
-// findStamp returns the alias item of the network whose stamps start with
-// netKey ("" if none).
-func findStamp(alias, netKey string) string {
-	if !strings.HasPrefix(alias, stampPrefix) {
-		return ""
-	}
-	for _, s := range strings.Split(strings.TrimPrefix(alias, stampPrefix), ",") {
-		if strings.HasPrefix(s, netKey) {
-			return s
-		}
-	}
-	return ""
-}
-
-// setStamp replaces the network's item (same 5-character key) with stamp,
-// keeping other networks' items while they fit in an ifalias.
-func setStamp(alias, stamp string) string {
-	key := masq.StampNetwork(stamp)
-	items := []string{stamp}
-	if strings.HasPrefix(alias, stampPrefix) {
-		for _, s := range strings.Split(strings.TrimPrefix(alias, stampPrefix), ",") {
-			if s != "" && !strings.HasPrefix(s, key) {
-				items = append(items, s)
-			}
-		}
-	}
-	out := stampPrefix + strings.Join(items, ",")
-	for len(out) > 250 && len(items) > 1 {
-		items = items[:len(items)-1]
-		out = stampPrefix + strings.Join(items, ",")
-	}
-	return out
 }

@@ -3,34 +3,11 @@ package village
 import (
 	"encoding/json"
 	"net"
-	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 )
-
-func TestStamps(t *testing.T) {
-	// Stamps are "m" + 4 hex digits of the network + the spec digest, then
-	// "@" + the netfilter fingerprint.
-	for _, c := range []struct {
-		alias, key, found, stamp, next string
-	}{
-		{"", "mabcd", "", "mabcd1@g1", "village:mabcd1@g1"},
-		{"someone else's alias", "mabcd", "", "mabcd1@g1", "village:mabcd1@g1"},
-		{"village:mabcd1@g1", "mabcd", "mabcd1@g1", "mabcd1@g2", "village:mabcd1@g2"},
-		{"village:m00001@g1,mabcd1@g1", "mabcd", "mabcd1@g1", "mabcd2@g1", "village:mabcd2@g1,m00001@g1"},
-		{"village:m00001@g1", "mabcd", "", "mabcd1@g1", "village:mabcd1@g1,m00001@g1"},
-		{"village:" + strings.Repeat("x", 240), "mabcd", "", "mabcd1@g1", "village:mabcd1@g1"},
-	} {
-		if got := findStamp(c.alias, c.key); got != c.found {
-			t.Errorf("findStamp(%q, %q) = %q, want %q", c.alias, c.key, got, c.found)
-		}
-		if got := setStamp(c.alias, c.stamp); got != c.next {
-			t.Errorf("setStamp(%q, %q) = %q, want %q", c.alias, c.stamp, got, c.next)
-		}
-	}
-}
 
 func TestWithIPAMRewritesGCList(t *testing.T) {
 	in := []byte(`{"cniVersion":"1.1.0","name":"n","type":"village","ipam":{"type":"village-ipam","subnet":"10.0.0.0/24"},
