@@ -70,7 +70,18 @@
 // revoked: it expires by itself after its TTL unless the agent is back
 // before then. A node that is gone for good thus disappears from every
 // other node one TTL after its agent stopped. Its subnet lease stays (it
-// has no TTL) until released.
+// has no TTL) until released, or until the surviving agents reclaim it with
+// its LAN-pool allocations once it has been gone for registry.reclaimAfter
+// (reclaim.go; registry.Reclaim makes that one agent, once).
+//
+// # Several networks, other plugins
+//
+// Each network's agent touches only its own kernel objects: overlay routes
+// with its metric, its VXLAN device (alias), its host-shim routes (metric)
+// and the host veths on its bridge that carry Village's owner tag (their
+// MACs are put back when something changed them). Pods another plugin made
+// on the same bridge are reported by status as not Village's, never as
+// orphans.
 //
 // # Errors
 //
