@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"os/exec"
+	"strings"
 	"time"
 
 	"github.com/village-cni/village/pkg/masq"
@@ -88,7 +89,9 @@ func verification(v *suite, s samples, t *table) error {
 				look = 5
 			}
 			for range look {
-				d, err := timed(func() error { _, err := masq.Sync(spec, spec.Stamp()+"@moved"); return err })
+				// The same spec and backend, a fingerprint that moved.
+				moved := res.Stamp[:strings.IndexByte(res.Stamp, '@')+2] + "moved"
+				d, err := timed(func() error { _, err := masq.Sync(spec, moved); return err })
 				if err != nil {
 					return err
 				}
