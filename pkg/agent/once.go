@@ -156,9 +156,9 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 			fmt.Fprintf(w, "registry %s: NOT REGISTERED (is `villaged run` running?)\n", v.src.where())
 		case !v.registered.Equal(want):
 			clean = false
-			fmt.Fprintf(w, "registry %v: registered as %+v, but this node is %+v\n", c.Registry().Endpoints, *v.registered, want)
+			fmt.Fprintf(w, "registry %s: registered as %+v, but this node is %+v\n", v.src.where(), *v.registered, want)
 		default:
-			fmt.Fprintf(w, "registry %v: registered (revision %d)\n", c.Registry().Endpoints, v.rev)
+			fmt.Fprintf(w, "registry %s: registered (revision %d)\n", v.src.where(), v.rev)
 		}
 		if v.bad != nil {
 			fmt.Fprintf(w, "registry: ignored records: %v\n", v.bad)

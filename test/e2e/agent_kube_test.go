@@ -133,12 +133,24 @@ func TestAgentKubernetesCluster(t *testing.T) {
 				}
 			}
 			pods := lab.podsPing(subnets)
+			lab.statusClean()
 			lab.annotationRepaired(subnets)
 			lab.apiServerRestart(pods, subnets)
 			subnets = lab.lateNode(subnets)
 			lab.deletedNode(subnets)
 		})
 	}
+}
+
+// statusClean: `villaged status` reads the same registry (one list of
+// Nodes) and finds node1 registered and in sync.
+func (lab *kubeLab) statusClean() {
+	t := lab.t
+	n1 := lab.nodes[0]
+	waitFor(t, 30*time.Second, "villaged status on node1 is clean", func() (bool, string) {
+		out, err := n1.villaged(t, "status", "--conf", lab.conf, "--node-name", n1.name, "--run-dir", n1.runDir).CombinedOutput()
+		return err == nil && strings.Contains(string(out), `Node "node1": registered`) && strings.Contains(string(out), "status: in sync"), string(out)
+	})
 }
 
 // annotationRepaired: node2's underlay-ip annotation changed by hand is
