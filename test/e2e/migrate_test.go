@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/testutils"
 
@@ -73,7 +74,7 @@ func TestStatusAfterMigratingFromTheReferenceBridge(t *testing.T) {
 	goneIP := n.MustAdd(vl, gone).IPs[0].Address.IP.String()
 	must(t, gone.NS.Close(), "closing the pod namespace")
 	must(t, testutils.UnmountNS(gone.NS), "removing the pod namespace")
-	waitFor(t, 10*1e9, "the pod's veth goes with its namespace", func() (bool, string) {
+	waitFor(t, 60*time.Second, "the pod's veth goes with its namespace (namespace teardown is asynchronous)", func() (bool, string) {
 		o, _ := testenv.IP(n.NS, "-o", "link", "show", "master", "cni0")
 		return strings.Count(o, "veth") == 3, o
 	})
