@@ -395,3 +395,27 @@ func TestAutomaticBackendPerIptablesVariant(t *testing.T) {
 		})
 	}
 }
+
+// TestSwitchingBackendThroughADD: the network's config moves from
+// ipMasqBackend iptables to nftables and back; each next ADD leaves the
+// rules in the new backend only, and a pod added before the switch keeps
+// its egress with the node's address.
+func TestSwitchingBackendThroughADD(t *testing.T) {
+	n := NewNode(t)
+	ext := outside(t, n.NS)
+	list := func(backend string) *libcni.NetworkConfigList {
+		return bridgeList(t, n, "switch", "10.88.0.0/24", fmt.Sprintf(`"ipMasq":true,"isDefaultGateway":true,"ipMasqBackend":%q,`, backend))
+	}
+	old := n.NewPod()
+	addV4(t, n, list("iptables"), old)
+	for i, backend := range []string{"nftables", "iptables", "nftables"} {
+		addV4(t, n, list(backend), n.NewPod())
+		ipt := inNS(t, n.NS, "iptables-save") + inNS(t, n.NS, "ip6tables-save")
+		tables := inNS(t, n.NS, "nft", "list", "tables")
+		inIPT, inNFT := strings.Contains(ipt, masq.Chain("switch")), strings.Contains(tables, "inet "+masq.Table("switch"))
+		if inIPT != (backend == "iptables") || inNFT != (backend == "nftables") {
+			t.Fatalf("switch %d to %s: rules in iptables %v, in nftables %v\n%s\n%s", i+1, backend, inIPT, inNFT, ipt, tables)
+		}
+		must(t, egressSeenAs(t, old.NS, ext, "203.0.113.1"), "egress of the old pod after switching to %s", backend)
+	}
+}
