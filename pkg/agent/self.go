@@ -16,7 +16,6 @@ import (
 	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
-	"github.com/village-cni/village/pkg/village"
 )
 
 // underlayAddr is this node's address toward the other nodes: the first
@@ -118,11 +117,11 @@ func mergePeers(static, fromRegistry []overlay.Node) []overlay.Node {
 }
 
 // staticPeers are the backend's static nodes.
-func (c *Conf) staticPeers() []overlay.Node { return village.StaticPeers(c.Backend) }
+func (c *Conf) staticPeers() []overlay.Node { return c.Backend.Peers() }
 
 // newReconciler opens the reconciler of the backend in this namespace.
 func (c *Conf) newReconciler() (*overlay.Reconciler, error) {
-	r, err := overlay.New(village.OverlayConfig(c.Net.Name, c.Backend))
+	r, err := overlay.New(c.Backend.OverlayConfig(c.Net.Name))
 	if err != nil {
 		return nil, fmt.Errorf("backend %s of network %q: %w", c.Backend.Type, c.Net.Name, err)
 	}

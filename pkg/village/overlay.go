@@ -15,21 +15,6 @@ import (
 // overlayDeadline bounds the netlink work of one reconcile from the plugin.
 const overlayDeadline = 30 * time.Second
 
-// StaticPeers turns the static node list into overlay peers.
-func StaticPeers(b *netconf.Backend) []overlay.Node {
-	peers := make([]overlay.Node, 0, len(b.Nodes))
-	for _, n := range b.Nodes {
-		peers = append(peers, overlay.Node{Name: n.Name, IP: n.Addr, PodCIDRs: n.Subnets})
-	}
-	return peers
-}
-
-// OverlayConfig is the reconciler configuration of network's backend
-// section (network names the objects' owner: route metric, device alias).
-func OverlayConfig(network string, b *netconf.Backend) overlay.Config {
-	return overlay.Config{Mode: overlay.Mode(b.Type), Underlay: b.Underlay, VNI: b.VNI, Port: b.Port, Network: network}
-}
-
 // podSubnets returns the subnets of addresses (this node's pod subnets).
 func podSubnets(ips []*current.IPConfig) []*net.IPNet {
 	var out []*net.IPNet
@@ -49,7 +34,7 @@ func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
 	if b == nil || b.Type == netconf.BackendNone {
 		return 0, nil
 	}
-	r, err := overlay.New(OverlayConfig(conf.Name, b))
+	r, err := overlay.New(b.OverlayConfig(conf.Name))
 	if err != nil {
 		return 0, fmt.Errorf("backend %s: %w", b.Type, err)
 	}
@@ -64,7 +49,7 @@ func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
 		}
 		return d.MTU, nil
 	}
-	rep, err := r.Set(ctx, self, StaticPeers(b))
+	rep, err := r.Set(ctx, self, b.Peers())
 	if err != nil {
 		return rep.MTU, fmt.Errorf("backend %s: reconciling %d static peers: %w", b.Type, len(b.Nodes), err)
 	}
