@@ -203,6 +203,15 @@ func noneLeft(t *testing.T, dir, what string, do func()) {
 	}
 }
 
+// mustExist fails the test when dir is not a directory: a check that
+// nothing is left under a wrong path would pass for nothing.
+func mustExist(t *testing.T, dir string) {
+	t.Helper()
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		t.Fatalf("%s is not a directory (%v): wrong path?", dir, err)
+	}
+}
+
 // ipFiles lists the allocation files (named by an IP) in an IPAM data dir
 // (none when dir does not exist: "nothing left" assertions use noneLeft).
 func ipFiles(t *testing.T, dir string) []string {

@@ -84,10 +84,7 @@ func TestReadOnlyDataDir(t *testing.T) {
 		t.Fatalf("STATUS on a read-only data dir: %v, want not ready", err)
 	}
 	sh(t, "mount", "-o", "remount,rw", data)
-	must(t, n.Del(l, old), "DEL once writable again")
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("allocations left: %v", left)
-	}
+	noneLeft(t, data, "DEL once writable again", func() { must(t, n.Del(l, old), "DEL once writable again") })
 	n.MustAdd(l, n.NewPod())
 }
 
@@ -180,11 +177,10 @@ func TestBridgeDeletedByHand(t *testing.T) {
 	if res.IPs[0].Address.IP.String() == "" {
 		t.Fatal("no address")
 	}
-	must(t, n.Del(l, old), "DEL of the pod whose bridge was deleted")
-	must(t, n.Del(l, p), "DEL")
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("allocations left: %v", left)
-	}
+	noneLeft(t, data, "DEL of both pods", func() {
+		must(t, n.Del(l, old), "DEL of the pod whose bridge was deleted")
+		must(t, n.Del(l, p), "DEL")
+	})
 }
 
 // TestMasqueradeChainFlushedByHand empties, then deletes, the network's

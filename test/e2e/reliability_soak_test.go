@@ -312,6 +312,7 @@ func TestAgentFDsUnderChurn(t *testing.T) {
 		t.Fatalf("villaged's descriptors grew from %d to %d over %d pods", before, after, cycles)
 	}
 	data := filepath.Join(filepath.Dir(lab.conf), "ipam")
+	mustExist(t, filepath.Join(data, "agt"))
 	if left := ipFiles(t, data); len(left) != 0 {
 		t.Fatalf("allocations left: %v", left)
 	}
