@@ -1,7 +1,8 @@
 // Package deps checks what the CNI plugin binaries link: the runtime execs
 // village, village-ipam and loopback for every pod, so they stay lean and do
 // not carry the Kubernetes client (or the etcd client), which only villaged
-// and the separately exec'd store helpers need.
+// and the separately exec'd store helpers need. It also keeps the package
+// map of docs/architecture.md true (arch_test.go).
 package deps
 
 import (
