@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/village-cni/village/pkg/install"
 )
 
 // entries lists an archive's tar headers (name, type, mtime, owner) and
@@ -167,7 +169,14 @@ func TestWriteErrors(t *testing.T) {
 // binaries: the same bytes.
 func TestVillageReproducible(t *testing.T) {
 	bin := t.TempDir()
-	for _, b := range append(VillageBinaries, XtablesWrapper) {
+	files := append(VillageBinaries, XtablesWrapper)
+	for _, b := range install.Companions {
+		files = append(files, filepath.Join("ref", b))
+	}
+	if err := os.Mkdir(filepath.Join(bin, "ref"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range files {
 		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!"+b), 0o755); err != nil {
 			t.Fatal(err)
 		}

@@ -43,6 +43,7 @@ var iptablesTools = map[string]string{
 type VillageOptions struct {
 	Name    string // image reference, normally buildinfo.Image
 	BinDir  string // directory holding VillageBinaries (./bin after build_linux.sh)
+	RefDir  string // directory holding install.Companions (./bin/ref after build_linux.sh); BinDir/ref when empty
 	SbinDir string // where the host's xtables-*-multi live (default /usr/sbin)
 	XtDir   string // the host's xtables extension directory (default: found next to libxtables)
 }
@@ -61,6 +62,18 @@ func Village(o VillageOptions) (Image, error) {
 		f, err := HostFile(filepath.Join(o.BinDir, b), filepath.Join(BinDir, b))
 		if err != nil {
 			return Image{}, err
+		}
+		img.Files = append(img.Files, f)
+	}
+	// The reference plugins the shipped conflist chains (portmap), beside
+	// villaged: `villaged install` brings them to nodes that lack them.
+	if o.RefDir == "" {
+		o.RefDir = filepath.Join(o.BinDir, "ref")
+	}
+	for _, b := range install.Companions {
+		f, err := HostFile(filepath.Join(o.RefDir, b), filepath.Join(BinDir, b))
+		if err != nil {
+			return Image{}, fmt.Errorf("the image carries the reference %s the conflist chains (./build_linux.sh builds it into bin/ref): %w", b, err)
 		}
 		img.Files = append(img.Files, f)
 	}

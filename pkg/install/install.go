@@ -15,7 +15,9 @@ package install
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,6 +42,13 @@ const (
 // Plugins are the binaries install copies by default.
 var Plugins = []string{"village", "village-ipam", "village-ipam-etcd", "village-ipam-kube", "loopback"}
 
+// Companions are reference plugins the shipped conflists chain (portmap, for
+// hostPort). Install copies one from BinSource when it is there, and only
+// into a binary directory that has none or has the copy an earlier install
+// placed: a portmap that came with the node (its distribution's CNI plugins)
+// is the node's and stays as it is.
+var Companions = []string{"portmap"}
+
 // Options say where to install from and to.
 type Options struct {
 	BinDir   string // CNI binary directory; DefaultBinDir when empty
@@ -49,6 +58,9 @@ type Options struct {
 	BinSource string
 	// Binaries to install from BinSource; Plugins when empty.
 	Binaries []string
+	// Companions to install from BinSource when the node lacks them;
+	// Companions when nil.
+	Companions []string
 	// Template is the conflist template; DefaultTemplate when nil.
 	// TemplateName names it in errors.
 	Template     []byte
@@ -76,6 +88,9 @@ func (o *Options) defaults() {
 	}
 	if len(o.Binaries) == 0 {
 		o.Binaries = Plugins
+	}
+	if o.Companions == nil {
+		o.Companions = Companions
 	}
 	if o.Template == nil {
 		o.Template, o.TemplateName = DefaultTemplate, "built-in template"
@@ -211,6 +226,11 @@ func Install(o Options) (*Report, error) {
 			return r, err
 		}
 	}
+	for _, name := range o.Companions {
+		if err := o.placeCompanion(m, r, want, name); err != nil {
+			return r, err
+		}
+	}
 	confPath := filepath.Join(o.ConfDir, o.ConfName)
 	want[confPath] = true
 	if err := o.place(m, r, confPath, "conflist", conf, 0o644); err != nil {
@@ -241,6 +261,28 @@ func Install(o Options) (*Report, error) {
 
 // place writes data at path unless it is already there, keeping a backup of
 // a file install did not write, and records it in the manifest.
+// placeCompanion installs the companion plugin name from BinSource unless
+// BinSource lacks it or the binary directory holds one that is not ours.
+func (o *Options) placeCompanion(m *Manifest, r *Report, want map[string]bool, name string) error {
+	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+		return fmt.Errorf("invalid companion plugin name %q", name)
+	}
+	data, err := os.ReadFile(filepath.Join(o.BinSource, name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // not shipped with this source; warnings name it if the conflist needs it
+	}
+	if err != nil {
+		return fmt.Errorf("read companion plugin %s: %w", name, err)
+	}
+	path := filepath.Join(o.BinDir, name)
+	if _, err := os.Lstat(path); err == nil && m.record(path) == nil {
+		r.add(Unchanged, path, "the node's own "+name+" is kept")
+		return nil
+	}
+	want[path] = true
+	return o.place(m, r, path, "binary", data, 0o755)
+}
+
 func (o *Options) place(m *Manifest, r *Report, path, kind string, data []byte, mode os.FileMode) error {
 	sum := digest(data)
 	have, haveMode, exists, err := fileDigest(path)

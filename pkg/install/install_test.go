@@ -364,3 +364,50 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// The shipped conflist chains portmap: install brings the image's copy to a
+// node that has none, and never touches the node's own.
+func TestInstallCompanionPortmap(t *testing.T) {
+	for _, nodeHasOne := range []bool{false, true} {
+		t.Run(map[bool]string{false: "node without portmap", true: "node with its own portmap"}[nodeHasOne], func(t *testing.T) {
+			s := newSandbox(t)
+			s.writeSrc(t, "portmap", "#!binary portmap shipped\n")
+			path := filepath.Join(s.bin, "portmap")
+			if nodeHasOne {
+				must(t, os.MkdirAll(s.bin, 0o755))
+				must(t, os.WriteFile(path, []byte("the node's portmap"), 0o700))
+			}
+			r := mustInstall(t, s.opts())
+			want, wantAction := "#!binary portmap shipped\n", Created
+			if nodeHasOne {
+				want, wantAction = "the node's portmap", Unchanged
+			}
+			if got := read(t, path); got != want || actions(r)[path] != wantAction {
+				t.Fatalf("portmap after install: %q (%s), want %q (%s)\n%s", got, actions(r)[path], want, wantAction, r)
+			}
+			if fi, _ := os.Stat(path); nodeHasOne && fi.Mode().Perm() != 0o700 {
+				t.Errorf("the node's portmap changed mode: %v", fi.Mode())
+			}
+			if len(r.Warnings) != 0 {
+				t.Errorf("warnings: %v", r.Warnings)
+			}
+			if r2 := mustInstall(t, s.opts()); r2.Changed() {
+				t.Errorf("second install changed something:\n%s", r2)
+			}
+			m, err := LoadManifest(s.state)
+			if err != nil || (m.record(path) != nil) == nodeHasOne {
+				t.Fatalf("manifest records portmap: %v, want %v (%v)", m.record(path) != nil, !nodeHasOne, err)
+			}
+			if _, err := Uninstall(UninstallOptions{StateDir: s.state}); err != nil {
+				t.Fatal(err)
+			}
+			_, err = os.Stat(path)
+			if nodeHasOne && read(t, path) != "the node's portmap" {
+				t.Error("uninstall changed the node's portmap")
+			}
+			if !nodeHasOne && !os.IsNotExist(err) {
+				t.Errorf("uninstall left the portmap it installed: %v", err)
+			}
+		})
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func TestContainerd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	villageImg, err := ociimage.Village(ociimage.VillageOptions{Name: buildinfo.Image, BinDir: bins})
+	villageImg, err := ociimage.Village(ociimage.VillageOptions{Name: buildinfo.Image, BinDir: bins, RefDir: ref})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestContainerd(t *testing.T) {
 
 	// The DaemonSet's image: villaged version, iptables, the install init
 	// container's own command against sandbox directories.
-	c.villageImage(root, bins)
+	c.villageImage(root, bins, ref)
 
 	// A pod whose netns disappeared before the runtime stopped it: the DELs
 	// (the second with an empty CNI_NETNS) still free everything.
@@ -437,7 +438,7 @@ func (c *cri) expectHostPort(addr, want string) {
 // deploy/kubernetes) against sandbox /opt/cni/bin, /etc/cni/net.d and state
 // directories, with the ConfigMap's template mounted where the manifest
 // mounts it.
-func (c *cri) villageImage(root, bins string) {
+func (c *cri) villageImage(root, bins, refBins string) {
 	t := c.t
 	t.Helper()
 	ds, cm := manifests(t, root)
@@ -508,18 +509,21 @@ func (c *cri) villageImage(root, bins string) {
 			vars[e.Name] = e.Value
 		}
 	}
-	ref := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	varRef := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 	var cmd []string
 	for _, a := range append(append([]string(nil), inst.Command...), inst.Args...) {
-		cmd = append(cmd, ref.ReplaceAllStringFunc(a, func(m string) string { return vars[ref.FindStringSubmatch(m)[1]] }))
+		cmd = append(cmd, varRef.ReplaceAllStringFunc(a, func(m string) string { return vars[varRef.FindStringSubmatch(m)[1]] }))
 	}
 	out := c.createContainer(p, container{name: "install", image: inst.Image, command: cmd, mounts: mounts, env: vars, caps: addedCaps(inst), wait: true})
 	t.Logf("install init container: %s", strings.TrimSpace(out))
 
 	binDir, confDir := sandbox["/opt/cni/bin"], sandbox["/etc/cni/net.d"]
-	for _, b := range install.Plugins {
+	for _, b := range append(slices.Clone(install.Plugins), install.Companions...) {
 		got, err := os.ReadFile(filepath.Join(binDir, b))
 		want, _ := os.ReadFile(filepath.Join(bins, b))
+		if slices.Contains(install.Companions, b) {
+			want, _ = os.ReadFile(filepath.Join(refBins, b)) // the sandbox bin dir had no portmap: the image's goes in
+		}
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("install did not put %s (the image's copy) into the sandbox /opt/cni/bin: %v", b, err)
 		}

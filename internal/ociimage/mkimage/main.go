@@ -21,6 +21,7 @@ func main() {
 	out := flag.String("o", "bin/village-image.tar", "archive to write")
 	flag.StringVar(&o.Name, "name", buildinfo.Image, "image reference")
 	flag.StringVar(&o.BinDir, "bin", "bin", "directory holding the built binaries")
+	flag.StringVar(&o.RefDir, "ref", "", "directory holding the reference plugins the image carries (default: <bin>/ref)")
 	created := flag.Int64("created", 0, "image creation time and file mtimes, Unix seconds (default: $SOURCE_DATE_EPOCH, else 0)")
 	flag.Parse()
 	if *created == 0 {
