@@ -78,9 +78,10 @@ func validLinkName(name string) *types.Error {
 	return nil
 }
 
-// Parse validates a raw macvlan section; podIfName is CNI_IFNAME, which the
-// LAN interface must not collide with. A nil/empty section returns nil.
-func Parse(raw json.RawMessage, podIfName string) (*Config, error) {
+// Parse validates a raw macvlan section. A nil/empty section returns nil.
+// That ifName differs from CNI_IFNAME is checked by the plugin's ADD, which
+// knows CNI_IFNAME.
+func Parse(raw json.RawMessage) (*Config, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
@@ -93,9 +94,6 @@ func Parse(raw json.RawMessage, podIfName string) (*Config, error) {
 	}
 	if err := validLinkName(c.IfName); err != nil {
 		return nil, invalid("\"ifName\" %q: %s", c.IfName, err.Msg)
-	}
-	if c.IfName == podIfName {
-		return nil, invalid("\"ifName\" %q is the same as CNI_IFNAME: pick another name for the LAN interface", c.IfName)
 	}
 	if c.Master != "" {
 		if err := validLinkName(c.Master); err != nil {

@@ -199,19 +199,3 @@ func sourceFor(ip netip.Addr, addrs []netlink.Addr) (net.IP, *net.IPNet) {
 	}
 	return nil, nil
 }
-
-// RemoveShim deletes the host shim of master (uninstall). Missing is fine.
-func RemoveShim(master string) error {
-	l, err := netlinksafe.LinkByName(ShimName(master))
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return nil
-		}
-		return err
-	}
-	if err := netlink.LinkDel(l); err != nil {
-		return fmt.Errorf("failed to delete host shim %q: %w", l.Attrs().Name, err)
-	}
-	return nil
-}

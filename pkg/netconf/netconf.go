@@ -202,7 +202,7 @@ func (c *NetConf) validate(envArgs string) *types.Error {
 		return asCNIError(err)
 	}
 	c.Overlay = overlay
-	lan, err := macvlan.Parse(c.Macvlan, "")
+	lan, err := macvlan.Parse(c.Macvlan)
 	if err != nil {
 		return asCNIError(err)
 	}

@@ -167,18 +167,3 @@ func (r *Registry) LeaseSubnet(ctx context.Context, space SubnetSpace, node stri
 	return netip.Prefix{}, fmt.Errorf("%w in %s: all %d /%d subnets are leased (see %s); use a larger clusterCIDR or a longer subnetLen, or release the subnets of removed nodes",
 		ErrExhausted, space.Cluster, n, space.Bits, r.SubnetsPrefix())
 }
-
-// ReleaseSubnet deletes node's lease of p, only if node holds it.
-func (r *Registry) ReleaseSubnet(ctx context.Context, p netip.Prefix, node string) error {
-	key := r.subnetKey(p)
-	return r.op(ctx, fmt.Sprintf("releasing %s of node %q", key, node), func(ctx context.Context) error {
-		resp, err := r.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.Value(key), "=", node)).
-			Then(clientv3.OpDelete(key)).
-			Commit()
-		if err == nil && !resp.Succeeded {
-			err = fmt.Errorf("%s is not held by node %q", key, node)
-		}
-		return err
-	})
-}

@@ -99,6 +99,9 @@ func hostileCases(bin string) []hostile {
 		hostile{name: "macvlan master traversal", edit: func(m map[string]any) {
 			m["macvlan"] = map[string]any{"master": "../eth0", "ipam": map[string]any{"type": "village-ipam", "subnet": "192.168.50.0/24"}}
 		}, code: types.ErrInvalidNetworkConfig, field: "master"},
+		hostile{name: "macvlan ifName is CNI_IFNAME", edit: func(m map[string]any) {
+			m["macvlan"] = map[string]any{"ifName": "eth0", "ipam": map[string]any{"type": "village-ipam", "dataDir": m["ipam"].(map[string]any)["dataDir"], "subnet": "192.168.50.0/24"}}
+		}, code: types.ErrInvalidNetworkConfig, field: "CNI_IFNAME"},
 	)
 }
 
