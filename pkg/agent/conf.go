@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -14,9 +13,9 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/village-cni/village/pkg/etcdclient"
-	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/registry"
+	"github.com/village-cni/village/pkg/subnetfile"
 )
 
 // DefaultPeriod is how often run repairs when nothing else happened.
@@ -119,11 +118,7 @@ func Load(opts Options) (*Conf, error) {
 	}
 	c.SubnetFile = ip.IPAM.SubnetFile
 	if c.SubnetFile == "" {
-		dir := opts.RunDir
-		if dir == "" {
-			dir = ipamconfig.RunDir()
-		}
-		c.SubnetFile = filepath.Join(dir, nc.Name, ipamconfig.SubnetFileName)
+		c.SubnetFile = subnetfile.Path(opts.RunDir, nc.Name)
 	}
 	c.Node = opts.NodeName
 	if c.Node == "" {

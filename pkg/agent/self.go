@@ -6,16 +6,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 
-	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
+	"github.com/village-cni/village/pkg/subnetfile"
 )
 
 // underlayAddr is this node's address toward the other nodes: the first
@@ -138,7 +136,7 @@ func toIPNets(ps []netip.Prefix) []*net.IPNet {
 
 // publishedCIDRs reads the subnet file run published, nil when absent.
 func (c *Conf) publishedCIDRs() ([]*net.IPNet, error) {
-	ps, err := ipamconfig.ReadSubnetFile(c.SubnetFile)
+	ps, err := subnetfile.Read(c.SubnetFile)
 	if os.IsNotExist(err) {
 		return nil, nil
 	}
@@ -148,48 +146,10 @@ func (c *Conf) publishedCIDRs() ([]*net.IPNet, error) {
 	return toIPNets(ps), nil
 }
 
-// publish writes the leased subnets to c.SubnetFile atomically (a
-// temporary file in the same directory, synced, renamed over, directory
-// synced), only when the content changes.
+// publish writes the leased subnets to c.SubnetFile (see subnetfile.Write),
+// only when the content changes.
 func (c *Conf) publish(cidrs []*net.IPNet) (changed bool, err error) {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# pod subnet of node %s in network %s, leased by villaged; read by village-ipam\n", c.Node, c.Net.Name)
-	for _, n := range cidrs {
-		b.WriteString(n.String() + "\n")
-	}
-	want := b.String()
-	if have, err := os.ReadFile(c.SubnetFile); err == nil && string(have) == want {
-		return false, nil
-	}
-	dir := filepath.Dir(c.SubnetFile)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return false, fmt.Errorf("publishing the leased subnet: %w", err)
-	}
-	tmp, err := os.CreateTemp(dir, ".subnet-*")
-	if err != nil {
-		return false, fmt.Errorf("publishing the leased subnet: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err = tmp.WriteString(want); err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return false, fmt.Errorf("publishing the leased subnet in %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), c.SubnetFile); err != nil {
-		return false, fmt.Errorf("publishing the leased subnet: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return true, nil
+	return subnetfile.Write(c.SubnetFile, fmt.Sprintf("pod subnet of node %s in network %s, leased by villaged; read by village-ipam", c.Node, c.Net.Name), cidrs)
 }
 
 // podCIDRs are this node's pod subnets for the read-only commands: the

@@ -20,7 +20,8 @@ import (
 var fuzzTargets = map[string][]string{
 	"./pkg/netconf":         {"FuzzParse", "FuzzParseBackend", "FuzzCNIArgs"},
 	"./pkg/macvlan":         {"FuzzParse"},
-	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs", "FuzzReadSubnetFile"},
+	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
+	"./pkg/subnetfile":      {"FuzzRead"},
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
 }

@@ -2,10 +2,11 @@ package config
 
 import (
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/village-cni/village/pkg/subnetfile"
 )
 
 // checkParseError asserts Parse's error contract: a field error naming the
@@ -92,7 +93,7 @@ func FuzzParseConfig(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	f.Setenv(RunDirEnv, f.TempDir())
+	f.Setenv(subnetfile.RunDirEnv, f.TempDir())
 	f.Fuzz(func(t *testing.T, in []byte) {
 		c, err := Parse(in, "")
 		if err != nil {
@@ -100,34 +101,5 @@ func FuzzParseConfig(f *testing.F) {
 			return
 		}
 		checkAccepted(t, c)
-	})
-}
-
-// FuzzReadSubnetFile fuzzes the file villaged publishes (and an operator may
-// edit by hand): no panic, and only valid prefixes come out.
-func FuzzReadSubnetFile(f *testing.F) {
-	for _, s := range []string{"10.244.1.0/24\n", "# leased\n10.244.1.0/24\nfd44:0:0:1::/64\n", "", "\n\n", "garbage", "10.244.1.5/24", "fe80::/64%eth0", "\x00\xff"} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		path := filepath.Join(t.TempDir(), "subnet")
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		ps, err := ReadSubnetFile(path)
-		if err != nil {
-			if !strings.Contains(err.Error(), path) {
-				t.Fatalf("error %v does not name the file", err)
-			}
-			return
-		}
-		if len(ps) == 0 {
-			t.Fatal("no prefix and no error")
-		}
-		for _, p := range ps {
-			if !p.IsValid() || p.Addr().Zone() != "" {
-				t.Fatalf("accepted prefix %v", p)
-			}
-		}
 	})
 }

@@ -10,7 +10,7 @@
 // Village adds a "store" block that selects where allocations are kept, and
 // lets the range come from villaged: with no "subnet" and no "ranges", the
 // range is read from the file `villaged run` publishes after leasing this
-// node's pod subnet (LeasedSubnetFile, or ipam.subnetFile when set), so one
+// node's pod subnet (subnetfile.Path, or ipam.subnetFile when set), so one
 // conflist serves every node.
 package config
 
@@ -26,6 +26,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/village-cni/village/pkg/subnetfile"
 )
 
 // DefaultDataDir is where the disk store keeps its files when ipam.dataDir is
@@ -47,58 +49,9 @@ const (
 // ipam.store.prefix is empty.
 const DefaultEtcdPrefix = "/village"
 
-// DefaultRunDir is where villaged publishes what it leased for each network;
-// the RunDirEnv environment variable overrides it (tests, unusual layouts).
-const (
-	DefaultRunDir = "/run/village"
-	RunDirEnv     = "VILLAGE_RUN_DIR"
-	// SubnetFileName is the file under <run dir>/<network>/ holding the
-	// leased pod subnet(s), one CIDR per line, one range set each.
-	SubnetFileName = "subnet"
-)
-
-// RunDir is $VILLAGE_RUN_DIR or DefaultRunDir.
-func RunDir() string {
-	if d := os.Getenv(RunDirEnv); d != "" {
-		return d
-	}
-	return DefaultRunDir
-}
-
-// LeasedSubnetFile is the file villaged publishes network's leased pod
-// subnet in: <run dir>/<network>/subnet. network must be a valid network name.
-func LeasedSubnetFile(network string) string {
-	return filepath.Join(RunDir(), network, SubnetFileName)
-}
-
 // ErrNotLeased marks the error of a config with no range when villaged has
 // not published one (yet): worth retrying later.
 var ErrNotLeased = errors.New("no pod range in the config and villaged has not leased one yet (is `villaged run` running?)")
-
-// ReadSubnetFile reads a leased-subnet file: one CIDR per line; blank lines
-// and lines starting with '#' are skipped.
-func ReadSubnetFile(path string) ([]netip.Prefix, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Prefix
-	for i, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		p, err := netip.ParsePrefix(line)
-		if err != nil {
-			return nil, fmt.Errorf("%s line %d: %w", path, i+1, err)
-		}
-		out = append(out, p)
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%s holds no subnet", path)
-	}
-	return out, nil
-}
 
 // Config is the validated IPAM configuration of one invocation.
 type Config struct {
@@ -538,13 +491,13 @@ type src struct {
 }
 
 // leasedSets reads the range villaged leased for this node: from subnetFile,
-// or LeasedSubnetFile(network).
+// or subnetfile.Path("", network).
 func leasedSets(network, subnetFile string) ([]src, error) {
 	path := subnetFile
 	if path == "" {
-		path = LeasedSubnetFile(network)
+		path = subnetfile.Path("", network)
 	}
-	prefixes, err := ReadSubnetFile(path)
+	prefixes, err := subnetfile.Read(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, &Error{Field: "ipam.ranges", Err: fmt.Errorf("%w: no address range configured (set ipam.ranges, e.g. [[{\"subnet\": \"10.22.0.0/16\"}]], or ipam.subnet) and %s does not exist", ErrNotLeased, path)}
 	}

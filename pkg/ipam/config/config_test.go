@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/village-cni/village/pkg/subnetfile"
 )
 
 func conf(ipam string) []byte {
@@ -81,7 +83,7 @@ func TestParseOrderAndRequested(t *testing.T) {
 func TestParseErrors(t *testing.T) {
 	// "no ranges" looks for the subnet villaged publishes: point it at an
 	// empty directory so the machine's own /run/village cannot answer.
-	t.Setenv(RunDirEnv, t.TempDir())
+	t.Setenv(subnetfile.RunDirEnv, t.TempDir())
 	cases := []struct {
 		name, in, args, field, msg string
 	}{
@@ -234,15 +236,15 @@ func TestGCListNullIsEmpty(t *testing.T) {
 
 func TestRangeFromVillagedSubnetFile(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(RunDirEnv, dir)
+	t.Setenv(subnetfile.RunDirEnv, dir)
 	in := `{"name":"ovl","ipam":{"type":"village-ipam"}}`
 	_, err := Parse([]byte(in), "")
 	if !errors.Is(err, ErrNotLeased) || !strings.Contains(err.Error(), "is `villaged run` running?") ||
 		!strings.Contains(err.Error(), filepath.Join(dir, "ovl", "subnet")) {
 		t.Fatalf("no file: %v, want ErrNotLeased naming the file", err)
 	}
-	if got := LeasedSubnetFile("ovl"); got != filepath.Join(dir, "ovl", "subnet") {
-		t.Fatalf("LeasedSubnetFile = %s", got)
+	if got := subnetfile.Path("", "ovl"); got != filepath.Join(dir, "ovl", "subnet") {
+		t.Fatalf("subnetfile.Path = %s", got)
 	}
 	must := func(err error) {
 		t.Helper()
@@ -251,7 +253,7 @@ func TestRangeFromVillagedSubnetFile(t *testing.T) {
 		}
 	}
 	must(os.MkdirAll(filepath.Join(dir, "ovl"), 0o755))
-	must(os.WriteFile(LeasedSubnetFile("ovl"), []byte("# leased by villaged\n10.60.3.0/24\nfd60:0:0:3::/64\n"), 0o644))
+	must(os.WriteFile(subnetfile.Path("", "ovl"), []byte("# leased by villaged\n10.60.3.0/24\nfd60:0:0:3::/64\n"), 0o644))
 	c, err := Parse([]byte(in), "")
 	must(err)
 	if len(c.RangeSets) != 2 || c.RangeSets[0][0].Subnet.String() != "10.60.3.0/24" || c.RangeSets[1][0].Gateway.String() != "fd60:0:0:3::1" {
