@@ -26,7 +26,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
-	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/netsetup"
 )
 
@@ -178,7 +178,7 @@ func lanRange(subnet, start, end string) (Range, error) {
 		return Range{}, err
 	}
 	p = p.Masked()
-	r := Range{Start: p.Addr().Next(), End: ipamconfig.LastAddr(p).Prev()}
+	r := Range{Start: p.Addr().Next(), End: cidr.Last(p).Prev()}
 	if start != "" {
 		if r.Start, err = netip.ParseAddr(start); err != nil {
 			return Range{}, fmt.Errorf("rangeStart: %w", err)
@@ -205,13 +205,13 @@ func (r Range) Prefixes() []netip.Prefix {
 		best := netip.PrefixFrom(cur, bits)
 		for l := bits - 1; l >= 0; l-- {
 			p := netip.PrefixFrom(cur, l).Masked()
-			if p.Addr() != cur || r.End.Less(ipamconfig.LastAddr(p)) {
+			if p.Addr() != cur || r.End.Less(cidr.Last(p)) {
 				break
 			}
 			best = p
 		}
 		out = append(out, best)
-		last := ipamconfig.LastAddr(best)
+		last := cidr.Last(best)
 		if last == r.End || !last.Next().IsValid() {
 			return out
 		}

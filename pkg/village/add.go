@@ -10,6 +10,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/cleanup"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
@@ -157,7 +158,7 @@ func (a *adder) fillGateways() {
 	isGW := a.conf.IsGateway || a.conf.IsDefaultGW
 	for _, ipc := range a.result.IPs {
 		if ipc.Gateway == nil && isGW {
-			ipc.Gateway = firstHost(&ipc.Address)
+			ipc.Gateway = cidr.FirstHost(&ipc.Address)
 		}
 	}
 	if !a.conf.IsDefaultGW {
@@ -316,7 +317,7 @@ func (a *adder) configureHost() error {
 func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
 	var subnets []*net.IPNet
 	for _, ipc := range ips {
-		subnets = append(subnets, subnetOf(&ipc.Address))
+		subnets = append(subnets, cidr.Network(&ipc.Address))
 	}
 	if s := conf.Netfilter(subnets); s != nil {
 		return *s

@@ -8,6 +8,7 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/overlay"
 )
@@ -19,7 +20,7 @@ const overlayDeadline = 30 * time.Second
 func podSubnets(ips []*current.IPConfig) []*net.IPNet {
 	var out []*net.IPNet
 	for _, ipc := range ips {
-		out = append(out, subnetOf(&ipc.Address))
+		out = append(out, cidr.Network(&ipc.Address))
 	}
 	return out
 }

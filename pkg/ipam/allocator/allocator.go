@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"net/netip"
 
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
 )
@@ -179,9 +180,9 @@ func (a *Allocator) placeRequested(reqs []netip.Addr, held []netip.Addr) ([]neti
 		switch {
 		case ip == rng.Gateway:
 			return nil, &AddressError{IP: ip, Reason: fmt.Sprintf("is the gateway of %s", rng.Subnet)}
-		case config.IsNetworkAddr(rng.Subnet, ip):
+		case cidr.IsNetwork(rng.Subnet, ip):
 			return nil, &AddressError{IP: ip, Reason: fmt.Sprintf("is the network address of %s", rng.Subnet)}
-		case config.IsBroadcastAddr(rng.Subnet, ip):
+		case cidr.IsBroadcast(rng.Subnet, ip):
 			return nil, &AddressError{IP: ip, Reason: fmt.Sprintf("is the broadcast address of %s", rng.Subnet)}
 		case wanted[set].IsValid():
 			return nil, &AddressError{IP: ip, Reason: fmt.Sprintf("and %s are both in range set %s; at most one address per range set can be requested", wanted[set], a.RangeSets[set])}
@@ -326,7 +327,7 @@ func capacity(r config.Range) *big.Int {
 	n.Add(n, big.NewInt(1))
 	excluded := map[netip.Addr]bool{r.Gateway: true, r.Subnet.Addr(): true}
 	if r.Subnet.Addr().Is4() {
-		excluded[config.LastAddr(r.Subnet)] = true
+		excluded[cidr.Last(r.Subnet)] = true
 	}
 	for ip := range excluded {
 		if r.Contains(ip) {

@@ -27,6 +27,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/subnetfile"
 )
 
@@ -136,7 +137,7 @@ func (r Range) Contains(a netip.Addr) bool {
 // address.
 func (r Range) Allocatable(a netip.Addr) bool {
 	a = a.Unmap()
-	return r.Contains(a) && a != r.Gateway && !IsNetworkAddr(r.Subnet, a) && !IsBroadcastAddr(r.Subnet, a)
+	return r.Contains(a) && a != r.Gateway && !cidr.IsNetwork(r.Subnet, a) && !cidr.IsBroadcast(r.Subnet, a)
 }
 
 // Overlaps reports whether the address intervals of r and o intersect.
@@ -172,30 +173,6 @@ func (s RangeSet) String() string {
 		parts[i] = r.String()
 	}
 	return strings.Join(parts, ",")
-}
-
-// IsNetworkAddr reports whether a is p's network address.
-func IsNetworkAddr(p netip.Prefix, a netip.Addr) bool { return a == p.Masked().Addr() }
-
-// IsBroadcastAddr reports whether a is the broadcast address of the IPv4
-// prefix p (IPv6 has none).
-func IsBroadcastAddr(p netip.Prefix, a netip.Addr) bool {
-	return p.Addr().Is4() && a == LastAddr(p)
-}
-
-// LastAddr is the highest address of p.
-func LastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	bits := p.Bits()
-	for i := range b {
-		for j := 0; j < 8; j++ {
-			if i*8+j >= bits {
-				b[i] |= 0x80 >> j
-			}
-		}
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
 
 // Error is a configuration error; Field names the offending key, e.g.
@@ -582,7 +559,7 @@ func parseRange(field string, rr rawRange) (Range, error) {
 		return a, nil
 	}
 	first := p.Addr().Next()
-	last := LastAddr(p)
+	last := cidr.Last(p)
 	if p.Addr().Is4() {
 		last = last.Prev()
 	}

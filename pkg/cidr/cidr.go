@@ -1,0 +1,52 @@
+// Package cidr is the address arithmetic Village's packages share: the
+// network, first host and last address of a prefix, and which addresses of
+// a subnet are not hosts. It uses the standard library only, not
+// containernetworking/plugins/pkg/ip: that package links knftables and
+// google/nftables, whose package initialisation (regular expressions
+// compiled at start-up) every exec of a plugin would pay for a few helpers.
+package cidr
+
+import (
+	"net"
+	"net/netip"
+)
+
+// Network is the network of an address with its mask (10.1.2.3/24 ->
+// 10.1.2.0/24).
+func Network(a *net.IPNet) *net.IPNet {
+	return &net.IPNet{IP: a.IP.Mask(a.Mask), Mask: a.Mask}
+}
+
+// FirstHost is the address after the network address of a's subnet: the
+// gateway the reference bridge picks when IPAM names none.
+func FirstHost(a *net.IPNet) net.IP {
+	n, ok := netip.AddrFromSlice(Network(a).IP)
+	if !ok {
+		return nil
+	}
+	return net.IP(n.Next().AsSlice())
+}
+
+// IsNetwork reports whether a is p's network address.
+func IsNetwork(p netip.Prefix, a netip.Addr) bool { return a == p.Masked().Addr() }
+
+// IsBroadcast reports whether a is the broadcast address of the IPv4
+// prefix p (IPv6 has none).
+func IsBroadcast(p netip.Prefix, a netip.Addr) bool {
+	return p.Addr().Is4() && a == Last(p)
+}
+
+// Last is the highest address of p.
+func Last(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	bits := p.Bits()
+	for i := range b {
+		for j := 0; j < 8; j++ {
+			if i*8+j >= bits {
+				b[i] |= 0x80 >> j
+			}
+		}
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
