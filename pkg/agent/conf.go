@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/village-cni/village/pkg/etcdclient"
+	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/subnetfile"
@@ -114,7 +115,7 @@ func Load(opts Options) (*Conf, error) {
 	}
 	c.DataDir = ip.IPAM.DataDir
 	if c.DataDir == "" {
-		c.DataDir = defaultDataDir
+		c.DataDir = store.DefaultDataDir
 	}
 	c.SubnetFile = ip.IPAM.SubnetFile
 	if c.SubnetFile == "" {

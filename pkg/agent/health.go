@@ -2,14 +2,10 @@ package agent
 
 import (
 	"fmt"
-	"net/netip"
-	"os"
-	"path/filepath"
 	"sync"
-)
 
-// defaultDataDir is village-ipam's (and host-local's) default data dir.
-const defaultDataDir = "/var/lib/cni/networks"
+	"github.com/village-cni/village/pkg/ipam/store/disk"
+)
 
 // health is what /healthz reports: the loop writes it, the HTTP server
 // reads it, so it is the one piece of agent state behind a lock.
@@ -39,21 +35,17 @@ func (a *agent) countAllocations() {
 	if a.m == nil {
 		return
 	}
-	entries, err := os.ReadDir(filepath.Join(a.c.DataDir, a.c.Net.Name))
+	held, err := disk.Peek(a.c.DataDir, a.c.Net.Name, false)
 	if err != nil {
-		return // no allocation yet, or the etcd store: nothing to count here
+		return // the etcd store, or an unreadable directory: nothing to count here
 	}
 	counts := make(map[string]int, len(a.self.PodCIDRs))
 	for _, cidr := range a.self.PodCIDRs {
 		counts[cidr.String()] = 0
 	}
-	for _, e := range entries {
-		addr, err := netip.ParseAddr(e.Name())
-		if err != nil || !e.Type().IsRegular() {
-			continue
-		}
+	for _, r := range held {
 		for _, cidr := range a.self.PodCIDRs {
-			if cidr.Contains(addr.AsSlice()) {
+			if cidr.Contains(r.IP.AsSlice()) {
 				counts[cidr.String()]++
 			}
 		}

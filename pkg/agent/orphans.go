@@ -3,8 +3,6 @@ package agent
 import (
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/vishvananda/netlink"
 
+	"github.com/village-cni/village/pkg/ipam/store/disk"
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/netsetup"
 )
@@ -91,32 +90,24 @@ type allocation struct {
 	veth           string // the host veth Village would have made for it
 }
 
-// allocations reads the disk store (host-local's layout: a file per
-// address holding "<containerID>\r\n<ifname>") without taking its lock.
+// allocations reads the disk store's records in podCIDRs through its
+// read-only listing (disk.Peek: no lock taken).
 func (c *Conf) allocations(podCIDRs []*net.IPNet) ([]allocation, error) {
-	dir := filepath.Join(c.DataDir, c.Net.Name)
-	entries, err := os.ReadDir(dir)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
+	held, err := disk.Peek(c.DataDir, c.Net.Name, true)
 	if err != nil {
-		return nil, fmt.Errorf("reading the allocations in %s: %w", dir, err)
+		return nil, err
 	}
 	var out []allocation
-	for _, e := range entries {
-		ip := net.ParseIP(e.Name())
-		if ip == nil || !e.Type().IsRegular() || !slices.ContainsFunc(podCIDRs, func(n *net.IPNet) bool { return n.Contains(ip) }) {
+	for _, r := range held {
+		ip := net.IP(r.IP.AsSlice())
+		if !slices.ContainsFunc(podCIDRs, func(n *net.IPNet) bool { return n.Contains(ip) }) {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue // released while we looked
+		id, ifname := r.Owner.ContainerID, r.Owner.IfName
+		if r.Corrupt || ifname == "" || (c.Net.LAN != nil && ifname == c.Net.LAN.IfName) {
+			continue // unreadable or released while we looked, a legacy record without ifname, or a LAN address
 		}
-		id, ifname, ok := strings.Cut(strings.TrimSpace(string(b)), "\r\n")
-		if !ok || (c.Net.LAN != nil && ifname == c.Net.LAN.IfName) {
-			continue // a legacy record without ifname, or a LAN address
-		}
-		out = append(out, allocation{ip: ip.String(), id: id, ifname: ifname, veth: netsetup.HostVethName(id, ifname)})
+		out = append(out, allocation{ip: r.IP.String(), id: id, ifname: ifname, veth: netsetup.HostVethName(id, ifname)})
 	}
 	return out, nil
 }

@@ -28,12 +28,9 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/village-cni/village/pkg/cidr"
+	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/subnetfile"
 )
-
-// DefaultDataDir is where the disk store keeps its files when ipam.dataDir is
-// empty; it is host-local's default, so both plugins share allocations.
-const DefaultDataDir = "/var/lib/cni/networks"
 
 // MaxConfigSize bounds the configuration Parse reads (the main plugin's
 // bound too): a conflist entry is a few kilobytes.
@@ -45,10 +42,6 @@ const (
 	StoreEtcd       = "etcd"
 	StoreKubernetes = "kubernetes"
 )
-
-// DefaultEtcdPrefix is the key prefix the etcd store uses when
-// ipam.store.prefix is empty.
-const DefaultEtcdPrefix = "/village"
 
 // ErrNotLeased marks the error of a config with no range when villaged has
 // not published one (yet): worth retrying later.
@@ -69,7 +62,7 @@ type Config struct {
 	RangeSets []RangeSet
 	// Routes are copied into the ADD result.
 	Routes []*types.Route
-	// DataDir is the disk store's root (DefaultDataDir when empty).
+	// DataDir is the disk store's root (store.DefaultDataDir when empty).
 	DataDir string
 	// ResolvConf is a resolv.conf-style file whose contents become the
 	// result's DNS section; empty means no DNS.
@@ -307,7 +300,7 @@ func Parse(stdin []byte, cniArgs string) (*Config, error) {
 		c.CNIVersion = "0.1.0"
 	}
 	if c.DataDir == "" {
-		c.DataDir = DefaultDataDir
+		c.DataDir = store.DefaultDataDir
 	}
 	// A relative directory would be resolved against whatever working
 	// directory the runtime happens to exec the plugin in.
@@ -620,7 +613,7 @@ func parseStore(s *StoreConfig) (StoreConfig, error) {
 			return out, fieldErr("ipam.store.certFile", "certFile and keyFile must be given together")
 		}
 		if out.Prefix == "" {
-			out.Prefix = DefaultEtcdPrefix
+			out.Prefix = store.DefaultEtcdPrefix
 		}
 		if !strings.HasPrefix(out.Prefix, "/") {
 			return out, fieldErr("ipam.store.prefix", "%q must start with '/'", out.Prefix)

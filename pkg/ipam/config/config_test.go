@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/subnetfile"
 )
 
@@ -22,7 +23,7 @@ func TestParseDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.DataDir != DefaultDataDir || c.Store.Type != StoreDisk || c.Name != "net1" {
+	if c.DataDir != store.DefaultDataDir || c.Store.Type != StoreDisk || c.Name != "net1" {
 		t.Fatalf("defaults: %+v", c)
 	}
 	r := c.RangeSets[0][0]
@@ -67,7 +68,7 @@ func TestParseOrderAndRequested(t *testing.T) {
 	if got := strings.Join(req, " "); got != "10.9.0.5 10.2.0.7 10.1.0.12 fd00::5" {
 		t.Fatalf("requested %q", got)
 	}
-	if c.Store.Prefix != DefaultEtcdPrefix || len(c.Routes) != 1 || c.DataDir != "/tmp/x" || c.ResolvConf != "/etc/r" {
+	if c.Store.Prefix != store.DefaultEtcdPrefix || len(c.Routes) != 1 || c.DataDir != "/tmp/x" || c.ResolvConf != "/etc/r" {
 		t.Fatalf("config %+v", c)
 	}
 	if len(c.ValidAttachments) != 1 || c.ValidAttachments[0].IfName != "eth0" {

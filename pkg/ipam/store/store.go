@@ -17,6 +17,14 @@ import (
 	"unicode"
 )
 
+// DefaultDataDir is where the disk store keeps its files when ipam.dataDir is
+// empty; it is host-local's default, so both plugins share allocations.
+const DefaultDataDir = "/var/lib/cni/networks"
+
+// DefaultEtcdPrefix is the key prefix the etcd store uses when
+// ipam.store.prefix is empty.
+const DefaultEtcdPrefix = "/village"
+
 // Owner identifies the attachment an address is allocated to. An empty IfName
 // appears only in records written by very old host-local versions, which kept
 // the container ID alone.

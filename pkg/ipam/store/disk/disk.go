@@ -36,7 +36,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
 )
 
@@ -56,7 +55,7 @@ const (
 // Options configure a Disk store.
 type Options struct {
 	// DataDir is the root holding one directory per network
-	// (config.DefaultDataDir when empty).
+	// (store.DefaultDataDir when empty).
 	DataDir string
 	// Network is the network name; it becomes a directory name and must be
 	// a valid CNI network name.
@@ -98,7 +97,7 @@ func New(opts Options) (*Disk, error) {
 	}
 	root := opts.DataDir
 	if root == "" {
-		root = config.DefaultDataDir
+		root = store.DefaultDataDir
 	}
 	d := &Disk{
 		dir:     filepath.Join(filepath.Clean(root), opts.Network),

@@ -48,7 +48,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/village-cni/village/pkg/etcdclient"
-	"github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
 )
 
@@ -61,7 +60,7 @@ type Options struct {
 	// same names (see etcdclient.Config).
 	Endpoints                 []string
 	CAFile, CertFile, KeyFile string
-	// Prefix is the root of Village's keys (config.DefaultEtcdPrefix when
+	// Prefix is the root of Village's keys (store.DefaultEtcdPrefix when
 	// empty): clusters sharing one etcd use different prefixes.
 	Prefix string
 	// Network is the CNI network name; networks never see each other's
@@ -158,12 +157,12 @@ func ValidateNodeName(name string) error {
 }
 
 // CleanPrefix validates a key prefix and returns it without a trailing '/'
-// ("" for "/"); an empty prefix is config.DefaultEtcdPrefix. A prefix is
+// ("" for "/"); an empty prefix is store.DefaultEtcdPrefix. A prefix is
 // '/'-separated segments of letters, digits, '_', '.' and '-', none empty,
 // "." or "..".
 func CleanPrefix(p string) (string, error) {
 	if p == "" {
-		p = config.DefaultEtcdPrefix
+		p = store.DefaultEtcdPrefix
 	}
 	bad := func(why string) (string, error) {
 		return "", fmt.Errorf("etcd key prefix %q %s", p, why)
