@@ -8,6 +8,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
+
+	"github.com/village-cni/village/pkg/overlay"
 )
 
 // Backend is the `backend` section: how pod traffic reaches other nodes.
@@ -61,12 +63,12 @@ type Registry struct {
 	ReclaimAfter int `json:"reclaimAfter,omitempty"`
 }
 
-// Backend types.
+// Backend types: the overlay's modes.
 const (
-	BackendNone   = "none"
-	BackendVXLAN  = "vxlan"
-	BackendHostGW = "host-gw"
-	BackendAuto   = "auto"
+	BackendNone   = string(overlay.ModeNone)
+	BackendVXLAN  = string(overlay.ModeVXLAN)
+	BackendHostGW = string(overlay.ModeHostGW)
+	BackendAuto   = string(overlay.ModeAuto)
 )
 
 // Registry types.
@@ -95,11 +97,6 @@ func ParseBackend(raw json.RawMessage) (*Backend, error) {
 	if b.Type == "" {
 		b.Type = BackendNone
 	}
-	switch b.Type {
-	case BackendNone, BackendVXLAN, BackendHostGW, BackendAuto:
-	default:
-		return nil, Error("invalid \"backend.type\" %q: one of none, vxlan, host-gw, auto", b.Type)
-	}
 	if b.Underlay != "" {
 		if err := utils.ValidateInterfaceName(b.Underlay); err != nil {
 			return nil, Error("invalid \"backend.underlay\" %q: %s", b.Underlay, err.Msg)
@@ -109,11 +106,9 @@ func ParseBackend(raw json.RawMessage) (*Backend, error) {
 			return nil, Error("invalid \"backend.underlay\" %q: interface name contains a NUL byte", b.Underlay)
 		}
 	}
-	if b.VNI < 0 || b.VNI > 1<<24-1 {
-		return nil, Error("invalid \"backend.vni\" %d: 1-16777215 (0: default 1)", b.VNI)
-	}
-	if b.Port < 0 || b.Port > 65535 {
-		return nil, Error("invalid \"backend.port\" %d: 1-65535 (0: default 4789)", b.Port)
+	// Type, VNI and port: what the reconciler accepts (one set of limits).
+	if err := b.OverlayConfig("").Validate(); err != nil {
+		return nil, Error("invalid \"backend\" (type, vni, port): %v", err)
 	}
 	if err := b.parseNodes(); err != nil {
 		return nil, err

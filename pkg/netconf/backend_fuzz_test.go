@@ -21,7 +21,7 @@ func FuzzParseBackend(f *testing.F) {
 		`{"type":"vxlan","underlay":"eth0","vni":1,"port":4789,"nodes":[{"name":"node2","ip":"192.168.50.11","podCIDR":"10.244.2.0/24"}]}`,
 		`{"type":"host-gw","nodes":[{"name":"a","ip":"fd00::1","podCIDRs":["10.244.3.0/24","fd44::/64"]}]}`,
 		`{"type":"auto","registry":{"type":"etcd","endpoints":["https://127.0.0.1:2379"],"prefix":"/village","ttl":60,"subnetLen":24}}`,
-		`{"type":"vxlan","vni":16777216}`, `{"type":"vxlan","port":-1}`, `{"type":"vxlan","underlay":"eth0\u0000x"}`,
+		`{"type":"vxlan","vni":16777216}`, `{"type":"vxlan","vni":12345678}`, `{"type":"vxlan","port":-1}`, `{"type":"vxlan","underlay":"eth0\u0000x"}`,
 		`{"type":"host-gw","nodes":[{"name":"a","ip":"fe80::1%eth0","podCIDR":"10.0.0.0/24"}]}`,
 		`{"type":"host-gw","nodes":[{"name":"a","ip":"10.0.0.1","podCIDR":"10.0.0.1/24"}]}`,
 		`{"registry":{"endpoints":["http://x"],"prefix":"/../x"}}`,
@@ -53,6 +53,9 @@ func FuzzParseBackend(f *testing.F) {
 		}
 		if b.VNI < 0 || b.VNI > 1<<24-1 || b.Port < 0 || b.Port > 65535 {
 			t.Fatalf("accepted vni %d port %d", b.VNI, b.Port)
+		}
+		if err := b.OverlayConfig("n").Validate(); err != nil {
+			t.Fatalf("accepted a backend the reconciler rejects: %v", err)
 		}
 		for _, n := range b.Nodes {
 			if n.Addr == nil || len(n.Subnets) == 0 || n.Name == "" || strings.ContainsAny(n.Name, "/\x00") {

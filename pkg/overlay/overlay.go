@@ -77,6 +77,14 @@ type Config struct {
 	NetNS string
 }
 
+// Validate reports (wrapping ErrConfig) what New would reject in c: the
+// mode, VNI, port, MTU and the device name. The plugin's config parser calls
+// it, so the limits live only here.
+func (c Config) Validate() error {
+	_, err := c.normalize()
+	return err
+}
+
 func (c Config) normalize() (Config, error) {
 	switch c.Mode {
 	case ModeNone, ModeVXLAN, ModeHostGW, ModeAuto:
