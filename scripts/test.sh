@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: vet, the unit and namespace tests, and the end-to-end tests
 # through libcni and cnitool with the built binaries. Every fuzz target's seed
-# corpus (f.Add and testdata/fuzz) runs here as an ordinary test; fuzzing
+# corpus (f.Add and testdata/fuzz) runs in `go test` as an ordinary test; fuzzing
 # itself (random inputs for a while) is scripts/fuzz.sh, kept out of this
 # command because Go's fuzzing engine can fail on a loaded machine for
 # reasons that are not defects ("context deadline exceeded" from a slow
@@ -33,9 +33,4 @@ export VILLAGE_KUBE_APISERVER
 echo "== go test"
 go test -count=1 -timeout 60m ./... 2>&1 | tee /tmp/village-test.log
 
-echo "== fuzz seed corpora (as ordinary tests; fuzzing itself: scripts/fuzz.sh)"
-for pkg in $(go list ./...); do
-  targets=$(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' | paste -sd'|' || true)
-  [ -z "$targets" ] || go test -count=1 -run "^(${targets})\$" "$pkg"
-done
 echo "== all tests passed"
