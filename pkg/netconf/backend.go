@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 
+	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/overlay"
 )
 
@@ -176,7 +177,7 @@ func (r *Registry) validate() *types.Error {
 		return Error("invalid \"backend.registry\": \"endpoints\" is empty")
 	}
 	for _, e := range r.Endpoints {
-		if !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") {
+		if !ipamconfig.ValidEndpoint(e) {
 			return Error("invalid \"backend.registry.endpoints\" entry %q: want http(s)://host:port", e)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
+	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 )
@@ -23,8 +24,9 @@ import (
 const DefaultBridge = "village0"
 
 // MaxConfigSize bounds what the plugin will parse; a conflist entry is a few
-// kilobytes, so anything near this is hostile or broken.
-const MaxConfigSize = 1 << 20
+// kilobytes, so anything near this is hostile or broken. It is village-ipam's
+// bound (one value for every plugin).
+const MaxConfigSize = ipamconfig.MaxConfigSize
 
 // NetConf is one `village` entry of a conflist.
 type NetConf struct {

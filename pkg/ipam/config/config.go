@@ -36,6 +36,14 @@ import (
 // bound too): a conflist entry is a few kilobytes.
 const MaxConfigSize = 1 << 20
 
+// ValidEndpoint reports whether e is an etcd endpoint Village accepts: an
+// http:// or https:// URL with a host (the IPAM store's and the node
+// registry's endpoints alike).
+func ValidEndpoint(e string) bool {
+	u, err := url.Parse(e)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}
+
 // Store types accepted in ipam.store.type.
 const (
 	StoreDisk       = "disk"
@@ -604,8 +612,7 @@ func parseStore(s *StoreConfig) (StoreConfig, error) {
 			return out, fieldErr("ipam.store.endpoints", "missing; the etcd store needs at least one endpoint like \"https://10.0.0.1:2379\"")
 		}
 		for i, e := range out.Endpoints {
-			u, err := url.Parse(e)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			if !ValidEndpoint(e) {
 				return out, fieldErr(fmt.Sprintf("ipam.store.endpoints[%d]", i), "%q is not an http:// or https:// URL with a host", e)
 			}
 		}
