@@ -146,7 +146,7 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 	if d.Device != "" {
 		fmt.Fprintf(w, ", device %s", d.Device)
 	}
-	fmt.Fprintf(w, ", underlay %s, pod MTU %d\n", d.Underlay, d.MTU)
+	fmt.Fprintf(w, ", underlay %s, pod MTU %d\n", d.Underlay, c.Net.PodMTU(d.MTU))
 	fmt.Fprintf(w, "node %s: %s, pod subnets %s (%s)\n", c.Node, v.self.IP, cidrList(v.self.PodCIDRs), v.selfSrc)
 	if v.src != nil {
 		want := record(c.Node, v.self.IP, v.self.PodCIDRs)

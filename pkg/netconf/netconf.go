@@ -113,6 +113,17 @@ type EnvArgs struct {
 	K8S_POD_UID                types.UnmarshallableString //nolint:revive
 }
 
+// PodMTU decides the MTU of the bridge and the pod's interface: the
+// configured "mtu" when set, else backendMTU (what the overlay reports the
+// pods can use: the underlay's, less the VXLAN overhead with a VXLAN
+// device), else 0 (the kernel's default, no overlay).
+func (c *NetConf) PodMTU(backendMTU int) int {
+	if c.MTU > 0 {
+		return c.MTU
+	}
+	return max(backendMTU, 0)
+}
+
 // Error is a config error: it maps to CNI code 7 (invalid network config).
 func Error(format string, a ...any) *types.Error {
 	return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(format, a...), "")

@@ -380,3 +380,20 @@ func TestForwardAcceptDefaultsOn(t *testing.T) {
 		t.Errorf("Netfilter() = %+v", s)
 	}
 }
+
+func TestPodMTU(t *testing.T) {
+	for _, tc := range []struct {
+		configured, backend, want int
+	}{
+		{0, 0, 0},       // no overlay: the kernel's default
+		{0, 1450, 1450}, // VXLAN over a 1500 underlay
+		{1400, 1450, 1400},
+		{9000, 1500, 9000}, // the config wins, even above the backend's
+		{1400, 0, 1400},
+	} {
+		c := &netconf.NetConf{MTU: tc.configured}
+		if got := c.PodMTU(tc.backend); got != tc.want {
+			t.Errorf("mtu %d, backend %d: PodMTU = %d, want %d", tc.configured, tc.backend, got, tc.want)
+		}
+	}
+}

@@ -77,6 +77,7 @@ type adder struct {
 	pod  *netsetup.Pod
 	undo *cleanup.Stack
 
+	mtu    int // of the bridge and the pod's eth0 (netconf.PodMTU); 0: the kernel's default
 	bridge *netlink.Bridge
 	veth   *netsetup.VethLinks
 	result *current.Result
@@ -95,7 +96,7 @@ func (a *adder) run() (*current.Result, error) {
 func (a *adder) ensureBridge() error {
 	br, err := netsetup.EnsureBridge(netsetup.Bridge{
 		Name:          a.conf.Bridge,
-		MTU:           a.conf.MTU,
+		MTU:           a.mtu,
 		Promisc:       a.conf.PromiscMode,
 		VlanFiltering: a.conf.Vlan > 0,
 	})
@@ -193,7 +194,7 @@ func (a *adder) ensureVeth() error {
 		IfName:      a.args.IfName,
 		Pod:         a.pod,
 		Bridge:      a.bridge,
-		MTU:         a.conf.MTU,
+		MTU:         a.mtu,
 		MAC:         a.conf.MAC,
 		Hairpin:     a.conf.Hairpin,
 		Vlan:        a.conf.Vlan,

@@ -64,8 +64,6 @@ func (a *adder) ensureOverlay() error {
 	if err != nil {
 		return err
 	}
-	if a.conf.MTU == 0 && mtu > 0 {
-		a.conf.MTU = mtu
-	}
+	a.mtu = a.conf.PodMTU(mtu)
 	return nil
 }
