@@ -14,6 +14,7 @@ import (
 
 	"github.com/village-cni/village/pkg/etcdclient"
 	"github.com/village-cni/village/pkg/ipam/store"
+	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/subnetfile"
@@ -63,6 +64,18 @@ type Conf struct {
 	DataDir string
 	// Node is this node's name.
 	Node string
+}
+
+// netfilter is the masquerade and forward-accept rule set the network wants
+// on a node with pod subnets cidrs (nil: none), in the netfilter backend the
+// plugin resolved on this node (read from the bridge's stamp on each call:
+// the plugin may make the bridge after villaged starts).
+func (c *Conf) netfilter(cidrs []*net.IPNet) *masq.Spec {
+	s := c.Net.Netfilter(cidrs)
+	if s != nil {
+		*s = masq.WithPluginBackend(*s, c.Net.Bridge)
+	}
+	return s
 }
 
 // Registry is the backend's registry section, nil without one.

@@ -87,13 +87,7 @@ func joinErr(a, b error) error {
 	return fmt.Errorf("%w; %w", a, b)
 }
 
-func (v *view) masqSpec() *masq.Spec {
-	s := v.c.Net.Netfilter(v.self.PodCIDRs)
-	if s != nil {
-		*s = masq.WithPluginBackend(*s, v.c.Net.Bridge)
-	}
-	return s
-}
+func (v *view) masqSpec() *masq.Spec { return v.c.netfilter(v.self.PodCIDRs) }
 
 // Sync is `villaged sync`: one reconcile pass against the static peers and
 // the registry's list (read only: it neither registers nor leases), and the

@@ -90,7 +90,6 @@ func Run(ctx context.Context, opts Options) error {
 		opts.logf("node %s holds pod subnet %s (published in %s%s)", c.Node, cidrList(cidrs), c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
 	}
 	a.self = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}
-	a.masq = c.Net.Netfilter(cidrs)
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -137,8 +136,7 @@ type agent struct {
 	r        *overlay.Reconciler
 	self     overlay.Node
 	peers    []overlay.Node
-	haveView bool // a registry list has arrived (or the peers are static)
-	masq     *masq.Spec
+	haveView bool             // a registry list has arrived (or the peers are static)
 	m        *metrics.Metrics // nil: metrics off (its methods do nothing)
 	health   *health
 	reclaim  *reclaimer // nil: no registry, or reclaiming is off
@@ -321,17 +319,17 @@ func (a *agent) repairMasq() {
 			}
 		}
 	}
-	if a.masq == nil {
+	spec := a.c.netfilter(a.self.PodCIDRs)
+	if spec == nil {
 		return
 	}
-	spec := masq.WithPluginBackend(*a.masq, a.c.Net.Bridge)
-	err := masq.Check(spec)
+	err := masq.Check(*spec)
 	if err == nil {
 		return
 	}
-	a.opts.logf("masquerade of network %q drifted (%v): restoring", a.masq.Network, err)
-	if err := masq.Ensure(spec); err != nil {
-		a.opts.logf("restoring masquerade of network %q: %v", a.masq.Network, err)
+	a.opts.logf("masquerade of network %q drifted (%v): restoring", spec.Network, err)
+	if err := masq.Ensure(*spec); err != nil {
+		a.opts.logf("restoring masquerade of network %q: %v", spec.Network, err)
 	}
 }
 
