@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/village-cni/village/pkg/etcdclient"
-	"github.com/village-cni/village/pkg/ipam/store"
+	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/registry"
@@ -99,38 +100,21 @@ func Load(opts Options) (*Conf, error) {
 	if c.Backend == nil {
 		c.Backend = &netconf.Backend{Type: netconf.BackendNone}
 	}
-	var ip struct {
-		IPAM struct {
-			Subnet     string                      `json:"subnet"`
-			Ranges     [][]struct{ Subnet string } `json:"ranges"`
-			SubnetFile string                      `json:"subnetFile"`
-			DataDir    string                      `json:"dataDir"`
-		} `json:"ipam"`
+	ip, err := ipamconfig.ParseStatic(entry)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opts.ConfFile, err)
 	}
-	if err := json.Unmarshal(entry, &ip); err != nil {
-		return nil, fmt.Errorf("%s: ipam: %w", opts.ConfFile, err)
-	}
-	subnets := []string{}
-	if ip.IPAM.Subnet != "" {
-		subnets = append(subnets, ip.IPAM.Subnet)
-	}
-	for _, set := range ip.IPAM.Ranges {
+	var subnets []netip.Prefix
+	for _, set := range ip.RangeSets {
 		for _, r := range set {
 			subnets = append(subnets, r.Subnet)
 		}
 	}
-	for _, s := range subnets {
-		_, n, err := net.ParseCIDR(s)
-		if err != nil {
-			return nil, fmt.Errorf("%s: ipam range subnet %q: %w", opts.ConfFile, s, err)
-		}
-		c.PodCIDRs = append(c.PodCIDRs, n)
+	if len(subnets) > 0 {
+		c.PodCIDRs = toIPNets(subnets)
 	}
-	c.DataDir = ip.IPAM.DataDir
-	if c.DataDir == "" {
-		c.DataDir = store.DefaultDataDir
-	}
-	c.SubnetFile = ip.IPAM.SubnetFile
+	c.DataDir = ip.DataDir
+	c.SubnetFile = ip.SubnetFile
 	if c.SubnetFile == "" {
 		c.SubnetFile = subnetfile.Path(opts.RunDir, nc.Name)
 	}

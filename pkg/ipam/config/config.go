@@ -81,6 +81,9 @@ type Config struct {
 	RequestedIPs []netip.Addr
 	// Store selects the allocation store.
 	Store StoreConfig
+	// SubnetFile is ipam.subnetFile: where the range villaged leased is
+	// read from ("" means subnetfile.Path("", Name)).
+	SubnetFile string
 	// ValidAttachments is the GC list (cni.dev/valid-attachments, or the
 	// older cni.dev/attachments when the former is absent).
 	ValidAttachments []Attachment
@@ -283,6 +286,17 @@ func parseAddr(s string) (netip.Addr, error) {
 // CNI_ARGS string, and returns the validated IPAM configuration. Errors are
 // *Error naming the field, or wrap ErrDecode when stdin is not valid JSON.
 func Parse(stdin []byte, cniArgs string) (*Config, error) {
+	return parse(stdin, cniArgs, true)
+}
+
+// ParseStatic is Parse for a node's view of the configuration (villaged):
+// the same validation, but a config with no range of its own keeps
+// RangeSets empty instead of reading the range villaged leased.
+func ParseStatic(stdin []byte) (*Config, error) {
+	return parse(stdin, "", false)
+}
+
+func parse(stdin []byte, cniArgs string, leased bool) (*Config, error) {
 	if len(stdin) > MaxConfigSize {
 		return nil, fieldErr("config", "%d bytes, more than the %d a plugin config may have", len(stdin), MaxConfigSize)
 	}
@@ -303,6 +317,7 @@ func Parse(stdin []byte, cniArgs string) (*Config, error) {
 		Routes:     n.IPAM.Routes,
 		DataDir:    n.IPAM.DataDir,
 		ResolvConf: n.IPAM.ResolvConf,
+		SubnetFile: n.IPAM.SubnetFile,
 	}
 	if c.CNIVersion == "" {
 		c.CNIVersion = "0.1.0"
@@ -323,7 +338,7 @@ func Parse(stdin []byte, cniArgs string) (*Config, error) {
 	if err := c.parseRequested(&n, cniArgs); err != nil {
 		return nil, err
 	}
-	if err := c.parseRanges(&n); err != nil {
+	if err := c.parseRanges(&n, leased); err != nil {
 		return nil, err
 	}
 	st, err := parseStore(n.IPAM.Store)
@@ -416,7 +431,7 @@ func (c *Config) parseRequested(n *rawNet, cniArgs string) error {
 	return nil
 }
 
-func (c *Config) parseRanges(n *rawNet) error {
+func (c *Config) parseRanges(n *rawNet, leased bool) error {
 	var sets []src
 	for i, s := range n.RuntimeConfig.IPRanges {
 		sets = append(sets, src{fmt.Sprintf("runtimeConfig.ipRanges[%d]", i), s})
@@ -429,12 +444,12 @@ func (c *Config) parseRanges(n *rawNet) error {
 	for i, s := range n.IPAM.Ranges {
 		sets = append(sets, src{fmt.Sprintf("ipam.ranges[%d]", i), s})
 	}
-	if len(sets) == 0 {
-		leased, err := leasedSets(c.Name, n.IPAM.SubnetFile)
+	if len(sets) == 0 && leased {
+		fromFile, err := leasedSets(c.Name, n.IPAM.SubnetFile)
 		if err != nil {
 			return err
 		}
-		sets = leased
+		sets = fromFile
 	}
 	var v4, v6 int
 	for _, s := range sets {

@@ -276,3 +276,18 @@ func TestRangeFromVillagedSubnetFile(t *testing.T) {
 		t.Fatalf("bad file: %v, want an error naming %s", err, other)
 	}
 }
+
+func TestParseStaticReadsNoLease(t *testing.T) {
+	t.Setenv(subnetfile.RunDirEnv, t.TempDir()) // no file there
+	c, err := ParseStatic([]byte(`{"name":"ovl","ipam":{"type":"village-ipam","subnetFile":"/elsewhere/s"}}`))
+	if err != nil || len(c.RangeSets) != 0 || c.SubnetFile != "/elsewhere/s" || c.DataDir != store.DefaultDataDir {
+		t.Fatalf("ParseStatic without ranges = %+v, %v", c, err)
+	}
+	c, err = ParseStatic([]byte(`{"name":"ovl","ipam":{"subnet":"10.1.2.0/24","ranges":[[{"subnet":"fd00::/64"}]]}}`))
+	if err != nil || len(c.RangeSets) != 2 || c.RangeSets[0][0].Subnet.String() != "10.1.2.0/24" {
+		t.Fatalf("ParseStatic with ranges = %+v, %v", c, err)
+	}
+	if _, err := ParseStatic([]byte(`{"name":"ovl","ipam":{"subnet":"10.1.2.5/24"}}`)); err == nil {
+		t.Fatal("ParseStatic accepted a subnet with host bits")
+	}
+}
