@@ -15,6 +15,7 @@ import (
 
 	"github.com/village-cni/village/pkg/etcdclient"
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/registry"
@@ -100,9 +101,13 @@ func Load(opts Options) (*Conf, error) {
 	if c.Backend == nil {
 		c.Backend = &netconf.Backend{Type: netconf.BackendNone}
 	}
-	ip, err := ipamconfig.ParseStatic(entry)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", opts.ConfFile, err)
+	// Without an IPAM plugin (which the plugin's ADD refuses) there is no
+	// block to parse: the defaults, and no range of its own.
+	ip := &ipamconfig.Config{DataDir: store.DefaultDataDir}
+	if nc.HasIPAM {
+		if ip, err = ipamconfig.ParseStatic(entry); err != nil {
+			return nil, fmt.Errorf("%s: %w", opts.ConfFile, err)
+		}
 	}
 	var subnets []netip.Prefix
 	for _, set := range ip.RangeSets {
