@@ -64,8 +64,10 @@ for p in "${PODS[@]}"; do
   innode ping -c1 -W2 "${V4[$p]}" >/dev/null && echo "node -> ${V4[$p]} ok"
 done
 
-step "masquerade: one shared rule set for the network"
-innode iptables -t nat -S | grep 'village:' || true
+step "masquerade: one shared rule set for the network (nftables, or iptables on an iptables-legacy host)"
+if innode nft list table inet "village-$NET" 2>/dev/null; then :; else
+  innode iptables -t nat -S | grep 'village:' || { echo "demo.sh: no masquerade rules for $NET" >&2; exit 1; }
+fi
 
 step "CHECK"
 for p in "${PODS[@]}"; do cnitool check "$NET" "/run/netns/$p" && echo "$p ok"; done
