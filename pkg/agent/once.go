@@ -130,108 +130,142 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 		return false, err
 	}
 	defer v.close()
+	st, err := v.status(ctx)
+	if err != nil {
+		return false, err
+	}
+	st.print(w)
+	return st.clean, nil
+}
+
+// status is what `villaged status` found, gathered before anything is
+// printed.
+type status struct {
+	header, node string
+	registry     []string // lines about the registration (nil without one)
+	peers        []overlay.Node
+	byPeer       map[string][]string // what is wrong per peer
+	okState      string              // a peer's state when nothing is wrong
+	device       []string            // what is wrong with the device
+	stale        []string            // owned objects nothing wants
+	masq         string              // the masquerade line ("" without masquerade)
+	orphans      []string
+	foreign      []string
+	clean        bool
+}
+
+// status reads the kernel state against the view (without writing).
+func (v *view) status(ctx context.Context) (*status, error) {
 	d, err := v.r.Status(ctx, v.self, v.peers)
 	if err != nil {
-		return false, fmt.Errorf("reading the kernel state of node %s: %w", v.c.Node, err)
+		return nil, fmt.Errorf("reading the kernel state of node %s: %w", v.c.Node, err)
 	}
-	clean = d.Clean()
 	c := v.c
-	fmt.Fprintf(w, "network %s: backend %s", c.Net.Name, c.Backend.Type)
-	if d.Device != "" {
-		fmt.Fprintf(w, ", device %s", d.Device)
+	st := &status{clean: d.Clean(), byPeer: map[string][]string{}, okState: "ok: route, neighbour and FDB entries in place"}
+	if c.Backend.Type == netconf.BackendHostGW {
+		st.okState = "ok: route in place"
 	}
-	fmt.Fprintf(w, ", underlay %s, pod MTU %d\n", d.Underlay, c.Net.PodMTU(d.MTU))
-	fmt.Fprintf(w, "node %s: %s, pod subnets %s (%s)\n", c.Node, v.self.IP, cidrList(v.self.PodCIDRs), v.selfSrc)
+	st.header = fmt.Sprintf("network %s: backend %s", c.Net.Name, c.Backend.Type)
+	if d.Device != "" {
+		st.header += fmt.Sprintf(", device %s", d.Device)
+	}
+	st.header += fmt.Sprintf(", underlay %s, pod MTU %d", d.Underlay, c.Net.PodMTU(d.MTU))
+	st.node = fmt.Sprintf("node %s: %s, pod subnets %s (%s)", c.Node, v.self.IP, cidrList(v.self.PodCIDRs), v.selfSrc)
 	if v.src != nil {
 		want := record(c.Node, v.self.IP, v.self.PodCIDRs)
 		switch {
 		case v.registered == nil:
-			clean = false
-			fmt.Fprintf(w, "registry %s: NOT REGISTERED (is `villaged run` running?)\n", v.src.where())
+			st.clean = false
+			st.registry = append(st.registry, fmt.Sprintf("registry %s: NOT REGISTERED (is `villaged run` running?)", v.src.where()))
 		case !v.registered.Equal(want):
-			clean = false
-			fmt.Fprintf(w, "registry %s: registered as %+v, but this node is %+v\n", v.src.where(), *v.registered, want)
+			st.clean = false
+			st.registry = append(st.registry, fmt.Sprintf("registry %s: registered as %+v, but this node is %+v", v.src.where(), *v.registered, want))
 		default:
-			fmt.Fprintf(w, "registry %s: registered (revision %d)\n", v.src.where(), v.rev)
+			st.registry = append(st.registry, fmt.Sprintf("registry %s: registered (revision %d)", v.src.where(), v.rev))
 		}
 		if v.bad != nil {
-			fmt.Fprintf(w, "registry: ignored records: %v\n", v.bad)
+			st.registry = append(st.registry, fmt.Sprintf("registry: ignored records: %v", v.bad))
 		}
 	}
-
-	byPeer := map[string][]string{}
-	var device, stale []string
 	for _, ch := range d.Changes {
 		switch {
 		case ch.Object.Peer != "":
-			byPeer[ch.Object.Peer] = append(byPeer[ch.Object.Peer], describe(ch))
+			st.byPeer[ch.Object.Peer] = append(st.byPeer[ch.Object.Peer], describe(ch))
 		case ch.Op == overlay.OpDelete:
-			stale = append(stale, ch.Object.String())
+			st.stale = append(st.stale, ch.Object.String())
 		default:
-			device = append(device, describe(ch))
+			st.device = append(st.device, describe(ch))
 		}
 	}
 	for _, p := range d.Problems {
 		if peer := p.Change.Object.Peer; peer != "" {
-			byPeer[peer] = append(byPeer[peer], "problem: "+p.Err.Error())
+			st.byPeer[peer] = append(st.byPeer[peer], "problem: "+p.Err.Error())
 		} else {
-			device = append(device, "problem: "+p.Err.Error())
+			st.device = append(st.device, "problem: "+p.Err.Error())
 		}
 	}
-	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	// A static list names every node, this one too; it is not its own peer.
-	peers := slices.DeleteFunc(slices.Clone(v.peers), func(p overlay.Node) bool {
+	st.peers = slices.DeleteFunc(slices.Clone(v.peers), func(p overlay.Node) bool {
 		return p.Name == v.self.Name || p.IP.Equal(v.self.IP)
 	})
-	slices.SortFunc(peers, func(a, b overlay.Node) int { return strings.Compare(a.Name, b.Name) })
-	fmt.Fprintf(w, "peers (%d):\n", len(peers))
-	for _, p := range peers {
-		state := "ok: route, neighbour and FDB entries in place"
-		if c.Backend.Type == netconf.BackendHostGW {
-			state = "ok: route in place"
+	slices.SortFunc(st.peers, func(a, b overlay.Node) int { return strings.Compare(a.Name, b.Name) })
+	if s := v.masqSpec(); s != nil {
+		if err := masq.Check(*s); err != nil {
+			st.clean = false
+			st.masq = fmt.Sprintf("masquerade: DRIFT: %v", err)
+		} else {
+			st.masq = "masquerade: ok"
 		}
-		if len(byPeer[p.Name]) > 0 {
+	}
+	if st.orphans, st.foreign, err = c.Orphans(v.self.PodCIDRs); err != nil {
+		return nil, err
+	}
+	if len(st.orphans) > 0 {
+		st.clean = false
+	}
+	return st, nil
+}
+
+// print writes the report, one fact a line, peers as a table.
+func (st *status) print(w io.Writer) {
+	fmt.Fprintln(w, st.header)
+	fmt.Fprintln(w, st.node)
+	for _, line := range st.registry {
+		fmt.Fprintln(w, line)
+	}
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintf(w, "peers (%d):\n", len(st.peers))
+	for _, p := range st.peers {
+		state := st.okState
+		if len(st.byPeer[p.Name]) > 0 {
 			state = "DRIFT"
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", p.Name, p.IP, cidrList(p.PodCIDRs), state)
-		for _, line := range byPeer[p.Name] {
+		for _, line := range st.byPeer[p.Name] {
 			fmt.Fprintf(tw, "  \t\t\t  %s\n", line)
 		}
 	}
 	tw.Flush()
-	for _, line := range device {
+	for _, line := range st.device {
 		fmt.Fprintf(w, "device: %s\n", line)
 	}
-	for _, line := range stale {
+	for _, line := range st.stale {
 		fmt.Fprintf(w, "stale (owned, not wanted): %s\n", line)
 	}
-	if s := v.masqSpec(); s != nil {
-		if err := masq.Check(*s); err != nil {
-			clean = false
-			fmt.Fprintf(w, "masquerade: DRIFT: %v\n", err)
-		} else {
-			fmt.Fprintf(w, "masquerade: ok\n")
-		}
+	if st.masq != "" {
+		fmt.Fprintln(w, st.masq)
 	}
-	orphans, foreign, err := c.Orphans(v.self.PodCIDRs)
-	if err != nil {
-		return false, err
-	}
-	for _, o := range orphans {
+	for _, o := range st.orphans {
 		fmt.Fprintf(w, "orphan: %s\n", o)
 	}
-	for _, f := range foreign {
+	for _, f := range st.foreign {
 		fmt.Fprintf(w, "not Village's: %s\n", f)
 	}
-	if len(orphans) > 0 {
-		clean = false
-	}
-	if clean {
+	if st.clean {
 		fmt.Fprintln(w, "status: in sync")
 	} else {
 		fmt.Fprintln(w, "status: DRIFTED")
 	}
-	return clean, nil
 }
 
 // describe says what a change would fix, in words: "missing route ...".
