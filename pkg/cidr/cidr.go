@@ -50,3 +50,30 @@ func Last(p netip.Prefix) netip.Addr {
 	a, _ := netip.AddrFromSlice(b)
 	return a
 }
+
+// Range is an inclusive address range of one family.
+type Range struct{ Start, End netip.Addr }
+
+// Prefixes returns the smallest set of CIDR blocks that covers r exactly.
+func (r Range) Prefixes() []netip.Prefix {
+	var out []netip.Prefix
+	cur := r.Start
+	for {
+		bits := cur.BitLen()
+		// Grow the block while it stays aligned and inside the range.
+		best := netip.PrefixFrom(cur, bits)
+		for l := bits - 1; l >= 0; l-- {
+			p := netip.PrefixFrom(cur, l).Masked()
+			if p.Addr() != cur || r.End.Less(Last(p)) {
+				break
+			}
+			best = p
+		}
+		out = append(out, best)
+		last := Last(best)
+		if last == r.End || !last.Next().IsValid() {
+			return out
+		}
+		cur = last.Next()
+	}
+}

@@ -1,6 +1,7 @@
 package cidr_test
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -54,6 +55,24 @@ func TestLastNetworkBroadcast(t *testing.T) {
 		}
 		if !cidr.IsNetwork(p, p.Masked().Addr()) || (p.Bits() < p.Addr().BitLen() && cidr.IsNetwork(p, last)) {
 			t.Errorf("IsNetwork(%s) wrong", tc.prefix)
+		}
+	}
+}
+
+func TestRangePrefixes(t *testing.T) {
+	for _, tc := range []struct {
+		start, end string
+		want       string
+	}{
+		{"192.168.50.1", "192.168.50.254", "[192.168.50.1/32 192.168.50.2/31 192.168.50.4/30 192.168.50.8/29 192.168.50.16/28 192.168.50.32/27 192.168.50.64/26 192.168.50.128/26 192.168.50.192/27 192.168.50.224/28 192.168.50.240/29 192.168.50.248/30 192.168.50.252/31 192.168.50.254/32]"},
+		{"192.168.50.200", "192.168.50.207", "[192.168.50.200/29]"},
+		{"10.0.0.5", "10.0.0.5", "[10.0.0.5/32]"},
+		{"fd50::", "fd50::ff", "[fd50::/120]"},
+		{"255.255.255.254", "255.255.255.255", "[255.255.255.254/31]"},
+	} {
+		r := cidr.Range{Start: netip.MustParseAddr(tc.start), End: netip.MustParseAddr(tc.end)}
+		if got := fmt.Sprint(r.Prefixes()); got != tc.want {
+			t.Errorf("%s-%s: Prefixes = %s, want %s", tc.start, tc.end, got, tc.want)
 		}
 	}
 }

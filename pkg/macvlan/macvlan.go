@@ -46,11 +46,8 @@ type Config struct {
 	LinkMode netlink.MacvlanMode
 	// Ranges are the LAN ranges of the IPAM block ("subnet" or
 	// rangeStart-rangeEnd), which the host shim routes.
-	Ranges []Range `json:"-"`
+	Ranges []cidr.Range `json:"-"`
 }
-
-// Range is one LAN address range.
-type Range struct{ Start, End netip.Addr }
 
 // DefaultIfName is the pod-side name of the LAN interface.
 const DefaultIfName = "net1"
@@ -172,51 +169,27 @@ func (c *Config) parseIPAM() error {
 	return nil
 }
 
-func lanRange(subnet, start, end string) (Range, error) {
+func lanRange(subnet, start, end string) (cidr.Range, error) {
 	p, err := netip.ParsePrefix(subnet)
 	if err != nil {
-		return Range{}, err
+		return cidr.Range{}, err
 	}
 	p = p.Masked()
-	r := Range{Start: p.Addr().Next(), End: cidr.Last(p).Prev()}
+	r := cidr.Range{Start: p.Addr().Next(), End: cidr.Last(p).Prev()}
 	if start != "" {
 		if r.Start, err = netip.ParseAddr(start); err != nil {
-			return Range{}, fmt.Errorf("rangeStart: %w", err)
+			return cidr.Range{}, fmt.Errorf("rangeStart: %w", err)
 		}
 	}
 	if end != "" {
 		if r.End, err = netip.ParseAddr(end); err != nil {
-			return Range{}, fmt.Errorf("rangeEnd: %w", err)
+			return cidr.Range{}, fmt.Errorf("rangeEnd: %w", err)
 		}
 	}
 	if !p.Contains(r.Start) || !p.Contains(r.End) || r.End.Less(r.Start) {
-		return Range{}, fmt.Errorf("range %s-%s is not inside %s in order", r.Start, r.End, p)
+		return cidr.Range{}, fmt.Errorf("range %s-%s is not inside %s in order", r.Start, r.End, p)
 	}
 	return r, nil
-}
-
-// Prefixes returns the smallest set of CIDR blocks that covers r exactly.
-func (r Range) Prefixes() []netip.Prefix {
-	var out []netip.Prefix
-	cur := r.Start
-	for {
-		bits := cur.BitLen()
-		// Grow the block while it stays aligned and inside the range.
-		best := netip.PrefixFrom(cur, bits)
-		for l := bits - 1; l >= 0; l-- {
-			p := netip.PrefixFrom(cur, l).Masked()
-			if p.Addr() != cur || r.End.Less(cidr.Last(p)) {
-				break
-			}
-			best = p
-		}
-		out = append(out, best)
-		last := cidr.Last(best)
-		if last == r.End || !last.Next().IsValid() {
-			return out
-		}
-		cur = last.Next()
-	}
 }
 
 // ResolveMaster returns the master link: the named one, or the interface of

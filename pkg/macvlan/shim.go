@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/owner"
 )
@@ -40,7 +41,7 @@ func ShimName(master string) string {
 // of the block's family as source (an address that changed since, e.g. a
 // DHCP renewal, is followed). It changes nothing when all of that is in
 // place.
-func EnsureShim(master netlink.Link, ranges []Range, network string) error {
+func EnsureShim(master netlink.Link, ranges []cidr.Range, network string) error {
 	shim, err := ensureShimLink(master)
 	if err != nil {
 		return err
@@ -50,7 +51,7 @@ func EnsureShim(master netlink.Link, ranges []Range, network string) error {
 
 // RepairShim is EnsureShim for a shim that exists: nothing is made when
 // there is none (no pod has asked for it yet).
-func RepairShim(master netlink.Link, ranges []Range, network string) error {
+func RepairShim(master netlink.Link, ranges []cidr.Range, network string) error {
 	l, err := netlinksafe.LinkByName(ShimName(master.Attrs().Name))
 	if err != nil {
 		var nf netlink.LinkNotFoundError
@@ -68,7 +69,7 @@ func RepairShim(master netlink.Link, ranges []Range, network string) error {
 	return ensureShimRoutes(master, l, ranges, network)
 }
 
-func ensureShimRoutes(master, shim netlink.Link, ranges []Range, network string) error {
+func ensureShimRoutes(master, shim netlink.Link, ranges []cidr.Range, network string) error {
 	masterAddrs, err := netlinksafe.AddrList(master, netlink.FAMILY_ALL)
 	if err != nil {
 		return fmt.Errorf("failed to list addresses of %q: %w", master.Attrs().Name, err)
