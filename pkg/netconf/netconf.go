@@ -16,7 +16,6 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
-	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 )
 
@@ -97,7 +96,7 @@ type NetConf struct {
 	// Overlay is the parsed backend section (type none when absent).
 	Overlay *Backend `json:"-"`
 	// LAN is the parsed macvlan section; nil when there is none.
-	LAN *macvlan.Config `json:"-"`
+	LAN *LAN `json:"-"`
 }
 
 // EnvArgs are the CNI_ARGS keys Village understands. IP belongs to IPAM and
@@ -215,7 +214,7 @@ func (c *NetConf) validate(envArgs string) *types.Error {
 		return asCNIError(err)
 	}
 	c.Overlay = overlay
-	lan, err := macvlan.Parse(c.Macvlan)
+	lan, err := ParseLAN(c.Macvlan)
 	if err != nil {
 		return asCNIError(err)
 	}

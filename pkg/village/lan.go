@@ -43,7 +43,7 @@ func (a *adder) addLAN() error {
 	}
 	a.pushRelease(live, fmt.Sprintf("release LAN addresses of %q", lan.IfName), call)
 	link, err := a.ensureLANLink(master.Attrs().Name, lan, func() error {
-		return macvlan.Create(macvlan.PodLink{Master: master, Conf: lan, PodNSFd: int(a.pod.NS().Fd())})
+		return macvlan.Create(macvlan.PodLink{Master: master, Name: lan.IfName, MTU: lan.MTU, MAC: lan.HWAddr, Mode: lan.LinkMode, PodNSFd: int(a.pod.NS().Fd())})
 	})
 	if err != nil {
 		return err
@@ -68,7 +68,7 @@ func (a *adder) addLAN() error {
 
 // ensureLANLink returns the pod's LAN link, creating it (and registering its
 // undo) unless a previous ADD of this container made it.
-func (a *adder) ensureLANLink(master string, lan *macvlan.Config, create func() error) (netlink.Link, error) {
+func (a *adder) ensureLANLink(master string, lan *netconf.LAN, create func() error) (netlink.Link, error) {
 	existing, err := a.pod.LinkByName(lan.IfName)
 	if err != nil {
 		return nil, err

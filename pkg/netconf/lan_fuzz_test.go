@@ -1,4 +1,4 @@
-package macvlan_test
+package netconf_test
 
 import (
 	"encoding/json"
@@ -7,27 +7,12 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/village-cni/village/pkg/macvlan"
+	"github.com/village-cni/village/pkg/netconf"
 )
 
-// validIfName mirrors the kernel's dev_valid_name (plus NUL, where the
-// kernel would cut the name).
-func validIfName(name string) bool {
-	if name == "" || len(name) > 15 || name == "." || name == ".." {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		switch b := name[i]; {
-		case b == '/' || b == ':' || b == 0, b == ' ' || (b >= '\t' && b <= '\r') || b == 0xa0:
-			return false
-		}
-	}
-	return true
-}
-
-// FuzzParse feeds arbitrary macvlan sections to the parser: rejections are
+// FuzzParseLAN feeds arbitrary macvlan sections to the parser: rejections are
 // CNI config errors, and what it accepts names valid links, a known mode, a unicast MAC and ordered, zone-free ranges.
-func FuzzParse(f *testing.F) {
+func FuzzParseLAN(f *testing.F) {
 	for _, raw := range []string{
 		``, `null`,
 		`{"master":"eth0","mode":"bridge","ifName":"net1","hostShim":true,"ipam":{"type":"village-ipam","ranges":[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.50.200","rangeEnd":"192.168.50.250","gateway":"192.168.50.1"}]]}}`,
@@ -44,7 +29,7 @@ func FuzzParse(f *testing.F) {
 		f.Add([]byte(raw))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		c, err := macvlan.Parse(json.RawMessage(raw))
+		c, err := netconf.ParseLAN(json.RawMessage(raw))
 		if err != nil {
 			var te *types.Error
 			if !errors.As(err, &te) || te.Code != types.ErrInvalidNetworkConfig {

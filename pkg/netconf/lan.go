@@ -1,0 +1,178 @@
+package netconf
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/vishvananda/netlink"
+
+	"github.com/village-cni/village/pkg/cidr"
+)
+
+// LAN is the `macvlan` section of a village config: the pod's LAN
+// interface (made by pkg/macvlan).
+type LAN struct {
+	Master   string          `json:"master"`
+	Mode     string          `json:"mode"`
+	IfName   string          `json:"ifName"`
+	MTU      int             `json:"mtu"`
+	MAC      string          `json:"mac"`
+	HostShim bool            `json:"hostShim"`
+	IPAM     json.RawMessage `json:"ipam"`
+
+	// Derived by Parse.
+	IPAMType string           `json:"-"`
+	HWAddr   net.HardwareAddr `json:"-"`
+	LinkMode netlink.MacvlanMode
+	// Ranges are the LAN ranges of the IPAM block ("subnet" or
+	// rangeStart-rangeEnd), which the host shim routes.
+	Ranges []cidr.Range `json:"-"`
+}
+
+// DefaultLANIfName is the pod-side name of the LAN interface.
+const DefaultLANIfName = "net1"
+
+var macvlanModes = map[string]netlink.MacvlanMode{
+	"bridge":   netlink.MACVLAN_MODE_BRIDGE,
+	"private":  netlink.MACVLAN_MODE_PRIVATE,
+	"vepa":     netlink.MACVLAN_MODE_VEPA,
+	"passthru": netlink.MACVLAN_MODE_PASSTHRU,
+}
+
+func invalidLAN(format string, a ...any) *types.Error {
+	return types.NewError(types.ErrInvalidNetworkConfig, "invalid \"macvlan\": "+fmt.Sprintf(format, a...), "")
+}
+
+// validLinkName is utils.ValidateInterfaceName plus NUL, at which the
+// kernel would silently cut the name ("eth0\x00x" would mean eth0).
+func validLinkName(name string) *types.Error {
+	if err := utils.ValidateInterfaceName(name); err != nil {
+		return err
+	}
+	if strings.IndexByte(name, 0) >= 0 {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "interface name contains a NUL byte", name)
+	}
+	return nil
+}
+
+// ParseLAN validates a raw macvlan section. A nil/empty section returns nil.
+// That ifName differs from CNI_IFNAME is checked by the plugin's ADD, which
+// knows CNI_IFNAME.
+func ParseLAN(raw json.RawMessage) (*LAN, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	c := &LAN{}
+	if err := json.Unmarshal(raw, c); err != nil {
+		return nil, invalidLAN("%v", err)
+	}
+	if c.IfName == "" {
+		c.IfName = DefaultLANIfName
+	}
+	if err := validLinkName(c.IfName); err != nil {
+		return nil, invalidLAN("\"ifName\" %q: %s", c.IfName, err.Msg)
+	}
+	if c.Master != "" {
+		if err := validLinkName(c.Master); err != nil {
+			return nil, invalidLAN("\"master\" %q: %s", c.Master, err.Msg)
+		}
+	}
+	if c.Mode == "" {
+		c.Mode = "bridge"
+	}
+	mode, ok := macvlanModes[c.Mode]
+	if !ok {
+		return nil, invalidLAN("\"mode\" %q: one of bridge, private, vepa, passthru", c.Mode)
+	}
+	c.LinkMode = mode
+	if c.MTU < 0 || (c.MTU > 0 && c.MTU < 68) || c.MTU > 65535 {
+		return nil, invalidLAN("\"mtu\" %d: 0 (the master's) or 68-65535", c.MTU)
+	}
+	if c.MAC != "" {
+		hw, err := net.ParseMAC(c.MAC)
+		if err != nil || len(hw) != 6 || hw[0]&1 == 1 {
+			return nil, invalidLAN("\"mac\" %q: want a unicast 6-byte MAC", c.MAC)
+		}
+		c.HWAddr = hw
+	}
+	if err := c.parseIPAM(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// parseIPAM reads just enough of the LAN IPAM block: its type (which must be
+// a bare plugin name) and its ranges, for the host shim's routes.
+func (c *LAN) parseIPAM() error {
+	var ipam struct {
+		Type       string `json:"type"`
+		Subnet     string `json:"subnet"`
+		RangeStart string `json:"rangeStart"`
+		RangeEnd   string `json:"rangeEnd"`
+		Ranges     [][]struct {
+			Subnet     string `json:"subnet"`
+			RangeStart string `json:"rangeStart"`
+			RangeEnd   string `json:"rangeEnd"`
+		} `json:"ranges"`
+	}
+	if len(c.IPAM) == 0 {
+		return invalidLAN("\"ipam\" is required: the LAN interface needs an address")
+	}
+	if err := json.Unmarshal(c.IPAM, &ipam); err != nil {
+		return invalidLAN("\"ipam\": %v", err)
+	}
+	if ipam.Type == "" {
+		return invalidLAN("\"ipam.type\" is required")
+	}
+	c.IPAMType = ipam.Type
+	add := func(subnet, start, end string) error {
+		if subnet == "" {
+			return nil
+		}
+		r, err := lanRange(subnet, start, end)
+		if err != nil {
+			return invalidLAN("\"ipam\" range %s: %v", subnet, err)
+		}
+		c.Ranges = append(c.Ranges, r)
+		return nil
+	}
+	if err := add(ipam.Subnet, ipam.RangeStart, ipam.RangeEnd); err != nil {
+		return err
+	}
+	for _, set := range ipam.Ranges {
+		for _, r := range set {
+			if err := add(r.Subnet, r.RangeStart, r.RangeEnd); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func lanRange(subnet, start, end string) (cidr.Range, error) {
+	p, err := netip.ParsePrefix(subnet)
+	if err != nil {
+		return cidr.Range{}, err
+	}
+	p = p.Masked()
+	r := cidr.Range{Start: p.Addr().Next(), End: cidr.Last(p).Prev()}
+	if start != "" {
+		if r.Start, err = netip.ParseAddr(start); err != nil {
+			return cidr.Range{}, fmt.Errorf("rangeStart: %w", err)
+		}
+	}
+	if end != "" {
+		if r.End, err = netip.ParseAddr(end); err != nil {
+			return cidr.Range{}, fmt.Errorf("rangeEnd: %w", err)
+		}
+	}
+	if !p.Contains(r.Start) || !p.Contains(r.End) || r.End.Less(r.Start) {
+		return cidr.Range{}, fmt.Errorf("range %s-%s is not inside %s in order", r.Start, r.End, p)
+	}
+	return r, nil
+}
