@@ -51,6 +51,17 @@ func Last(p netip.Prefix) netip.Addr {
 	return a
 }
 
+// LastHost is the highest address of p a host may have, the default end of
+// a range in host-local and village-ipam: IPv4's last address is the
+// broadcast address and is left out, IPv6 has no broadcast address.
+func LastHost(p netip.Prefix) netip.Addr {
+	last := Last(p)
+	if p.Addr().Is4() {
+		return last.Prev()
+	}
+	return last
+}
+
 // Range is an inclusive address range of one family.
 type Range struct{ Start, End netip.Addr }
 

@@ -76,3 +76,16 @@ func TestRangePrefixes(t *testing.T) {
 		}
 	}
 }
+
+func TestLastHost(t *testing.T) {
+	for prefix, want := range map[string]string{
+		"10.1.2.0/24":   "10.1.2.254", // the broadcast address is no host
+		"10.1.2.128/25": "10.1.2.254",
+		"fd00::/120":    "fd00::ff", // IPv6 has no broadcast address
+		"fd00:1:2::/64": "fd00:1:2:0:ffff:ffff:ffff:ffff",
+	} {
+		if got := cidr.LastHost(netip.MustParsePrefix(prefix)); got.String() != want {
+			t.Errorf("LastHost(%s) = %s, want %s", prefix, got, want)
+		}
+	}
+}

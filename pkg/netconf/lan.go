@@ -160,7 +160,7 @@ func lanRange(subnet, start, end string) (cidr.Range, error) {
 		return cidr.Range{}, err
 	}
 	p = p.Masked()
-	r := cidr.Range{Start: p.Addr().Next(), End: cidr.Last(p).Prev()}
+	r := cidr.Range{Start: p.Addr().Next(), End: cidr.LastHost(p)} // the range village-ipam hands out
 	if start != "" {
 		if r.Start, err = netip.ParseAddr(start); err != nil {
 			return cidr.Range{}, fmt.Errorf("rangeStart: %w", err)

@@ -575,10 +575,7 @@ func parseRange(field string, rr rawRange) (Range, error) {
 		return a, nil
 	}
 	first := p.Addr().Next()
-	last := cidr.Last(p)
-	if p.Addr().Is4() {
-		last = last.Prev()
-	}
+	last := cidr.LastHost(p)
 	if r.Gateway, err = parseIn("gateway", rr.Gateway, first); err != nil {
 		return r, err
 	}
