@@ -37,51 +37,14 @@ func TestSharedLANPoolThroughEtcd(t *testing.T) {
 	}
 
 	// 12 pods, 6 per node, all added at once: distinct LAN addresses.
-	type placed struct {
-		node int
-		pod  *Pod
-		ip   string
-	}
-	var mu sync.Mutex
-	var all []placed
-	var wg sync.WaitGroup
-	errs := make(chan error, 12)
-	for i := range 12 {
-		node := i % 2
-		p := nodes[node].NewPod()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res, err := nodes[node].Add(lists[node], p)
-			if err != nil {
-				errs <- err
-				return
-			}
-			cur, _ := current.NewResultFromResult(res)
-			mu.Lock()
-			all = append(all, placed{node, p, lanIP(t, cur)})
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("parallel ADD on two nodes: %v", err)
-	}
-	seen := map[string]bool{}
-	for _, p := range all {
-		if seen[p.ip] {
-			t.Fatalf("LAN address %s handed out twice across nodes", p.ip)
-		}
-		seen[p.ip] = true
-	}
+	all := addLANPodsAtOnce(t, nodes, lists, 12)
 	// The LAN host reaches every pod; each node reaches its own pods through
 	// its shim; a pod on node 1 reaches a pod on node 2 over the LAN.
 	for _, p := range all {
 		must(t, testenv.Ping(host, p.ip, 2), "LAN host -> %s", p.ip)
 		must(t, testenv.Ping(nodes[p.node].NS, p.ip, 2), "node %d -> its pod %s", p.node+1, p.ip)
 	}
-	var a, b placed
+	var a, b lanPod
 	for _, p := range all {
 		if p.node == 0 {
 			a = p
@@ -142,4 +105,49 @@ func TestSharedLANPoolThroughEtcd(t *testing.T) {
 	for i := range 12 {
 		nodes[i%2].MustAdd(lists[i%2], nodes[i%2].NewPod())
 	}
+}
+
+// lanPod is a pod placed on one of several nodes with its LAN address.
+type lanPod struct {
+	node int
+	pod  *Pod
+	ip   string
+}
+
+// addLANPodsAtOnce adds n pods, alternating between the nodes, all at once,
+// and fails when any ADD fails or two pods got the same LAN address.
+func addLANPodsAtOnce(t *testing.T, nodes []*Node, lists []*libcni.NetworkConfigList, n int) []lanPod {
+	t.Helper()
+	var mu sync.Mutex
+	var all []lanPod
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		node := i % len(nodes)
+		p := nodes[node].NewPod()
+		wg.Go(func() {
+			res, err := nodes[node].Add(lists[node], p)
+			if err != nil {
+				errs <- err
+				return
+			}
+			cur, _ := current.NewResultFromResult(res)
+			mu.Lock()
+			all = append(all, lanPod{node, p, lanIP(t, cur)})
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("parallel ADD on %d nodes: %v", len(nodes), err)
+	}
+	seen := map[string]bool{}
+	for _, p := range all {
+		if seen[p.ip] {
+			t.Fatalf("LAN address %s handed out twice across nodes", p.ip)
+		}
+		seen[p.ip] = true
+	}
+	return all
 }

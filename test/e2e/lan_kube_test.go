@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
-	current "github.com/containernetworking/cni/pkg/types/100"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/village-cni/village/internal/kubetest"
@@ -35,48 +33,13 @@ func TestSharedLANPoolThroughKubernetes(t *testing.T) {
 		store := fmt.Sprintf(`,"store":{"type":"kubernetes","kubeconfig":%q,"namespace":"default","nodeName":"node%d"}`, kube.AdminKubeconfig, i)
 		lists = append(lists, ConfList(t, lanList(n, "shared", fmt.Sprintf("10.53.%d.0/24", i), "192.168.77.200", "192.168.77.211", store)))
 	}
-	type placed struct {
-		node int
-		pod  *Pod
-		ip   string
-	}
-	var mu sync.Mutex
-	var all []placed
-	var wg sync.WaitGroup
-	errs := make(chan error, 12)
-	for i := range 12 {
-		node := i % 2
-		p := nodes[node].NewPod()
-		wg.Go(func() {
-			res, err := nodes[node].Add(lists[node], p)
-			if err != nil {
-				errs <- err
-				return
-			}
-			cur, _ := current.NewResultFromResult(res)
-			mu.Lock()
-			all = append(all, placed{node, p, lanIP(t, cur)})
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("parallel ADD on two nodes: %v", err)
-	}
-	seen := map[string]bool{}
-	for _, p := range all {
-		if seen[p.ip] {
-			t.Fatalf("LAN address %s handed out twice across nodes", p.ip)
-		}
-		seen[p.ip] = true
-	}
+	all := addLANPodsAtOnce(t, nodes, lists, 12)
 	leases, err := kube.Client.CoordinationV1().Leases("default").List(context.Background(), metav1.ListOptions{LabelSelector: "village.cni.io/ipam-kind=address"})
 	must(t, err, "listing the allocation Leases")
 	if len(leases.Items) != 12 {
 		t.Fatalf("%d allocation Leases, want 12", len(leases.Items))
 	}
-	var a, b placed
+	var a, b lanPod
 	for _, p := range all {
 		if p.node == 0 {
 			a = p
