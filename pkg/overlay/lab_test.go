@@ -1,18 +1,15 @@
 package overlay_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -230,58 +227,17 @@ func (c *cluster) pingAll(t testing.TB) {
 }
 
 // capture records packets matching filter on every port of a segment until stop.
-type capture struct {
-	cmd *exec.Cmd
-	out bytes.Buffer
-}
+type capture struct{ *testenv.Capture }
 
-func startCapture(t testing.TB, seg ns.NetNS, filter string) *capture {
+func startCapture(t testing.TB, seg ns.NetNS, filter string) capture {
 	t.Helper()
-	c := &capture{}
-	c.cmd = exec.Command("ip", "netns", "exec", nsName(seg), "tcpdump", "-i", "any", "-nn", "-l", "-U", "-p", filter)
-	c.cmd.Stdout = &c.out
-	stderr, err := c.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.cmd.Start(); err != nil {
-		t.Fatalf("tcpdump: %v", err)
-	}
-	t.Cleanup(func() { c.stop() })
-	ready := make(chan string, 1)
-	go func() {
-		buf := make([]byte, 4096)
-		var seen []byte
-		for {
-			k, err := stderr.Read(buf)
-			seen = append(seen, buf[:k]...)
-			if bytes.Contains(seen, []byte("listening on")) || err != nil {
-				ready <- string(seen)
-				_, _ = bytes.NewBuffer(nil).ReadFrom(stderr)
-				return
-			}
-		}
-	}()
-	select {
-	case msg := <-ready:
-		if !strings.Contains(msg, "listening on") {
-			t.Fatalf("tcpdump did not start: %s", msg)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("tcpdump did not start in 10s")
-	}
-	return c
+	return capture{testenv.StartCapture(t, seg, "any", filter)}
 }
 
 // stop ends the capture and returns the packet lines it printed.
-func (c *capture) stop() []string {
-	if c.cmd.ProcessState == nil {
-		time.Sleep(300 * time.Millisecond) // let the last packets through
-		_ = c.cmd.Process.Signal(os.Interrupt)
-		_ = c.cmd.Wait()
-	}
+func (c capture) stop() []string {
 	var lines []string
-	for _, l := range strings.Split(c.out.String(), "\n") {
+	for _, l := range strings.Split(c.Stop(), "\n") {
 		if strings.TrimSpace(l) != "" {
 			lines = append(lines, l)
 		}
