@@ -26,15 +26,7 @@ func TestSharedLANPoolThroughEtcd(t *testing.T) {
 	etcd := etcdtest.StartIn(t, host, "192.168.77.5")
 	store := fmt.Sprintf(`,"store":{"type":"etcd","endpoints":[%q],"prefix":"/lan-e2e"}`, etcd.Endpoints[0])
 
-	var nodes []*Node
-	var lists []*libcni.NetworkConfigList
-	for i := 1; i <= 2; i++ {
-		n := NewNode(t)
-		lan.Attach(t, n.NS, "lan0", fmt.Sprintf("192.168.77.1%d/24", i))
-		nodes = append(nodes, n)
-		// 192.168.77.200-211: 12 LAN addresses shared by both nodes.
-		lists = append(lists, ConfList(t, lanList(n, "shared", fmt.Sprintf("10.52.%d.0/24", i), "192.168.77.200", "192.168.77.211", store)))
-	}
+	nodes, lists := sharedLANNodes(t, lan, "10.52", func(int) string { return store })
 
 	// 12 pods, 6 per node, all added at once: distinct LAN addresses.
 	all := addLANPodsAtOnce(t, nodes, lists, 12)
@@ -105,6 +97,23 @@ func TestSharedLANPoolThroughEtcd(t *testing.T) {
 	for i := range 12 {
 		nodes[i%2].MustAdd(lists[i%2], nodes[i%2].NewPod())
 	}
+}
+
+// sharedLANNodes makes two nodes on lan (192.168.77.11 and .12) with the
+// "shared" network: pod subnet <podNet>.<i>.0/24 and LAN addresses from
+// 192.168.77.200-211, 12 addresses both nodes share through the store
+// section storeOf(i) returns for node i (1 and 2).
+func sharedLANNodes(t *testing.T, lan *LAN, podNet string, storeOf func(i int) string) ([]*Node, []*libcni.NetworkConfigList) {
+	t.Helper()
+	var nodes []*Node
+	var lists []*libcni.NetworkConfigList
+	for i := 1; i <= 2; i++ {
+		n := NewNode(t)
+		lan.Attach(t, n.NS, "lan0", fmt.Sprintf("192.168.77.1%d/24", i))
+		nodes = append(nodes, n)
+		lists = append(lists, ConfList(t, lanList(n, "shared", fmt.Sprintf("%s.%d.0/24", podNet, i), "192.168.77.200", "192.168.77.211", storeOf(i))))
+	}
+	return nodes, lists
 }
 
 // lanPod is a pod placed on one of several nodes with its LAN address.

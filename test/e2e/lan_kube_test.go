@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/libcni"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/village-cni/village/internal/kubetest"
@@ -24,15 +23,9 @@ func TestSharedLANPoolThroughKubernetes(t *testing.T) {
 	lan.Attach(t, host, "eth0", "192.168.77.5/24")
 	kube := kubetest.Start(t, kubetest.Options{NetNS: host, IP: "192.168.77.5"})
 
-	var nodes []*Node
-	var lists []*libcni.NetworkConfigList
-	for i := 1; i <= 2; i++ {
-		n := NewNode(t)
-		lan.Attach(t, n.NS, "lan0", fmt.Sprintf("192.168.77.1%d/24", i))
-		nodes = append(nodes, n)
-		store := fmt.Sprintf(`,"store":{"type":"kubernetes","kubeconfig":%q,"namespace":"default","nodeName":"node%d"}`, kube.AdminKubeconfig, i)
-		lists = append(lists, ConfList(t, lanList(n, "shared", fmt.Sprintf("10.53.%d.0/24", i), "192.168.77.200", "192.168.77.211", store)))
-	}
+	nodes, lists := sharedLANNodes(t, lan, "10.53", func(i int) string {
+		return fmt.Sprintf(`,"store":{"type":"kubernetes","kubeconfig":%q,"namespace":"default","nodeName":"node%d"}`, kube.AdminKubeconfig, i)
+	})
 	all := addLANPodsAtOnce(t, nodes, lists, 12)
 	leases, err := kube.Client.CoordinationV1().Leases("default").List(context.Background(), metav1.ListOptions{LabelSelector: "village.cni.io/ipam-kind=address"})
 	must(t, err, "listing the allocation Leases")
