@@ -130,6 +130,7 @@ type planner struct {
 	b        backend
 	e        env
 	self     Node
+	own      map[string]bool // self's pod subnets (canonical)
 	d        desired
 	problems []Failure
 }
@@ -142,6 +143,10 @@ func plan(b backend, e env, self Node, peers []Node) (desired, []Failure) {
 	}}
 	if b == nil {
 		return p.d, nil
+	}
+	p.own = make(map[string]bool, len(self.PodCIDRs))
+	for _, c := range self.PodCIDRs {
+		p.own[canonical(c).String()] = true
 	}
 	// In a total order (name first) so that conflicts resolve the same way
 	// whatever order the caller's list comes in.
@@ -194,50 +199,47 @@ func checkPeer(n Node, seen map[string]bool) error {
 }
 
 func (p *planner) addCIDR(peer Node, cidr *net.IPNet) {
-	if err := p.checkCIDR(peer, cidr); err != nil {
-		p.problem(peer, cidr.String(), err)
-		p.hold(peer, cidr)
-		return
-	}
-	h, err := p.b.hop(p.e, peer, cidr)
+	key := cidr.String() // the route's: every backend routes cidr itself
+	err := p.checkCIDR(peer, cidr, key)
+	var h hop
 	if err == nil {
-		err = p.checkHop(h)
+		h, err = p.b.hop(p.e, peer, cidr)
+	}
+	var nk, fk string
+	if err == nil && h.neigh != nil {
+		nk, fk = h.neigh.key(), h.fdb.key()
+		err = p.checkHop(h, nk, fk)
 	}
 	if err != nil {
-		p.problem(peer, cidr.String(), err)
+		p.problem(peer, key, err)
 		p.hold(peer, cidr)
 		return
 	}
 	h.route.metric = p.e.metric
-	p.d.routes[h.route.key()] = h.route
+	p.d.routes[key] = h.route
 	if h.neigh != nil {
-		p.d.neighs[h.neigh.key()] = *h.neigh
-		p.d.fdbs[h.fdb.key()] = *h.fdb
+		p.d.neighs[nk] = *h.neigh
+		p.d.fdbs[fk] = *h.fdb
 	}
 }
 
-func (p *planner) checkCIDR(peer Node, cidr *net.IPNet) error {
-	for _, own := range p.self.PodCIDRs {
-		if canonical(own).String() == cidr.String() {
-			return fmt.Errorf("peer %s claims pod subnet %s, which is this node's: %w", peer.Name, cidr, ErrConflict)
-		}
+func (p *planner) checkCIDR(peer Node, cidr *net.IPNet, key string) error {
+	if p.own[key] {
+		return fmt.Errorf("peer %s claims pod subnet %s, which is this node's: %w", peer.Name, cidr, ErrConflict)
 	}
-	if other, ok := p.d.routes[cidr.String()]; ok {
+	if other, ok := p.d.routes[key]; ok {
 		return fmt.Errorf("peer %s claims pod subnet %s, already routed to peer %s: %w", peer.Name, cidr, other.peer, ErrConflict)
 	}
 	return nil
 }
 
-// checkHop rejects a hop whose neighbour or FDB entry would overwrite
-// another peer's (same VTEP address, or same VTEP MAC elsewhere).
-func (p *planner) checkHop(h hop) error {
-	if h.neigh == nil {
-		return nil
-	}
-	if n, ok := p.d.neighs[h.neigh.key()]; ok && n.peer != h.neigh.peer {
+// checkHop rejects a hop whose neighbour or FDB entry (keys nk, fk) would
+// overwrite another peer's (same VTEP address, or same VTEP MAC elsewhere).
+func (p *planner) checkHop(h hop, nk, fk string) error {
+	if n, ok := p.d.neighs[nk]; ok && n.peer != h.neigh.peer {
 		return fmt.Errorf("peer %s: VTEP address %s is already peer %s's: %w", h.neigh.peer, h.neigh.ip, n.peer, ErrConflict)
 	}
-	if f, ok := p.d.fdbs[h.fdb.key()]; ok && f.peer != h.fdb.peer {
+	if f, ok := p.d.fdbs[fk]; ok && f.peer != h.fdb.peer {
 		return fmt.Errorf("peer %s: VTEP MAC %s is already peer %s's: %w", h.fdb.peer, h.fdb.mac, f.peer, ErrConflict)
 	}
 	return nil

@@ -12,38 +12,58 @@ import (
 // a concurrent change (NLM_F_DUMP_INTR).
 const dumpRetries = 5
 
-// observed is what the kernel has, read with one dump per kind.
-type observed struct {
-	owned  []netlink.Route            // this network's: our protocol and metric
+// current is the state the engine (apply) compares a plan with: this
+// network's routes, neighbour and FDB entries as the kernel carries them
+// (observe: one dump per kind, for Set and Status), or as the last
+// successful pass left them (believed: the baseline plan, for Update, which
+// reads nothing back).
+type current struct {
+	owned  []keyed[netlink.Route]     // this network's: our protocol and metric
 	others map[string][]netlink.Route // everyone else's (other protocols, other networks), by destination
-	neighs []netlink.Neigh            // permanent entries on the VXLAN device
-	fdbs   []netlink.Neigh            // permanent entries with a destination on it
-	devs   map[int]string             // link names of owned routes
+	neighs []keyed[netlink.Neigh]     // permanent entries on the VXLAN device
+	fdbs   []keyed[netlink.Neigh]     // permanent entries with a destination on it
+	devs   map[int]string             // link names of owned objects
+	// blind: only this network's objects are known (a baseline, not a
+	// dump), so others is empty and someone else's route in the way of a
+	// new one is asked of the kernel (blockerOf).
+	blind bool
 
-	// indexes of the above by the kernel's identity of each kind
-	ownedByDst map[string][]netlink.Route
-	neighByIP  map[string][]netlink.Neigh
-	fdbByMAC   map[string][]netlink.Neigh
+	// the above by key (destination, address, MAC): the kernel's identity
+	// of each kind
+	ownedByDst map[string][]keyed[netlink.Route]
+	neighByIP  map[string][]keyed[netlink.Neigh]
+	fdbByMAC   map[string][]keyed[netlink.Neigh]
 }
 
-func (o *observed) index() {
-	o.ownedByDst = make(map[string][]netlink.Route, len(o.owned))
-	o.neighByIP = make(map[string][]netlink.Neigh, len(o.neighs))
-	o.fdbByMAC = make(map[string][]netlink.Neigh, len(o.fdbs))
-	for _, rt := range o.owned {
-		o.ownedByDst[rt.Dst.String()] = append(o.ownedByDst[rt.Dst.String()], rt)
+// keyed is a kernel object with its key (destination, address or MAC).
+type keyed[T any] struct {
+	key string
+	obj T
+}
+
+func byKey[T any](s []keyed[T]) map[string][]keyed[T] {
+	m := make(map[string][]keyed[T], len(s))
+	for _, o := range s {
+		m[o.key] = append(m[o.key], o)
 	}
-	for _, n := range o.neighs {
-		o.neighByIP[n.IP.String()] = append(o.neighByIP[n.IP.String()], n)
+	return m
+}
+
+func keyAll(s []netlink.Neigh, key func(netlink.Neigh) string) []keyed[netlink.Neigh] {
+	out := make([]keyed[netlink.Neigh], len(s))
+	for i, n := range s {
+		out[i] = keyed[netlink.Neigh]{key(n), n}
 	}
-	for _, n := range o.fdbs {
-		o.fdbByMAC[n.HardwareAddr.String()] = append(o.fdbByMAC[n.HardwareAddr.String()], n)
-	}
+	return out
+}
+
+func (o *current) index() {
+	o.ownedByDst, o.neighByIP, o.fdbByMAC = byKey(o.owned), byKey(o.neighs), byKey(o.fdbs)
 }
 
 // blocker is a route of someone else at want's destination that the kernel
 // would prefer to want (a metric no higher), nil when there is none.
-func (o *observed) blocker(want route) *netlink.Route {
+func (o *current) blocker(want route) *netlink.Route {
 	for _, rt := range o.others[want.key()] {
 		if rt.Priority <= want.priority() {
 			return &rt
@@ -52,14 +72,46 @@ func (o *observed) blocker(want route) *netlink.Route {
 	return nil
 }
 
+// believed is what the kernel carries after plan d was applied without a
+// failure: its objects as the kernel writes them.
+func believed(d desired) current {
+	o := current{blind: true, devs: map[int]string{},
+		owned:      make([]keyed[netlink.Route], 0, len(d.routes)),
+		neighs:     make([]keyed[netlink.Neigh], 0, len(d.neighs)),
+		fdbs:       make([]keyed[netlink.Neigh], 0, len(d.fdbs)),
+		ownedByDst: make(map[string][]keyed[netlink.Route], len(d.routes)),
+		neighByIP:  make(map[string][]keyed[netlink.Neigh], len(d.neighs)),
+		fdbByMAC:   make(map[string][]keyed[netlink.Neigh], len(d.fdbs)),
+	}
+	for k, rt := range d.routes {
+		o.owned = append(o.owned, keyed[netlink.Route]{k, *rt.spec()})
+		o.ownedByDst[k] = last(o.owned)
+		o.devs[rt.link.index] = rt.link.name
+	}
+	for k, n := range d.neighs {
+		o.neighs = append(o.neighs, keyed[netlink.Neigh]{k, *n.spec()})
+		o.neighByIP[k] = last(o.neighs)
+		o.devs[n.link.index] = n.link.name
+	}
+	for k, f := range d.fdbs {
+		o.fdbs = append(o.fdbs, keyed[netlink.Neigh]{k, *f.spec()})
+		o.fdbByMAC[k] = last(o.fdbs)
+		o.devs[f.link.index] = f.link.name
+	}
+	return o
+}
+
+// last is the last element of s as a slice of its own (no room to append).
+func last[T any](s []T) []T { return s[len(s)-1 : len(s) : len(s)] }
+
 // observe reads the routes, and the neighbour and FDB entries of vtep.
 // wanted are the routes the pass plans: a route Village made before routes
 // carried the network's metric (protocol RouteProtocol, the kernel's
 // default metric) is taken over as this network's when it goes to one of
 // those destinations or lies on this network's VXLAN device, so an upgrade
 // replaces it instead of leaving it in front of the new one.
-func (r *Reconciler) observe(vtep linkRef, wanted map[string]route, known ...linkRef) (observed, error) {
-	o := observed{others: map[string][]netlink.Route{}, devs: map[int]string{}}
+func (r *Reconciler) observe(vtep linkRef, wanted map[string]route, known ...linkRef) (current, error) {
+	o := current{others: map[string][]netlink.Route{}, devs: map[int]string{}}
 	for _, l := range append(known, vtep) {
 		if l.index != 0 {
 			o.devs[l.index] = l.name
@@ -69,19 +121,22 @@ func (r *Reconciler) observe(vtep linkRef, wanted map[string]route, known ...lin
 		return o, err
 	}
 	if vtep.index != 0 {
-		var err error
-		if o.neighs, err = r.vtepEntries(vtep, netlink.FAMILY_ALL); err != nil {
+		neighs, err := r.vtepEntries(vtep, netlink.FAMILY_ALL)
+		if err != nil {
 			return o, err
 		}
-		if o.fdbs, err = r.vtepEntries(vtep, unix.AF_BRIDGE); err != nil {
+		fdbs, err := r.vtepEntries(vtep, unix.AF_BRIDGE)
+		if err != nil {
 			return o, err
 		}
+		o.neighs = keyAll(neighs, func(n netlink.Neigh) string { return n.IP.String() })
+		o.fdbs = keyAll(fdbs, func(n netlink.Neigh) string { return n.HardwareAddr.String() })
 	}
 	o.index()
 	return o, nil
 }
 
-func (r *Reconciler) observeRoutes(o *observed, vtep linkRef, wanted map[string]route) error {
+func (r *Reconciler) observeRoutes(o *current, vtep linkRef, wanted map[string]route) error {
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		routes, err := r.routeDump(fam)
 		if err != nil {
@@ -91,22 +146,23 @@ func (r *Reconciler) observeRoutes(o *observed, vtep linkRef, wanted map[string]
 			if rt.Dst == nil {
 				continue // default routes are never ours and never in the way
 			}
-			_, want := wanted[rt.Dst.String()]
+			k := rt.Dst.String()
+			_, want := wanted[k]
 			legacy := rt.Protocol == RouteProtocol && rt.Priority == defaultPriority(rt.Dst.IP) &&
 				(want || (vtep.index != 0 && rt.LinkIndex == vtep.index))
 			if (rt.Protocol == RouteProtocol && rt.Priority == r.metric) || legacy {
-				o.owned = append(o.owned, rt)
+				o.owned = append(o.owned, keyed[netlink.Route]{k, rt})
 				r.linkName(o, rt.LinkIndex)
 				continue
 			}
-			o.others[rt.Dst.String()] = append(o.others[rt.Dst.String()], rt)
+			o.others[k] = append(o.others[k], rt)
 		}
 	}
 	return nil
 }
 
 // linkName records the name of a link owned routes are on (for reports).
-func (r *Reconciler) linkName(o *observed, index int) {
+func (r *Reconciler) linkName(o *current, index int) {
 	if _, ok := o.devs[index]; ok {
 		return
 	}

@@ -60,10 +60,18 @@ func (rt route) spec() *netlink.Route {
 
 // matches reports whether a kernel route is exactly this one.
 func (rt route) matches(k netlink.Route) bool {
-	return k.Dst != nil && k.Dst.String() == rt.key() &&
+	return k.Dst != nil && sameNet(k.Dst, rt.dst) &&
 		k.Gw.Equal(rt.gw) && k.LinkIndex == rt.link.index && len(k.MultiPath) == 0 &&
 		(k.Flags&int(netlink.FLAG_ONLINK) != 0) == rt.onlink &&
 		k.Priority == rt.priority()
+}
+
+// sameNet reports whether two prefixes are the same (without formatting
+// either).
+func sameNet(a, b *net.IPNet) bool {
+	ao, ab := a.Mask.Size()
+	bo, bb := b.Mask.Size()
+	return ao == bo && ab == bb && a.IP.Equal(b.IP)
 }
 
 // kernelRouteObject names a route found in the kernel.

@@ -107,7 +107,7 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 	if err != nil {
 		return out, err
 	}
-	r.applyDiff(rc, d, o)
+	r.apply(rc, d, o)
 	if !needsVTEP {
 		r.removeVTEP(rc)
 	}
@@ -124,7 +124,7 @@ func (r *Reconciler) sweep(rc *recorder) error {
 	if err != nil {
 		return err
 	}
-	r.applyDiff(rc, desired{}, o)
+	r.apply(rc, desired{}, o)
 	r.removeVTEP(rc)
 	return nil
 }

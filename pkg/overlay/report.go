@@ -107,6 +107,12 @@ type recorder struct {
 // do applies c with f. A failed change is recorded and its error returned;
 // once the context is done nothing more runs.
 func (rc *recorder) do(c Change, f func() error) error {
+	return rc.doAs(c, func(*Change) error { return f() })
+}
+
+// doAs is do for a write that learns its op as it runs: f may change c.Op
+// (an add that finds the object there and replaces it).
+func (rc *recorder) doAs(c Change, f func(*Change) error) error {
 	if rc.stopped != nil {
 		return rc.stopped
 	}
@@ -115,7 +121,7 @@ func (rc *recorder) do(c Change, f func() error) error {
 		return rc.stopped
 	}
 	if !rc.dry {
-		if err := f(); err != nil {
+		if err := f(&c); err != nil {
 			return rc.fail(c, fmt.Errorf("%s: %w", c, err))
 		}
 	}
