@@ -65,7 +65,6 @@ type Config struct {
 	Underlay string // interface name; "" = the interface of the default route
 	VNI      int    // 0 = DefaultVNI
 	Port     int    // 0 = DefaultPort
-	MTU      int    // VXLAN device MTU; 0 = underlay MTU less the VXLAN overhead
 	// Network names the network these objects belong to (the conflist's
 	// name). It sets the metric of every route ([Metric]) and the alias of
 	// the VXLAN device ([Alias]), which is how a network tells its objects
@@ -78,7 +77,7 @@ type Config struct {
 }
 
 // Validate reports (wrapping ErrConfig) what New would reject in c: the
-// mode, VNI, port, MTU and the device name. The plugin's config parser calls
+// mode, VNI, port and the device name. The plugin's config parser calls
 // it, so the limits live only here.
 func (c Config) Validate() error {
 	_, err := c.normalize()
@@ -104,8 +103,6 @@ func (c Config) normalize() (Config, error) {
 		return c, fmt.Errorf("%w: vni %d (want 1..16777215)", ErrConfig, c.VNI)
 	case c.Port < 1 || c.Port > 65535:
 		return c, fmt.Errorf("%w: port %d (want 1..65535)", ErrConfig, c.Port)
-	case c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535):
-		return c, fmt.Errorf("%w: mtu %d (want 0 for automatic, or 68..65535)", ErrConfig, c.MTU)
 	case len(DeviceName(c.VNI)) >= unix.IFNAMSIZ:
 		return c, fmt.Errorf("%w: device name %s is too long", ErrConfig, DeviceName(c.VNI))
 	}

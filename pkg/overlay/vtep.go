@@ -23,6 +23,9 @@ type vtepSpec struct {
 	addrs    []*net.IPNet // the VTEP addresses: network address of each own pod subnet
 }
 
+// vtepSpecFor is the device for this underlay and node. Its MTU, the
+// underlay's less the VXLAN overhead, is decided here only; the Report
+// carries it to netconf.NetConf.PodMTU.
 func (r *Reconciler) vtepSpecFor(u underlay, self Node) vtepSpec {
 	s := vtepSpec{
 		name:     r.Device(),
@@ -30,12 +33,9 @@ func (r *Reconciler) vtepSpecFor(u underlay, self Node) vtepSpec {
 		port:     r.cfg.Port,
 		local:    u.ip,
 		underlay: u.link.Attrs().Index,
-		mtu:      r.cfg.MTU,
+		mtu:      u.mtu() - Overhead(u.ip),
 		mac:      self.VtepMAC,
 		alias:    r.alias(),
-	}
-	if s.mtu == 0 {
-		s.mtu = u.mtu() - Overhead(u.ip)
 	}
 	if s.mac == nil {
 		s.mac = DeriveMAC(u.ip)
