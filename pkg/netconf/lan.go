@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/netip"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -12,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/village-cni/village/pkg/cidr"
+	"github.com/village-cni/village/pkg/ipam/config"
 )
 
 // LAN is the `macvlan` section of a village config: the pod's LAN
@@ -106,73 +106,26 @@ func ParseLAN(raw json.RawMessage) (*LAN, error) {
 	return c, nil
 }
 
-// parseIPAM reads just enough of the LAN IPAM block: its type (which must be
-// a bare plugin name) and its ranges, for the host shim's routes.
+// parseIPAM reads just enough of the LAN IPAM block, through the IPAM
+// config package (the block may belong to another plugin with host-local's
+// range keys): its type, which must be a bare plugin name, and its ranges,
+// for the host shim's routes.
 func (c *LAN) parseIPAM() error {
-	var ipam struct {
-		Type       string `json:"type"`
-		Subnet     string `json:"subnet"`
-		RangeStart string `json:"rangeStart"`
-		RangeEnd   string `json:"rangeEnd"`
-		Ranges     [][]struct {
-			Subnet     string `json:"subnet"`
-			RangeStart string `json:"rangeStart"`
-			RangeEnd   string `json:"rangeEnd"`
-		} `json:"ranges"`
-	}
 	if len(c.IPAM) == 0 {
 		return invalidLAN("\"ipam\" is required: the LAN interface needs an address")
 	}
-	if err := json.Unmarshal(c.IPAM, &ipam); err != nil {
+	typ, sets, err := config.ParseRanges(c.IPAM)
+	if err != nil {
 		return invalidLAN("\"ipam\": %v", err)
 	}
-	if ipam.Type == "" {
+	if typ == "" {
 		return invalidLAN("\"ipam.type\" is required")
 	}
-	c.IPAMType = ipam.Type
-	add := func(subnet, start, end string) error {
-		if subnet == "" {
-			return nil
-		}
-		r, err := lanRange(subnet, start, end)
-		if err != nil {
-			return invalidLAN("\"ipam\" range %s: %v", subnet, err)
-		}
-		c.Ranges = append(c.Ranges, r)
-		return nil
-	}
-	if err := add(ipam.Subnet, ipam.RangeStart, ipam.RangeEnd); err != nil {
-		return err
-	}
-	for _, set := range ipam.Ranges {
+	c.IPAMType = typ
+	for _, set := range sets {
 		for _, r := range set {
-			if err := add(r.Subnet, r.RangeStart, r.RangeEnd); err != nil {
-				return err
-			}
+			c.Ranges = append(c.Ranges, cidr.Range{Start: r.RangeStart, End: r.RangeEnd})
 		}
 	}
 	return nil
-}
-
-func lanRange(subnet, start, end string) (cidr.Range, error) {
-	p, err := netip.ParsePrefix(subnet)
-	if err != nil {
-		return cidr.Range{}, err
-	}
-	p = p.Masked()
-	r := cidr.Range{Start: p.Addr().Next(), End: cidr.LastHost(p)} // the range village-ipam hands out
-	if start != "" {
-		if r.Start, err = netip.ParseAddr(start); err != nil {
-			return cidr.Range{}, fmt.Errorf("rangeStart: %w", err)
-		}
-	}
-	if end != "" {
-		if r.End, err = netip.ParseAddr(end); err != nil {
-			return cidr.Range{}, fmt.Errorf("rangeEnd: %w", err)
-		}
-	}
-	if !p.Contains(r.Start) || !p.Contains(r.End) || r.End.Less(r.Start) {
-		return cidr.Range{}, fmt.Errorf("range %s-%s is not inside %s in order", r.Start, r.End, p)
-	}
-	return r, nil
 }

@@ -36,3 +36,23 @@ func TestLANRangesMatchIPAM(t *testing.T) {
 		}
 	}
 }
+
+// A LAN range village-ipam would refuse is refused by ParseLAN too: both
+// read it through ipam/config.
+func TestLANRangesValidatedAsIPAM(t *testing.T) {
+	for _, ipam := range []string{
+		`{"type":"village-ipam","subnet":"192.168.50.7/24"}`,                                               // host bits
+		`{"type":"village-ipam","subnet":"192.168.50.0/31"}`,                                               // too small
+		`{"type":"village-ipam","rangeStart":"192.168.50.9"}`,                                              // no subnet
+		`{"type":"village-ipam","ranges":[[{"rangeStart":"192.168.50.9"}]]}`,                               // no subnet
+		`{"type":"village-ipam","ranges":[[{"subnet":"192.168.50.0/24"}],[{"subnet":"192.168.50.0/25"}]]}`, // overlap
+		`{"type":"village-ipam","ranges":[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.51.1"}]]}`,    // outside
+	} {
+		if _, err := netconf.ParseLAN(json.RawMessage(`{"master":"eth0","ipam":` + ipam + `}`)); err == nil {
+			t.Errorf("ParseLAN accepted %s", ipam)
+		}
+		if _, err := config.Parse([]byte(`{"cniVersion":"1.0.0","name":"lan","ipam":`+ipam+`}`), ""); err == nil {
+			t.Errorf("config.Parse accepted %s", ipam)
+		}
+	}
+}

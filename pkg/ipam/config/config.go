@@ -210,13 +210,19 @@ type rawRange struct {
 	Gateway    string `json:"gateway"`
 }
 
-type rawIPAM struct {
+// rangeKeys is the part of an IPAM block that says its type and ranges,
+// in host-local's keys.
+type rangeKeys struct {
 	rawRange
-	Type       string         `json:"type"`
+	Type   string       `json:"type"`
+	Ranges [][]rawRange `json:"ranges"`
+}
+
+type rawIPAM struct {
+	rangeKeys
 	Routes     []*types.Route `json:"routes"`
 	DataDir    string         `json:"dataDir"`
 	ResolvConf string         `json:"resolvConf"`
-	Ranges     [][]rawRange   `json:"ranges"`
 	Store      *StoreConfig   `json:"store"`
 	// SubnetFile overrides where the range villaged leased is read from.
 	SubnetFile string `json:"subnetFile"`
@@ -436,33 +442,21 @@ func (c *Config) parseRanges(n *rawNet, leased bool) error {
 	for i, s := range n.RuntimeConfig.IPRanges {
 		sets = append(sets, src{fmt.Sprintf("runtimeConfig.ipRanges[%d]", i), s})
 	}
-	if n.IPAM.Subnet != "" {
-		sets = append(sets, src{"ipam", []rawRange{n.IPAM.rawRange}})
-	} else if n.IPAM.RangeStart != "" || n.IPAM.RangeEnd != "" || n.IPAM.Gateway != "" {
-		return fieldErr("ipam.subnet", "missing, but rangeStart/rangeEnd/gateway are set; give the subnet they belong to")
+	own, err := n.IPAM.sets()
+	if err != nil {
+		return err
 	}
-	for i, s := range n.IPAM.Ranges {
-		sets = append(sets, src{fmt.Sprintf("ipam.ranges[%d]", i), s})
-	}
+	sets = append(sets, own...)
 	if len(sets) == 0 && leased {
-		fromFile, err := leasedSets(c.Name, n.IPAM.SubnetFile)
-		if err != nil {
+		if sets, err = leasedSets(c.Name, n.IPAM.SubnetFile); err != nil {
 			return err
 		}
-		sets = fromFile
+	}
+	if c.RangeSets, err = parseRangeSets(sets); err != nil {
+		return err
 	}
 	var v4, v6 int
-	for _, s := range sets {
-		rs, err := parseRangeSet(s.field, s.raw)
-		if err != nil {
-			return err
-		}
-		for j, prev := range c.RangeSets {
-			if overlapsSet(prev, rs) {
-				return fieldErr(s.field, "range set %s overlaps range set %d (%s); range sets must not share addresses", rs, j, prev)
-			}
-		}
-		c.RangeSets = append(c.RangeSets, rs)
+	for _, rs := range c.RangeSets {
 		if rs.Family() == 4 {
 			v4++
 		} else {
@@ -475,6 +469,58 @@ func (c *Config) parseRanges(n *rawNet, leased bool) error {
 		}
 	}
 	return nil
+}
+
+// ParseRanges reads only the "type" and the ranges of an IPAM block (the
+// single-range keys, then "ranges"), each range and set validated as Parse
+// validates them: for a block that may belong to another plugin using
+// host-local's range keys, whose ranges a node must still know (the pod
+// LAN's, which the host shim routes). A block without ranges has none.
+func ParseRanges(ipam []byte) (typ string, sets []RangeSet, err error) {
+	var k rangeKeys
+	if err := json.Unmarshal(ipam, &k); err != nil {
+		return "", nil, fmt.Errorf("%w: %w", ErrDecode, err)
+	}
+	own, err := k.sets()
+	if err != nil {
+		return "", nil, err
+	}
+	if sets, err = parseRangeSets(own); err != nil {
+		return "", nil, err
+	}
+	return k.Type, sets, nil
+}
+
+// sets are the block's own range sets as written: the single range first.
+func (k *rangeKeys) sets() ([]src, error) {
+	var sets []src
+	if k.Subnet != "" {
+		sets = append(sets, src{"ipam", []rawRange{k.rawRange}})
+	} else if k.RangeStart != "" || k.RangeEnd != "" || k.Gateway != "" {
+		return nil, fieldErr("ipam.subnet", "missing, but rangeStart/rangeEnd/gateway are set; give the subnet they belong to")
+	}
+	for i, s := range k.Ranges {
+		sets = append(sets, src{fmt.Sprintf("ipam.ranges[%d]", i), s})
+	}
+	return sets, nil
+}
+
+// parseRangeSets validates each set and that no two share an address.
+func parseRangeSets(sets []src) ([]RangeSet, error) {
+	var out []RangeSet
+	for _, s := range sets {
+		rs, err := parseRangeSet(s.field, s.raw)
+		if err != nil {
+			return nil, err
+		}
+		for j, prev := range out {
+			if overlapsSet(prev, rs) {
+				return nil, fieldErr(s.field, "range set %s overlaps range set %d (%s); range sets must not share addresses", rs, j, prev)
+			}
+		}
+		out = append(out, rs)
+	}
+	return out, nil
 }
 
 // src is one range set as written, and the field that names it in errors.
