@@ -95,17 +95,7 @@ func TestUpdateMatchesSet(t *testing.T) {
 				{"unknown removal, known addition", overlay.PeerChange{Added: []overlay.Node{peer(7)}, Removed: []overlay.Node{{Name: "nobody"}}}},
 			}
 			for _, s := range steps {
-				for _, p := range s.change.Removed {
-					delete(current, p.Name)
-				}
-				for _, p := range append(s.change.Added, s.change.Updated...) {
-					current[p.Name] = p
-				}
-				var all []overlay.Node
-				for _, p := range current {
-					all = append(all, p)
-				}
-				all = append(all, self)
+				all := append(applyToNames(current, s.change), self)
 				rep, err := r.Update(ctx, self, s.change)
 				conflict := s.what == "conflicting peer"
 				if conflict != (err != nil) || (conflict && !errors.Is(err, overlay.ErrConflict)) {
@@ -176,4 +166,78 @@ func TestUpdateLeavesForeignRoute(t *testing.T) {
 	if _, err := r.Set(ctx, self, []overlay.Node{updPeer(0, false), updPeer(1, false)}); !errors.Is(err, overlay.ErrConflict) {
 		t.Errorf("Set: %v, want the conflict", err)
 	}
+}
+
+// TestUpdateWritesWhatSetWrites: Set and Update share one engine, so a
+// change applied by Update (against the last plan) makes the same writes,
+// in the same order, as Set making the same peer set over the same kernel
+// state (against a dump), and leaves the same state.
+func TestUpdateWritesWhatSetWrites(t *testing.T) {
+	_, nodes := threeNodes(t)
+	n := nodes[0]
+	ctx := context.Background()
+	self := n.node(false)
+	withMAC := func(p overlay.Node, b byte) overlay.Node {
+		p.VtepMAC = net.HardwareAddr{0x0e, 0, 0, 0, 0, b}
+		return p
+	}
+	base := []overlay.Node{withMAC(updPeer(0, false), 1), updPeer(1, false), updPeer(2, true)}
+	moved := withMAC(updPeer(0, false), 1) // same VTEP MAC, another underlay address
+	moved.IP = net.IPv4(10, 61, 0, 1).To4()
+	readdressed := updPeer(1, false)
+	readdressed.PodCIDRs = readdressed.PodCIDRs[:1]
+	for _, mode := range []overlay.Mode{overlay.ModeVXLAN, overlay.ModeAuto} {
+		r := newReconciler(t, n.ns, overlay.Config{Mode: mode})
+		for _, tc := range []struct {
+			what   string
+			change overlay.PeerChange
+		}{
+			{"FDB destination moved", overlay.PeerChange{Updated: []overlay.Node{moved}}},
+			{"peer removed", overlay.PeerChange{Removed: []overlay.Node{{Name: "peer02"}}}},
+			{"peer added", overlay.PeerChange{Added: []overlay.Node{updPeer(3, false), updPeer(4, true)}}},
+			{"pod subnet dropped", overlay.PeerChange{Updated: []overlay.Node{readdressed}}},
+		} {
+			byName := map[string]overlay.Node{}
+			for _, p := range base {
+				byName[p.Name] = p
+			}
+			after := applyToNames(byName, tc.change)
+			if _, err := r.Set(ctx, self, base); err != nil {
+				t.Fatal(err)
+			}
+			viaSet, err := r.Set(ctx, self, after)
+			if err != nil {
+				t.Fatalf("%s %s: Set: %v", mode, tc.what, err)
+			}
+			setState := readState(t, n.ns, "village.1")
+			if _, err := r.Set(ctx, self, base); err != nil {
+				t.Fatal(err)
+			}
+			viaUpdate, err := r.Update(ctx, self, tc.change)
+			if err != nil {
+				t.Fatalf("%s %s: Update: %v", mode, tc.what, err)
+			}
+			if len(viaSet.Applied) == 0 || fmt.Sprint(viaUpdate.Applied) != fmt.Sprint(viaSet.Applied) {
+				t.Errorf("%s %s: Update applied\n%v\nSet applied\n%v", mode, tc.what, viaUpdate.Applied, viaSet.Applied)
+			}
+			if got := readState(t, n.ns, "village.1"); fmt.Sprint(got) != fmt.Sprint(setState) {
+				t.Errorf("%s %s: state after Update\n%v\nafter Set\n%v", mode, tc.what, got, setState)
+			}
+		}
+	}
+}
+
+// applyToNames applies c to the peers by name and returns them all.
+func applyToNames(byName map[string]overlay.Node, c overlay.PeerChange) []overlay.Node {
+	for _, p := range c.Removed {
+		delete(byName, p.Name)
+	}
+	for _, p := range append(c.Added, c.Updated...) {
+		byName[p.Name] = p
+	}
+	all := make([]overlay.Node, 0, len(byName))
+	for _, p := range byName {
+		all = append(all, p)
+	}
+	return all
 }
