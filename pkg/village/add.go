@@ -36,6 +36,14 @@ func Add(args *skel.CmdArgs) (err error) {
 	defer undo.RunIfFailed(&err)
 
 	a := &adder{conf: conf, args: args, pod: pod, undo: &undo}
+	// The IPAM plugin starts as soon as the input is known to be good: its
+	// process start-up and its store's fsyncs overlap the link work.
+	a.startIPAM()
+	defer func() {
+		if err != nil {
+			_ = a.awaitIPAM() // registers the release of a claim still in flight; a failed claim has nothing to release
+		}
+	}()
 	result, err := a.run()
 	if err != nil {
 		return err
@@ -77,14 +85,29 @@ type adder struct {
 	pod  *netsetup.Pod
 	undo *cleanup.Stack
 
-	mtu    int // of the bridge and the pod's eth0 (netconf.PodMTU); 0: the kernel's default
-	bridge *netlink.Bridge
-	veth   *netsetup.VethLinks
-	result *current.Result
+	mtu     int // of the bridge and the pod's eth0 (netconf.PodMTU); 0: the kernel's default
+	bridge  *netlink.Bridge
+	veth    *netsetup.VethLinks
+	result  *current.Result
+	pending *pendingClaim // the IPAM ADD in flight, until awaitIPAM
 }
 
+// pendingClaim is an IPAM ADD running while the links are made.
+type pendingClaim struct {
+	call ipamCall
+	live bool
+	done chan claimReply
+}
+
+type claimReply struct {
+	res *current.Result
+	err error
+}
+
+// run makes the attachment while the IPAM plugin (started by Add) claims
+// the addresses: the bridge and the veth do not need them.
 func (a *adder) run() (*current.Result, error) {
-	steps := []func() error{a.allocate, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.ensureSpoofCheck, a.configurePod, a.configureHost, a.addLAN}
+	steps := []func() error{a.checkLive, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.awaitIPAM, a.describeLinks, a.ensureSpoofCheck, a.configurePod, a.configureHost, a.addLAN}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
@@ -111,20 +134,50 @@ func (a *adder) ipam() ipamCall {
 	return ipamCall{Type: a.conf.IPAMType, Args: a.args, IfName: a.args.IfName, Conf: a.args.StdinData}
 }
 
-func (a *adder) allocate() error {
+// startIPAM starts the IPAM plugin's ADD in the background (awaitIPAM
+// collects it). The process is forked from an unlocked thread, so it runs in
+// the node's namespace whatever namespace the link work has switched to.
+// Until checkLive has looked, the claim counts as live: a failure before
+// then leaves the addresses to the runtime's DEL rather than risk taking
+// them from a pod that holds them.
+func (a *adder) startIPAM() {
+	p := &pendingClaim{call: a.ipam(), live: true, done: make(chan claimReply, 1)}
+	go func() {
+		ctx, cancel := ipamTimeout()
+		defer cancel()
+		res, err := p.call.Add(ctx)
+		p.done <- claimReply{res: res, err: err}
+	}()
+	a.pending = p
+}
+
+// checkLive records whether this ADD retries an attachment that lives (see
+// live), before any link of this ADD exists.
+func (a *adder) checkLive() error {
 	live, err := a.live(a.args.IfName, netsetup.HostVethName(a.args.ContainerID, a.args.IfName))
 	if err != nil {
 		return err
 	}
-	ctx, cancel := ipamTimeout()
-	defer cancel()
-	call := a.ipam()
-	res, err := call.Add(ctx)
-	if err != nil {
-		return err
+	if a.pending != nil {
+		a.pending.live = live
 	}
-	a.pushRelease(live, fmt.Sprintf("release addresses of %q through IPAM %q", a.args.IfName, call.Type), call)
-	a.result = res
+	return nil
+}
+
+// awaitIPAM waits for the claim startIPAM started, registers its release on
+// the undo stack and takes its result. Calling it again does nothing.
+func (a *adder) awaitIPAM() error {
+	p := a.pending
+	if p == nil {
+		return nil
+	}
+	a.pending = nil
+	r := <-p.done
+	if r.err != nil {
+		return r.err
+	}
+	a.pushRelease(p.live, fmt.Sprintf("release addresses of %q through IPAM %q", a.args.IfName, p.call.Type), p.call)
+	a.result = r.res
 	a.fillGateways()
 	return nil
 }
@@ -212,6 +265,13 @@ func (a *adder) ensureVeth() error {
 			return netsetup.DeleteHostLink(hostName)
 		})
 	}
+	return nil
+}
+
+// describeLinks puts the bridge, the host veth and the pod interface into
+// the result, the addresses on the pod interface.
+func (a *adder) describeLinks() error {
+	links := a.veth
 	a.result.Interfaces = []*current.Interface{
 		{Name: a.bridge.Attrs().Name, Mac: a.bridge.Attrs().HardwareAddr.String()},
 		{Name: links.Host.Attrs().Name, Mac: links.Host.Attrs().HardwareAddr.String()},

@@ -58,8 +58,16 @@ func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
 }
 
 // ensureOverlay is the ADD step: peers first, so the pod MTU is known before
-// the bridge and the veth are made.
+// the bridge and the veth are made. The peers' routes need this node's pod
+// subnets, so with a backend it waits for the addresses first.
 func (a *adder) ensureOverlay() error {
+	if b := a.conf.Overlay; b == nil || b.Type == netconf.BackendNone {
+		a.mtu = a.conf.PodMTU(0)
+		return nil
+	}
+	if err := a.awaitIPAM(); err != nil {
+		return err
+	}
 	mtu, err := syncOverlay(a.conf, a.result.IPs)
 	if err != nil {
 		return err

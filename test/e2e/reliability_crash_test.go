@@ -184,6 +184,24 @@ func waitFile(t *testing.T, path string, p *proc) {
 	}
 }
 
+// waitEth0 waits until the ADD p runs has made the pod's eth0 (village makes
+// the links while the IPAM plugin runs).
+func waitEth0(t *testing.T, p *Pod, pr *proc) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(testenv.MustIP(t, p.NS, "-o", "link"), "eth0") {
+		select {
+		case err := <-pr.done:
+			t.Fatalf("plugin ended (%v) before it made eth0: %s %s", err, pr.stdout.String(), pr.stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("eth0 never appeared while IPAM held its answer: the links are not made while the IPAM plugin runs")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // ownersOf reads the reservation files of the data dir: ip -> "id/ifname".
 func ownersOf(t *testing.T, data string) map[string]string {
 	t.Helper()
@@ -267,16 +285,19 @@ func TestCrashDuringAdd(t *testing.T) {
 		// own store writes.
 		kills = append(kills, kill{p, fmt.Sprintf("random #%d", i), pr.kill(t, killMode(i%2))})
 	}
-	// 2. After IPAM, before any link: the wrapper holds IPAM's answer.
+	// 2. The addresses are claimed, the links made while the IPAM plugin
+	// runs, and the wrapper holds IPAM's answer: eth0 exists but has no
+	// address yet when village is killed.
 	for i := range 4 {
 		p := n.NewPod()
 		hold := filepath.Join(n.Dir, "hold-"+p.ID)
 		pr := start(p, "VILLAGE_TEST_HOLD="+hold)
 		waitFile(t, hold, pr)
-		if got := testenv.MustIP(t, p.NS, "-o", "link"); strings.Contains(got, "eth0") {
-			t.Fatalf("eth0 exists while IPAM still holds its answer: %s", got)
+		waitEth0(t, p, pr)
+		if got := testenv.MustIP(t, p.NS, "-o", "addr", "show", "dev", "eth0"); strings.Contains(got, "inet ") {
+			t.Fatalf("eth0 has an address while IPAM still holds its answer: %s", got)
 		}
-		kills = append(kills, kill{p, fmt.Sprintf("after IPAM #%d", i), pr.kill(t, killPluginThenGroup)})
+		kills = append(kills, kill{p, fmt.Sprintf("links made, IPAM held #%d", i), pr.kill(t, killPluginThenGroup)})
 		if !kills[len(kills)-1].died {
 			t.Fatalf("village was not killed while IPAM held: %s %s", pr.stdout.String(), pr.stderr.String())
 		}
