@@ -1,6 +1,7 @@
 package disk
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -370,8 +372,35 @@ func TestIndexEncoding(t *testing.T) {
 		good + "\to\tpod\teth0\n",                             // no name
 		good + "10.0.0.2\to\tp\teth0\n10.0.0.2\to\tq\teth0\n", // listed twice
 	} {
-		if out, ok := decodeIndex([]byte(bad), "s"); ok {
+		// Sealed with a valid checksum, so that the defect itself is what
+		// must be refused.
+		if out, ok := decodeIndex(sealIndex([]byte(bad)), "s"); ok {
 			t.Errorf("trusted %q: %v", bad, out)
 		}
 	}
+	// Torn writes: the in-place rewrite of a shorter index over a longer
+	// one cut before its truncation, a block of the old file among the
+	// new, a lost checksum line.
+	long := encodeIndex("s", in)
+	short := encodeIndex("s", map[string]entry{"10.0.0.2": in["10.0.0.2"]})
+	moved := maps.Clone(in)
+	moved["10.0.0.2"] = entry{Owner: store.Owner{ContainerID: "pod-z", IfName: "eth0"}} // same length as pod-a
+	other := encodeIndex("s", moved)
+	sumAt := bytes.LastIndexByte(long[:len(long)-1], '\n') + 1
+	for name, torn := range map[string][]byte{
+		"not truncated":       append(slices.Clone(short), long[len(short):]...),
+		"an old block inside": append(slices.Clone(other[:sumAt]), long[sumAt:]...),
+		"no checksum":         long[:sumAt],
+		"checksum cut":        long[:len(long)-3],
+	} {
+		if bytes.Equal(torn, long) {
+			t.Fatalf("%s: the torn copy is the original", name)
+		}
+		if out, ok := decodeIndex(torn, "s"); ok {
+			t.Errorf("%s: trusted %q: %v", name, torn, out)
+		}
+	}
 }
+
+// sealIndex appends the checksum line an index file ends with.
+func sealIndex(b []byte) []byte { return append(slices.Clone(b), indexSum(b)...) }

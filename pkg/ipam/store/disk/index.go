@@ -1,13 +1,18 @@
 package disk
 
 import (
+	"bytes"
 	"fmt"
+	"hash/crc32"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/village-cni/village/pkg/ipam/store"
 )
@@ -35,11 +40,12 @@ import (
 //
 // The index is read and rewritten under the lock by every ADD and DEL, so
 // its encoding is plain text that needs no reflection: a header line, the
-// stamp, and one tab-separated line per record
+// stamp, one tab-separated line per record and a checksum
 //
-//	village-ipam index 2
+//	village-ipam index 3
 //	stamp <ino>:<mtime>:<ctime>
 //	<file name>\t<o|c>\t<containerID>\t<ifname>
+//	sum <CRC-32C of every byte before this line, 8 hex digits>
 //
 // ("o" a parsed owner, "c" a corrupt record; none of the fields can hold a
 // tab or a newline: names are IP addresses, IDs and interface names are
@@ -48,11 +54,22 @@ import (
 // found) did, which made ADD latency grow with the number of pods on a node.
 // Anything unexpected in the file makes the index stale, never trusted.
 //
-// The index is a cache that checks itself, so it is written atomically but
-// not fsynced: after a crash it is either current or detected as stale.
-// Claims never rely on it for exclusivity (link(2) does that).
+// The index is a cache that checks itself, so it is rewritten in place and
+// not fsynced: a write torn by a crash (new bytes over a longer old file, or
+// a mix of old and new blocks after a power loss) fails the checksum and
+// reads as stale, like any other damage. In place, because the temporary
+// file and rename(2) it replaced made ext4 start the new file's writeback
+// inside the lock (replace-on-rename), which every parallel ADD waited for.
+// Claims never rely on the index for exclusivity (link(2) does that).
 
-const indexHeader = "village-ipam index 2"
+const indexHeader = "village-ipam index 3"
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// indexSum is the checksum line of an index's content (see above).
+func indexSum(b []byte) string {
+	return fmt.Sprintf("sum %08x\n", crc32.Checksum(b, castagnoli))
+}
 
 type entry struct {
 	Name    string
@@ -193,7 +210,14 @@ func (d *Disk) loadIndex(stamp string, records []string) *index {
 // decodeIndex parses an index file written at stamp; ok is false for any
 // other stamp or anything malformed.
 func decodeIndex(b []byte, stamp string) (map[string]entry, bool) {
-	text := string(b)
+	if len(b) == 0 || b[len(b)-1] != '\n' {
+		return nil, false
+	}
+	last := bytes.LastIndexByte(b[:len(b)-1], '\n') + 1
+	if string(b[last:]) != indexSum(b[:last]) {
+		return nil, false
+	}
+	text := string(b[:last])
 	header, text, ok1 := strings.Cut(text, "\n")
 	stampLine, text, ok2 := strings.Cut(text, "\n")
 	if !ok1 || !ok2 || header != indexHeader || stampLine != "stamp "+stamp || (text != "" && !strings.HasSuffix(text, "\n")) {
@@ -226,7 +250,7 @@ func decodeIndex(b []byte, stamp string) (map[string]entry, bool) {
 
 // encodeIndex is the inverse of decodeIndex.
 func encodeIndex(stamp string, byName map[string]entry) []byte {
-	size := len(indexHeader) + len(stamp) + 8
+	size := len(indexHeader) + len(stamp) + 8 + len("sum 00000000\n")
 	for n, e := range byName {
 		size += len(n) + len(e.Owner.ContainerID) + len(e.Owner.IfName) + 5
 	}
@@ -234,7 +258,8 @@ func encodeIndex(stamp string, byName map[string]entry) []byte {
 	b = append(b, indexHeader+"\nstamp "...)
 	b = append(b, stamp...)
 	b = append(b, '\n')
-	for n, e := range byName {
+	for _, n := range slices.Sorted(maps.Keys(byName)) {
+		e := byName[n]
 		b = append(b, n...)
 		if e.Corrupt {
 			b = append(b, "\tc\t\t\n"...)
@@ -246,28 +271,33 @@ func encodeIndex(stamp string, byName map[string]entry) []byte {
 		b = append(b, e.Owner.IfName...)
 		b = append(b, '\n')
 	}
-	return b
+	return append(b, indexSum(b)...)
 }
 
+// writeIndex rewrites the index in place (see the checksum above).
+// Whatever is in the way of the file (a symlink, a directory) is replaced.
 func (d *Disk) writeIndex() error {
 	stamp, err := d.stamp()
 	if err != nil {
 		return err
 	}
 	b := encodeIndex(stamp, d.idx.byName)
-	tmp, err := os.CreateTemp(d.metaDir, tmpPrefix)
+	path := filepath.Join(d.metaDir, indexName)
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("writing the index of %s: %w", d.dir, err)
-	}
-	_, err = tmp.Write(b)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
+		_ = os.RemoveAll(path)
+		fd, err = unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), filepath.Join(d.metaDir, indexName))
+		_, err = unix.Pwrite(fd, b, 0)
+		if err == nil {
+			err = unix.Ftruncate(fd, int64(len(b)))
+		}
+		if cerr := unix.Close(fd); err == nil {
+			err = cerr
+		}
 	}
 	if err != nil {
-		os.Remove(tmp.Name())
 		return fmt.Errorf("writing the index of %s: %w", d.dir, err)
 	}
 	return nil
