@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"time"
 
@@ -32,16 +31,15 @@ func newReclaimer(c *Conf, reg *registry.Registry, logf func(string, ...any)) *r
 	}
 	rc := &reclaimer{reg: reg, grace: time.Duration(r.ReclaimAfter) * time.Second, net: c.Net.Name, logf: logf}
 	if lan := c.Net.LAN; lan != nil {
-		var block struct {
-			Store ipamconfig.StoreConfig `json:"store"`
-		}
-		_ = json.Unmarshal(lan.IPAM, &block)
+		st, err := ipamconfig.ParseStore(lan.IPAM)
 		switch {
-		case block.Store.Type != ipamconfig.StoreEtcd:
-		case !slices.Equal(slices.Sorted(slices.Values(block.Store.Endpoints)), slices.Sorted(slices.Values(r.Endpoints))):
+		case err != nil:
+			logf("the LAN pool's store of network %q: %v: departed nodes' LAN allocations are not reclaimed", c.Net.Name, err)
+		case st.Type != ipamconfig.StoreEtcd:
+		case !slices.Equal(slices.Sorted(slices.Values(st.Endpoints)), slices.Sorted(slices.Values(r.Endpoints))):
 			logf("the LAN pool of network %q is in another etcd than the registry: departed nodes' LAN allocations are not reclaimed", c.Net.Name)
 		default:
-			rc.lan = &block.Store
+			rc.lan = &st
 		}
 	}
 	return rc

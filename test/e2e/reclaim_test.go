@@ -14,8 +14,9 @@ import (
 	"github.com/village-cni/village/internal/testenv"
 )
 
-// reclaimLAN is the lab's LAN pool: in the registry's etcd.
-const reclaimLAN = `"store":{"type":"etcd","endpoints":["http://` + agentEtcdIP + `:2379"],"prefix":"/village"},
+// reclaimLAN is the lab's LAN pool: in the registry's etcd, under the
+// default prefix (the agent must fill it in as village-ipam does).
+const reclaimLAN = `"store":{"type":"etcd","endpoints":["http://` + agentEtcdIP + `:2379"]},
 	"ranges":[[{"subnet":"192.168.79.0/24","rangeStart":"192.168.79.200","rangeEnd":"192.168.79.220"}]]`
 
 // lanClaim takes a LAN address for container id through the real IPAM
@@ -23,7 +24,7 @@ const reclaimLAN = `"store":{"type":"etcd","endpoints":["http://` + agentEtcdIP 
 func lanClaim(t *testing.T, n *agentNode, id string) string {
 	t.Helper()
 	stdin := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"agt","ipam":{"type":"village-ipam",%s}}`,
-		strings.Replace(reclaimLAN, `"prefix":"/village"`, `"prefix":"/village","nodeName":"`+n.name+`"`, 1))
+		strings.Replace(reclaimLAN, `:2379"]`, `:2379"],"nodeName":"`+n.name+`"`, 1))
 	out := n.Exec(testenv.Call{Bin: "village-ipam", Command: "ADD", ContainerID: id, IfName: "net1", Netns: "/x", Stdin: []byte(stdin)})
 	if out.ExitCode != 0 {
 		t.Fatalf("LAN claim on %s: %s %s", n.name, out.Stdout, out.Stderr)

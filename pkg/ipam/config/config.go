@@ -491,6 +491,20 @@ func ParseRanges(ipam []byte) (typ string, sets []RangeSet, err error) {
 	return k.Type, sets, nil
 }
 
+// ParseStore reads only the "store" of an IPAM block, validated and with
+// its defaults filled as Parse does: for villaged, which opens a LAN pool's
+// store to reclaim a departed node's allocations without the rest of the
+// block. A block without a store is the disk store.
+func ParseStore(ipam []byte) (StoreConfig, error) {
+	var k struct {
+		Store *StoreConfig `json:"store"`
+	}
+	if err := json.Unmarshal(ipam, &k); err != nil {
+		return StoreConfig{}, fmt.Errorf("%w: %w", ErrDecode, err)
+	}
+	return parseStore(k.Store)
+}
+
 // sets are the block's own range sets as written: the single range first.
 func (k *rangeKeys) sets() ([]src, error) {
 	var sets []src

@@ -291,3 +291,35 @@ func TestParseStaticReadsNoLease(t *testing.T) {
 		t.Fatal("ParseStatic accepted a subnet with host bits")
 	}
 }
+
+// TestParseStore: the store alone, as Parse reads it (defaults filled,
+// the same refusals), for villaged's reclaim of a LAN pool.
+func TestParseStore(t *testing.T) {
+	for _, c := range []struct {
+		block, wantType, wantPrefix, errIn string
+	}{
+		{`{"type":"village-ipam","subnet":"10.0.0.0/24"}`, StoreDisk, "", ""},
+		{`{"store":{"type":"etcd","endpoints":["http://10.0.0.1:2379"]}}`, StoreEtcd, store.DefaultEtcdPrefix, ""},
+		{`{"store":{"type":"etcd","endpoints":["http://10.0.0.1:2379"],"prefix":"/lan"}}`, StoreEtcd, "/lan", ""},
+		{`{"store":{"type":"etcd","endpoints":["10.0.0.1:2379"]}}`, "", "", "ipam.store.endpoints[0]"},
+		{`{"store":{"type":"etcd"}}`, "", "", "ipam.store.endpoints"},
+		{`{"store":{"type":"kubernetes","prefix":"/x"}}`, "", "", "ipam.store"},
+		{`{"store":[]}`, "", "", "decod"},
+	} {
+		got, err := ParseStore([]byte(c.block))
+		if c.errIn != "" {
+			if err == nil || !strings.Contains(err.Error(), c.errIn) {
+				t.Errorf("%s: %v, want an error naming %q", c.block, err, c.errIn)
+			}
+			continue
+		}
+		if err != nil || got.Type != c.wantType || got.Prefix != c.wantPrefix {
+			t.Errorf("%s: %+v %v, want type %q prefix %q", c.block, got, err, c.wantType, c.wantPrefix)
+		}
+		// The same block through Parse gives the same store.
+		full := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","ipam":%s}`, strings.Replace(c.block, `{"`, `{"subnet":"10.0.0.0/24","`, 1))
+		if cfg, err := Parse([]byte(full), ""); err != nil || fmt.Sprint(cfg.Store) != fmt.Sprint(got) {
+			t.Errorf("%s: Parse gives %+v (%v), ParseStore %+v", c.block, cfg.Store, err, got)
+		}
+	}
+}
