@@ -171,7 +171,3 @@ func (c *Conf) podCIDRs(ctx context.Context, src source) ([]*net.IPNet, string, 
 	}
 	return p, "held in the registry, NOT published in " + c.SubnetFile, nil
 }
-
-func sameCIDRs(a, b []*net.IPNet) bool {
-	return slices.EqualFunc(a, b, func(x, y *net.IPNet) bool { return x.String() == y.String() })
-}

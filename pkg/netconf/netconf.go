@@ -320,3 +320,14 @@ func (c *NetConf) Netfilter(subnets []*net.IPNet) *masq.Spec {
 	}
 	return s
 }
+
+// PodNetfilter is the spec an ADD keeps in place: Netfilter's, or, when the
+// network wants neither masquerade nor forward accept rules (macspoofchk
+// alone), its table with no rules of its own, which the pods' spoof-check
+// rules live in.
+func (c *NetConf) PodNetfilter(subnets []*net.IPNet) masq.Spec {
+	if s := c.Netfilter(subnets); s != nil {
+		return *s
+	}
+	return masq.Spec{Network: c.Name, NoMasquerade: true}
+}

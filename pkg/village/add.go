@@ -380,10 +380,7 @@ func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
 	for _, ipc := range ips {
 		subnets = append(subnets, cidr.Network(&ipc.Address))
 	}
-	if s := conf.Netfilter(subnets); s != nil {
-		return *s
-	}
-	return masq.Spec{Network: conf.Name, NoMasquerade: true}
+	return conf.PodNetfilter(subnets)
 }
 
 // ensureNetfilter keeps the network's netfilter rules in place at the cost of
