@@ -37,7 +37,7 @@ func Add(args *skel.CmdArgs) (err error) {
 
 	a := &adder{conf: conf, args: args, pod: pod, undo: &undo}
 	// The IPAM plugin starts as soon as the input is known to be good: its
-	// process start-up and its store's fsyncs overlap the link work.
+	// process start-up and its claim overlap the link work.
 	a.startIPAM()
 	defer func() {
 		if err != nil {

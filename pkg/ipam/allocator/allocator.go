@@ -77,7 +77,7 @@ type Preparer interface {
 func (a *Allocator) Allocate(ctx context.Context, req Request) (_ []Assignment, err error) {
 	if p, ok := a.Store.(Preparer); ok {
 		// Before the lock: whatever a claim can do without it (the disk
-		// store's record write and fsync) does not serialise parallel ADDs.
+		// store's record write) does not serialise parallel ADDs.
 		p.Prepare(req.Owner)
 	}
 	unlock, err := a.Store.Lock(ctx)

@@ -12,10 +12,23 @@
 // and the temporary files reservations are built in. See index.go for why the
 // index can be trusted and when it is rebuilt.
 //
-// A reservation file is written completely in a temporary file, fsynced, and
-// then hard-linked to its final name: link(2) fails when the name exists, so
-// a reservation can never overwrite another one, even one made by a process
-// that ignores the lock.
+// A reservation file is written completely in a temporary file and then
+// hard-linked to its final name: link(2) fails when the name exists, so a
+// reservation can never overwrite another one, even one made by a process
+// that ignores the lock, and a process killed at any moment leaves either no
+// record or a complete one.
+//
+// Nothing is fsynced, as with host-local. The store is node-local and so are
+// the pods it describes: a power loss or kernel crash that takes the page
+// cache takes every pod of the node with it. What such a crash can leave is a
+// record of a pod that no longer exists (kept, or brought back because its
+// removal was lost), or a named record with no content (the link reached the
+// journal, the data did not): the first is any dead pod's record, the second
+// reads as corrupt, and GC releases both (the runtime's GC, or villaged's
+// orphan view). A lost record frees the address of a pod that is gone.
+// Fsyncing (two per claim, one per release, as earlier versions did) cost
+// 10-30% of an ADD's own time and changed none of these outcomes: a record
+// kept by an fsync after a crash names a pod that is gone all the same.
 package disk
 
 import (
@@ -78,14 +91,10 @@ type Disk struct {
 	explicit bool // held through Lock
 	idx      *index
 	dirty    bool
-	// unsynced: the network directory changed under the lock and must be
-	// fsynced before the operation reports success; unlock does it after
-	// releasing the lock (see unlock).
-	unsynced bool
 	reads    int // reservation files read (tests check the hot path stays lean)
 
 	prepMu   sync.Mutex
-	prepared map[store.Owner]*os.File // unnamed, fsynced records (see Prepare)
+	prepared map[store.Owner]*os.File // unnamed records (see Prepare)
 }
 
 var _ store.Store = (*Disk)(nil)
@@ -139,14 +148,13 @@ func (d *Disk) Close() error {
 	return d.lockFile.Close()
 }
 
-// Prepare writes and fsyncs the reservation record of o ahead of the lock,
-// as an unnamed file (O_TMPFILE) in the meta directory, so the next Claim
-// for o only has to link(2) it to its address and fsync the directory. That
-// takes one of a claim's two fsyncs out of the section every parallel ADD
-// waits for, with the same durability: the record's content is on disk
-// before its name exists. An unnamed file never needs cleaning up (a crash
-// frees it). Best effort: on a filesystem without O_TMPFILE, or any error,
-// nothing is prepared and Claim writes the record itself.
+// Prepare writes the reservation record of o ahead of the lock, as an
+// unnamed file (O_TMPFILE) in the meta directory, so the next Claim for o
+// only has to link(2) it to its address: the section every parallel ADD
+// waits for stays short, and the record is complete before its name exists.
+// An unnamed file never needs cleaning up (a crash frees it). Best effort: on
+// a filesystem without O_TMPFILE, or any error, nothing is prepared and Claim
+// writes the record itself.
 func (d *Disk) Prepare(o store.Owner) {
 	if store.ValidateOwner(o) != nil {
 		return
@@ -156,7 +164,7 @@ func (d *Disk) Prepare(o store.Owner) {
 		return
 	}
 	f := os.NewFile(uintptr(fd), d.metaDir)
-	if _, err := f.Write([]byte(o.ContainerID + lineBreak + o.IfName)); err != nil || f.Sync() != nil {
+	if _, err := f.Write([]byte(o.ContainerID + lineBreak + o.IfName)); err != nil {
 		f.Close()
 		return
 	}
@@ -312,13 +320,7 @@ func (d *Disk) waitLock(ctx context.Context) error {
 	return werr
 }
 
-// unlock writes the index back, releases the lock, and then fsyncs the
-// network directory when a claim or release changed it. The fsync is outside
-// the lock so that parallel ADDs do not wait for each other's disk flushes;
-// durability is unchanged, because every operation that changed the
-// directory still fsyncs it before it returns (and so before its ADD or DEL
-// reports success), and an fsync of the directory makes every entry made so
-// far durable, including another process's.
+// unlock writes the index back and releases the lock.
 func (d *Disk) unlock() error {
 	var err error
 	if d.dirty {
@@ -327,17 +329,10 @@ func (d *Disk) unlock() error {
 		}
 	}
 	d.idx = nil
-	unsynced := d.unsynced
-	d.unsynced = false
 	if uerr := syscall.Flock(int(d.lockFile.Fd()), syscall.LOCK_UN); uerr != nil && err == nil {
 		err = fmt.Errorf("unlocking %s: %w", d.lockPath, uerr)
 	}
 	d.mu.Unlock()
-	if unsynced {
-		if serr := syncDir(d.dir); serr != nil && err == nil {
-			err = serr
-		}
-	}
 	return err
 }
 
@@ -376,7 +371,7 @@ func (d *Disk) Claim(ctx context.Context, c store.Claim) (bool, error) {
 		name := ip.String()
 		linked, err := d.linkPrepared(c.Owner, filepath.Join(d.dir, name))
 		if !linked && err == nil {
-			tmp, werr := d.writeTemp([]byte(c.Owner.ContainerID+lineBreak+c.Owner.IfName), true)
+			tmp, werr := d.writeTemp([]byte(c.Owner.ContainerID + lineBreak + c.Owner.IfName))
 			if werr != nil {
 				return fmt.Errorf("writing the reservation of %s: %w", ip, werr)
 			}
@@ -398,7 +393,6 @@ func (d *Disk) Claim(ctx context.Context, c store.Claim) (bool, error) {
 			return err
 		}
 		d.dirty = true
-		d.unsynced = true // the new name is made durable at unlock
 		d.idx.add(name, entry{Owner: c.Owner})
 		ok = true
 		return nil
@@ -426,7 +420,6 @@ func (d *Disk) Release(ctx context.Context, ip netip.Addr, o store.Owner) (bool,
 		}
 		d.idx.remove(e.Name)
 		d.dirty = true
-		d.unsynced = true
 		ok = true
 		return nil
 	})
@@ -503,11 +496,6 @@ func (d *Disk) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation,
 			d.dirty = true
 			released = append(released, store.Allocation{IP: ip, Owner: e.Owner})
 		}
-		if len(released) > 0 {
-			if err := syncDir(d.dir); err != nil {
-				errs = append(errs, err)
-			}
-		}
 		return nil
 	})
 	slices.SortFunc(released, func(a, b store.Allocation) int { return a.IP.Compare(b.IP) })
@@ -558,18 +546,14 @@ func readLimited(path string) ([]byte, error) {
 	return b, nil
 }
 
-// writeTemp writes b to a new 0600 file in the meta directory, fsynced
-// when durable is set.
-func (d *Disk) writeTemp(b []byte, durable bool) (string, error) {
+// writeTemp writes b to a new 0600 file in the meta directory.
+func (d *Disk) writeTemp(b []byte) (string, error) {
 	f, err := os.CreateTemp(d.metaDir, tmpPrefix)
 	if err != nil {
 		return "", err
 	}
 	name := f.Name()
 	_, err = f.Write(b)
-	if err == nil && durable {
-		err = f.Sync()
-	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -608,22 +592,10 @@ func (d *Disk) writeLast(set int, name string) error {
 	return nil
 }
 
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	return nil
-}
-
 // Probe checks the network directory can be written (a read-only or full
 // filesystem makes every ADD fail) by writing and removing a temporary file.
 func (d *Disk) Probe(ctx context.Context) error {
-	tmp, err := d.writeTemp([]byte("probe"), false)
+	tmp, err := d.writeTemp([]byte("probe"))
 	if err != nil {
 		return fmt.Errorf("store directory %s cannot be written: %w", d.dir, err)
 	}

@@ -181,6 +181,7 @@ func TestCorruptRecords(t *testing.T) {
 		"10.0.0.4":  "../etc\r\neth0",           // bad id
 		"10.0.0.5":  strings.Repeat("x", 10000), // huge
 		"10.0.0.6":  "ctr-legacy",               // old host-local: ID only
+		"10.0.0.9":  strings.Repeat("\x00", 9),  // named after a power loss, its data never written
 		"junk":      "ctr-a\r\neth0",            // not an address: ignored
 		"10.0.0.7x": "ctr-a\r\neth0",            // not an address: ignored
 	}
@@ -189,7 +190,7 @@ func TestCorruptRecords(t *testing.T) {
 	}
 	os.Symlink("/etc/passwd", filepath.Join(dir, "10.0.0.8"))
 	os.WriteFile(filepath.Join(dir, "last_reserved_ip.0"), []byte("not an ip"), 0o600)
-	for _, ip := range []string{"10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6", "10.0.0.8"} {
+	for _, ip := range []string{"10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6", "10.0.0.8", "10.0.0.9"} {
 		if claim(t, d, ip, ownerA, 0) {
 			t.Errorf("%s with a corrupt record was handed out", ip)
 		}
@@ -203,12 +204,12 @@ func TestCorruptRecords(t *testing.T) {
 		t.Fatalf("legacy lookup %v", got)
 	}
 	all, _ := d.List(ctx)
-	if len(all) != 6 {
+	if len(all) != 7 {
 		t.Fatalf("List = %v", all)
 	}
 	// GC keeps the legacy record of a valid container, drops the corrupt ones.
 	rel, err := d.GC(ctx, []store.Owner{legacy})
-	if err != nil || len(rel) != 5 {
+	if err != nil || len(rel) != 6 {
 		t.Fatalf("GC released %v, %v", rel, err)
 	}
 	if _, err := os.Stat("/etc/passwd"); err != nil {
