@@ -572,24 +572,33 @@ func (d *Disk) writeTemp(b []byte) (string, error) {
 // round-robin. Whatever is in the way (a symlink, a directory) is replaced.
 func (d *Disk) writeLast(set int, name string) error {
 	path := filepath.Join(d.dir, lastPrefix+strconv.Itoa(set))
+	if err := writeInPlace(path, []byte(name)); err != nil {
+		return fmt.Errorf("writing the round-robin marker %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeInPlace makes b the content of path without a temporary file: pwrite
+// over whatever is there, then truncate. Whatever is in the way of a regular
+// file (a symlink, a directory) is replaced. Only for files that read a torn
+// write as stale (the index's checksum, the marker's address syntax).
+func writeInPlace(path string, b []byte) error {
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		_ = os.RemoveAll(path)
 		fd, err = unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	}
-	if err == nil {
-		_, err = unix.Pwrite(fd, []byte(name), 0)
-		if err == nil {
-			err = unix.Ftruncate(fd, int64(len(name)))
-		}
-		if cerr := unix.Close(fd); err == nil {
-			err = cerr
-		}
-	}
 	if err != nil {
-		return fmt.Errorf("writing the round-robin marker %s: %w", path, err)
+		return err
 	}
-	return nil
+	_, err = unix.Pwrite(fd, b, 0)
+	if err == nil {
+		err = unix.Ftruncate(fd, int64(len(b)))
+	}
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Probe checks the network directory can be written (a read-only or full

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/village-cni/village/pkg/ipam/store"
 )
 
@@ -275,29 +273,13 @@ func encodeIndex(stamp string, byName map[string]entry) []byte {
 }
 
 // writeIndex rewrites the index in place (see the checksum above).
-// Whatever is in the way of the file (a symlink, a directory) is replaced.
 func (d *Disk) writeIndex() error {
 	stamp, err := d.stamp()
 	if err != nil {
 		return err
 	}
 	b := encodeIndex(stamp, d.idx.byName)
-	path := filepath.Join(d.metaDir, indexName)
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		_ = os.RemoveAll(path)
-		fd, err = unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	}
-	if err == nil {
-		_, err = unix.Pwrite(fd, b, 0)
-		if err == nil {
-			err = unix.Ftruncate(fd, int64(len(b)))
-		}
-		if cerr := unix.Close(fd); err == nil {
-			err = cerr
-		}
-	}
-	if err != nil {
+	if err := writeInPlace(filepath.Join(d.metaDir, indexName), b); err != nil {
 		return fmt.Errorf("writing the index of %s: %w", d.dir, err)
 	}
 	return nil
