@@ -226,18 +226,25 @@ func (s *Store) Claim(ctx context.Context, c store.Claim) (bool, error) {
 
 // nodeRef is an ownerReference to this node's Node, when it can be read.
 func (s *Store) nodeRef(ctx context.Context) (metav1.OwnerReference, bool) {
+	uid, err := s.nodeUID(ctx, s.node)
+	if err != nil {
+		return metav1.OwnerReference{}, false
+	}
+	return metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: s.node, UID: uid}, true
+}
+
+// nodeUID reads the UID of Node name (through op: bounded by the store's
+// timeout, the error naming what it was doing).
+func (s *Store) nodeUID(ctx context.Context, name string) (types.UID, error) {
 	var uid types.UID
-	err := s.op(ctx, "reading Node "+s.node, func(ctx context.Context) error {
-		n, err := s.cs.CoreV1().Nodes().Get(ctx, s.node, metav1.GetOptions{})
+	err := s.op(ctx, "reading Node "+name, func(ctx context.Context) error {
+		n, err := s.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err == nil {
 			uid = n.UID
 		}
 		return err
 	})
-	if err != nil {
-		return metav1.OwnerReference{}, false
-	}
-	return metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: s.node, UID: uid}, true
+	return uid, err
 }
 
 // setLast records ip as the last reservation of rangeSet. It is a hint:
@@ -436,14 +443,7 @@ func (s *Store) nodeGone(ctx context.Context, refs []metav1.OwnerReference, cach
 		if g, ok := cache[r.UID]; ok {
 			return g
 		}
-		var uid types.UID
-		err := s.op(ctx, "reading Node "+r.Name, func(ctx context.Context) error {
-			n, err := s.cs.CoreV1().Nodes().Get(ctx, r.Name, metav1.GetOptions{})
-			if err == nil {
-				uid = n.UID
-			}
-			return err
-		})
+		uid, err := s.nodeUID(ctx, r.Name)
 		g := (err != nil && apierrors.IsNotFound(errors.Unwrap(err))) || (err == nil && uid != r.UID)
 		cache[r.UID] = g
 		return g
