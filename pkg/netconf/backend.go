@@ -86,6 +86,10 @@ const (
 	DefaultReclaimAfter   = 24 * 60 * 60
 )
 
+// Routes reports whether the backend carries pod traffic to other nodes
+// (not nil, not "none").
+func (b *Backend) Routes() bool { return b != nil && b.Type != BackendNone }
+
 // ParseBackend validates a raw backend section; nil/empty means none.
 func ParseBackend(raw json.RawMessage) (*Backend, error) {
 	b := &Backend{Type: BackendNone}

@@ -158,9 +158,7 @@ func (a *adder) checkLive() error {
 	if err != nil {
 		return err
 	}
-	if a.pending != nil {
-		a.pending.live = live
-	}
+	a.pending.live = live // startIPAM ran before the steps
 	return nil
 }
 

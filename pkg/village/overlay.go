@@ -32,7 +32,7 @@ func podSubnets(ips []*current.IPConfig) []*net.IPNet {
 // ADD on an unchanged node costs a few netlink dumps.
 func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
 	b := conf.Overlay
-	if b == nil || b.Type == netconf.BackendNone {
+	if !b.Routes() {
 		return 0, nil
 	}
 	r, err := overlay.New(b.OverlayConfig(conf.Name))
@@ -61,7 +61,7 @@ func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
 // the bridge and the veth are made. The peers' routes need this node's pod
 // subnets, so with a backend it waits for the addresses first.
 func (a *adder) ensureOverlay() error {
-	if b := a.conf.Overlay; b == nil || b.Type == netconf.BackendNone {
+	if !a.conf.Overlay.Routes() {
 		a.mtu = a.conf.PodMTU(0)
 		return nil
 	}
