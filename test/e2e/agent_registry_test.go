@@ -81,6 +81,34 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// runVillaged starts the real `villaged run` for network conf inside node
+// n, as node name, with its run dir under n.Dir and the given repair
+// period. It returns the process's output and stop, which sends SIGTERM and
+// waits for the exit (once; it also runs when the test ends, and then
+// prints the output of a failed test).
+func runVillaged(t *testing.T, n *Node, conf, name, period string) (log *lockedBuffer, stop func()) {
+	t.Helper()
+	log = &lockedBuffer{}
+	cmd := exec.Command("ip", "netns", "exec", n.Name(), filepath.Join(testenv.Bins(t), "villaged"),
+		"run", "--conf", conf, "--node-name", name, "--run-dir", filepath.Join(n.Dir, "run"), "--period", period)
+	cmd.Stdout, cmd.Stderr = log, log
+	must(t, cmd.Start(), "starting villaged")
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		})
+	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("villaged log:\n%s", log.String())
+		}
+	})
+	return log, stop
+}
+
 type agentLab struct {
 	t     *testing.T
 	host  ns.NetNS // the LAN host etcd (or the API server) listens in

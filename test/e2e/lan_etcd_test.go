@@ -36,15 +36,7 @@ func TestSharedLANPoolThroughEtcd(t *testing.T) {
 		must(t, testenv.Ping(host, p.ip, 2), "LAN host -> %s", p.ip)
 		must(t, testenv.Ping(nodes[p.node].NS, p.ip, 2), "node %d -> its pod %s", p.node+1, p.ip)
 	}
-	var a, b lanPod
-	for _, p := range all {
-		if p.node == 0 {
-			a = p
-		} else {
-			b = p
-		}
-	}
-	must(t, testenv.Ping(a.pod.NS, b.ip, 2), "pod on node 1 -> pod on node 2 over the LAN")
+	pingAcrossNodes(t, all)
 
 	// The range is full: the next ADD fails naming it and leaves nothing.
 	extra := nodes[0].NewPod()
@@ -97,6 +89,21 @@ func TestSharedLANPoolThroughEtcd(t *testing.T) {
 	for i := range 12 {
 		nodes[i%2].MustAdd(lists[i%2], nodes[i%2].NewPod())
 	}
+}
+
+// pingAcrossNodes proves that a pod on node 1 reaches a pod on node 2 over
+// the LAN (the last of each node's pods in all).
+func pingAcrossNodes(t *testing.T, all []lanPod) {
+	t.Helper()
+	var a, b lanPod
+	for _, p := range all {
+		if p.node == 0 {
+			a = p
+		} else {
+			b = p
+		}
+	}
+	must(t, testenv.Ping(a.pod.NS, b.ip, 2), "pod on node 1 -> pod on node 2 over the LAN")
 }
 
 // sharedLANNodes makes two nodes on lan (192.168.77.11 and .12) with the

@@ -32,15 +32,7 @@ func TestSharedLANPoolThroughKubernetes(t *testing.T) {
 	if len(leases.Items) != 12 {
 		t.Fatalf("%d allocation Leases, want 12", len(leases.Items))
 	}
-	var a, b lanPod
-	for _, p := range all {
-		if p.node == 0 {
-			a = p
-		} else {
-			b = p
-		}
-	}
-	must(t, testenv.Ping(a.pod.NS, b.ip, 2), "pod on node 1 -> pod on node 2 over the LAN")
+	pingAcrossNodes(t, all)
 
 	extra := nodes[0].NewPod()
 	if _, err := nodes[0].Add(lists[0], extra); err == nil || !strings.Contains(err.Error(), "192.168.77.200") {

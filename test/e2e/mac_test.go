@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -101,18 +99,7 @@ func TestMACsStayPut(t *testing.T) {
 	}
 
 	scramble()
-	var log lockedBuffer
-	cmd := exec.Command("ip", "netns", "exec", n.Name(), filepath.Join(testenv.Bins(t), "villaged"),
-		"run", "--conf", conf, "--node-name", "node1", "--run-dir", filepath.Join(n.Dir, "run"), "--period", "200ms")
-	cmd.Stdout, cmd.Stderr = &log, &log
-	must(t, cmd.Start(), "starting villaged")
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("villaged log:\n%s", log.String())
-		}
-	}()
+	runVillaged(t, n, conf, "node1", "200ms")
 	waitFor(t, 20*time.Second, "villaged puts the MACs back", func() (bool, string) { return check("villaged") })
 	must(t, n.Del(l, p), "DEL")
 }

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -248,18 +247,13 @@ func TestNetworksShareANode(t *testing.T) {
 	}
 	// villaged run of the none network: its start pass is a sweep.
 	others(no, "villaged run of "+no.name, func() {
-		var log lockedBuffer
-		cmd := exec.Command("ip", "netns", "exec", n1.Name(), filepath.Join(testenv.Bins(t), "villaged"),
-			"run", "--conf", no.conf, "--node-name", "node1", "--run-dir", filepath.Join(n1.Dir, "run"), "--period", "100ms")
-		cmd.Stdout, cmd.Stderr = &log, &log
-		must(t, cmd.Start(), "starting villaged")
+		log, stop := runVillaged(t, n1.Node, no.conf, "node1", "100ms")
 		// The start pass (the sweep) follows this line and precedes the loop;
 		// "stopping" below is printed after the loop, so after the sweep.
 		waitFor(t, 30*time.Second, "villaged reaches its start pass", func() (bool, string) {
 			return strings.Contains(log.String(), "no registry"), log.String()
 		})
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
+		stop()
 		if !strings.Contains(log.String(), "no registry") || !strings.Contains(log.String(), "stopping") {
 			t.Fatalf("villaged run did not complete its start pass:\n%s", log.String())
 		}

@@ -3,10 +3,8 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,18 +21,7 @@ func TestAgentRepairsFromKernelNotifications(t *testing.T) {
 	n1 := nodes[0]
 	conf := filepath.Join(n1.Dir, "ovl.conflist")
 	must(t, os.WriteFile(conf, n1.list(t, "vxlan", nodes, "").Bytes, 0o644), "conflist")
-	var log lockedBuffer
-	cmd := exec.Command("ip", "netns", "exec", n1.Name(), filepath.Join(testenv.Bins(t), "villaged"),
-		"run", "--conf", conf, "--node-name", "node-"+n1.ip, "--run-dir", filepath.Join(n1.Dir, "run"), "--period", "1h")
-	cmd.Stdout, cmd.Stderr = &log, &log
-	must(t, cmd.Start(), "starting villaged")
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("villaged log:\n%s", log.String())
-		}
-	}()
+	log, _ := runVillaged(t, n1.Node, conf, "node-"+n1.ip, "1h")
 	metric := fmt.Sprint(overlay.Metric("ovl"))
 	route := func() (bool, string) {
 		r := testenv.MustIP(t, n1.NS, "route", "show", "10.60.2.0/24")

@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -75,20 +74,7 @@ func TestShimFollowsTheNodeAddress(t *testing.T) {
 		t.Fatalf("villaged status of shim-a (%v) judges shim-b's route:\n%s", err, out)
 	}
 
-	var log lockedBuffer
-	cmd := exec.Command("ip", "netns", "exec", n.Name(), filepath.Join(testenv.Bins(t), "villaged"),
-		"run", "--conf", a.conf, "--node-name", "node1", "--run-dir", filepath.Join(n.Dir, "run"), "--period", "1h")
-	cmd.Stdout, cmd.Stderr = &log, &log
-	must(t, cmd.Start(), "starting villaged")
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		<-exited
-		if t.Failed() {
-			t.Logf("villaged log:\n%s", log.String())
-		}
-	})
+	log, _ := runVillaged(t, n, a.conf, "node1", "1h")
 	waitFor(t, 20*time.Second, "villaged has started", func() (bool, string) {
 		return strings.Contains(log.String(), "no registry"), log.String()
 	})
