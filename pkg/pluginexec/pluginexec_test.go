@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -133,5 +134,97 @@ func TestRunKilledWhenContextEnds(t *testing.T) {
 	}
 	if d := time.Since(start); d > 30*time.Second {
 		t.Fatalf("Run returned after %s: the plugin was not killed", d)
+	}
+}
+
+// TestAbortBeforeSend: a plugin started but never sent its configuration
+// reads nothing of it, and Abort leaves no process behind.
+func TestAbortBeforeSend(t *testing.T) {
+	dir := t.TempDir()
+	got := filepath.Join(dir, "stdin")
+	started := filepath.Join(dir, "started")
+	p := plugin(t, dir, "p", "exec >"+got+"; touch "+started+"; exec cat")
+	proc, err := Call{Path: p, Command: "ADD", Stdin: []byte(`{"cniVersion":"1.0.0","name":"secret"}`)}.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The plugin runs (up to its read of stdin) before Send or Abort.
+	waitFor(t, func() bool { _, err := os.Stat(started); return err == nil })
+	pid := proc.pid
+	proc.Abort()
+	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
+		t.Fatalf("plugin %d still there after Abort (kill 0: %v)", pid, err)
+	}
+	b, err := os.ReadFile(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != 0 {
+		t.Fatalf("an aborted plugin read %q", b)
+	}
+	proc.Abort() // again: nothing
+}
+
+// TestOutputBeforeExit: Output returns the result as soon as the plugin
+// closes its stdout, while it still runs; the result counts only through
+// Wait, which reports how the plugin ended.
+func TestOutputBeforeExit(t *testing.T) {
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "gate")
+	for _, tc := range []struct {
+		name, exit string
+		ok         bool
+	}{{"exits 0", "exit 0", true}, {"fails after printing", "echo late >&2; exit 3", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			os.Remove(gate)
+			p := plugin(t, dir, strings.ReplaceAll(tc.name, " ", "-"), `cat >/dev/null
+echo '{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.9/24"}]}'
+exec 1>&-
+while [ ! -e `+gate+` ]; do sleep 0.01; done
+`+tc.exit)
+			proc, err := Call{Path: p, Command: "ADD", Stdin: []byte(`{"cniVersion":"1.0.0"}`)}.Start()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			res, err := proc.Output(ctx) // would wait forever if it waited for the exit
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r, err := current.NewResultFromResult(res); err != nil || len(r.IPs) != 1 || r.IPs[0].Address.String() != "10.1.0.9/24" {
+				t.Fatalf("result %v (%v)", res, err)
+			}
+			if err := syscall.Kill(proc.pid, 0); err != nil {
+				t.Fatalf("the plugin should still run: %v", err)
+			}
+			must(t, os.WriteFile(gate, nil, 0o600))
+			err = proc.Wait()
+			if tc.ok != (err == nil) {
+				t.Fatalf("Wait: %v, want ok=%v", err, tc.ok)
+			}
+			if !tc.ok && !strings.Contains(err.Error(), "late") {
+				t.Fatalf("Wait: %v, want the plugin's stderr", err)
+			}
+			if err2 := proc.Wait(); err2 != err && err2.Error() != err.Error() {
+				t.Fatalf("second Wait: %v, first %v", err2, err)
+			}
+		})
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within a minute")
+		}
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

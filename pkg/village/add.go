@@ -1,6 +1,8 @@
 package village
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -8,6 +10,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/types/create"
 	"github.com/vishvananda/netlink"
 
 	"github.com/village-cni/village/pkg/cidr"
@@ -15,10 +18,18 @@ import (
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netsetup"
+	"github.com/village-cni/village/pkg/pluginexec"
 )
 
 // Add is the CNI ADD verb.
 func Add(args *skel.CmdArgs) (err error) {
+	// The IPAM plugin's process start-up is the longest wait of an ADD, so
+	// it is forked first and starts up while the config is parsed, the pod
+	// namespace checked and the links made. It is given its input only once
+	// that input is known to be good (startIPAM); until then it can claim
+	// nothing, and it is killed if the input is bad.
+	early := forkClaim(args)
+	defer early.abort()
 	conf, err := netconf.Parse(args.StdinData, args.Args)
 	if err != nil {
 		return err
@@ -36,12 +47,15 @@ func Add(args *skel.CmdArgs) (err error) {
 	defer undo.RunIfFailed(&err)
 
 	a := &adder{conf: conf, args: args, pod: pod, undo: &undo}
-	// The IPAM plugin starts as soon as the input is known to be good: its
-	// process start-up and its claim overlap the link work.
-	a.startIPAM()
+	if err := a.startIPAM(early); err != nil {
+		return err
+	}
 	defer func() {
 		if err != nil {
-			_ = a.awaitIPAM() // registers the release of a claim still in flight; a failed claim has nothing to release
+			// Registers the release of a claim still in flight (a failed
+			// claim has nothing to release) and reaps the plugin.
+			_ = a.awaitIPAM()
+			_ = a.confirmIPAM()
 		}
 	}()
 	result, err := a.run()
@@ -89,25 +103,51 @@ type adder struct {
 	bridge  *netlink.Bridge
 	veth    *netsetup.VethLinks
 	result  *current.Result
-	pending *pendingClaim // the IPAM ADD in flight, until awaitIPAM
+	pending *pendingClaim // the IPAM ADD in flight, until confirmIPAM
 }
 
 // pendingClaim is an IPAM ADD running while the links are made.
 type pendingClaim struct {
-	call ipamCall
-	live bool
-	done chan claimReply
+	call     ipamCall
+	proc     *pluginexec.Proc
+	live     bool
+	answered bool               // awaitIPAM read its answer
+	cancel   context.CancelFunc // of the deadline that kills it, once it is reaped
 }
 
-type claimReply struct {
-	res *current.Result
-	err error
+// forkClaim forks the IPAM plugin the config names for an ADD, without its
+// input (see Add). It reads only "ipam.type"; nil when the config names no
+// IPAM plugin or the plugin cannot be started: startIPAM then tries again
+// and reports why, once the config has been checked.
+func forkClaim(args *skel.CmdArgs) *pendingClaim {
+	var peek struct {
+		IPAM struct {
+			Type string `json:"type"`
+		} `json:"ipam"`
+	}
+	if json.Unmarshal(args.StdinData, &peek) != nil || peek.IPAM.Type == "" {
+		return nil
+	}
+	call := ipamCall{Type: peek.IPAM.Type, Args: args, IfName: args.IfName, Conf: args.StdinData}
+	proc, err := call.start("ADD")
+	if err != nil {
+		return nil
+	}
+	return &pendingClaim{call: call, proc: proc, live: true}
+}
+
+// abort kills a claim that was never sent its input (and reaps one that
+// was): what a failed ADD does with a plugin it forked but did not wait for.
+func (p *pendingClaim) abort() {
+	if p != nil {
+		p.proc.Abort()
+	}
 }
 
 // run makes the attachment while the IPAM plugin (started by Add) claims
 // the addresses: the bridge and the veth do not need them.
 func (a *adder) run() (*current.Result, error) {
-	steps := []func() error{a.checkLive, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.awaitIPAM, a.describeLinks, a.ensureSpoofCheck, a.configurePod, a.configureHost, a.addLAN}
+	steps := []func() error{a.checkLive, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.awaitIPAM, a.describeLinks, a.ensureSpoofCheck, a.configurePod, a.configureHost, a.addLAN, a.confirmIPAM}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
@@ -134,21 +174,25 @@ func (a *adder) ipam() ipamCall {
 	return ipamCall{Type: a.conf.IPAMType, Args: a.args, IfName: a.args.IfName, Conf: a.args.StdinData}
 }
 
-// startIPAM starts the IPAM plugin's ADD in the background (awaitIPAM
-// collects it). The process is forked from an unlocked thread, so it runs in
-// the node's namespace whatever namespace the link work has switched to.
-// Until checkLive has looked, the claim counts as live: a failure before
-// then leaves the addresses to the runtime's DEL rather than risk taking
-// them from a pod that holds them.
-func (a *adder) startIPAM() {
-	p := &pendingClaim{call: a.ipam(), live: true, done: make(chan claimReply, 1)}
-	go func() {
-		ctx, cancel := ipamTimeout()
-		defer cancel()
-		res, err := p.call.Add(ctx)
-		p.done <- claimReply{res: res, err: err}
-	}()
+// startIPAM gives the IPAM plugin forked by forkClaim its input (or forks
+// it now, if forkClaim could not), so that it claims the addresses while
+// the links are made; awaitIPAM collects them. Until checkLive has looked,
+// the claim counts as live: a failure before then leaves the addresses to
+// the runtime's DEL rather than risk taking them from a pod that holds them.
+func (a *adder) startIPAM(early *pendingClaim) error {
+	p := early
+	if p == nil || p.call.Type != a.conf.IPAMType {
+		early.abort()
+		call := a.ipam()
+		proc, err := call.start("ADD")
+		if err != nil {
+			return err
+		}
+		p = &pendingClaim{call: call, proc: proc, live: true}
+	}
+	p.proc.Send()
 	a.pending = p
+	return nil
 }
 
 // checkLive records whether this ADD retries an attachment that lives (see
@@ -162,23 +206,67 @@ func (a *adder) checkLive() error {
 	return nil
 }
 
-// awaitIPAM waits for the claim startIPAM started, registers its release on
-// the undo stack and takes its result. Calling it again does nothing.
+// awaitIPAM waits for the answer of the claim startIPAM started, registers
+// its release on the undo stack and takes its result. The IPAM process may
+// still be exiting: confirmIPAM, the last step, waits for its exit status
+// before the result can be reported. Calling it again does nothing.
 func (a *adder) awaitIPAM() error {
+	p := a.pending
+	if p == nil || p.answered {
+		return nil
+	}
+	p.answered = true
+	warmResultCodec(a.conf.CNIVersion)
+	ctx, cancel := ipamTimeout()
+	p.cancel = cancel // the deadline runs until confirmIPAM: cancelling it kills the plugin
+	res, err := p.call.answer(ctx, p.proc)
+	if err != nil {
+		a.pending = nil
+		cancel() // answer reaped it
+		return err
+	}
+	a.pushRelease(p.live, fmt.Sprintf("release addresses of %q through IPAM %q", a.args.IfName, p.call.Type), p.call)
+	a.result = res
+	a.fillGateways()
+	return nil
+}
+
+// confirmIPAM reaps the IPAM process whose answer awaitIPAM took: the ADD
+// fails (and undoes what it made with those addresses) unless it exited 0.
+func (a *adder) confirmIPAM() error {
 	p := a.pending
 	if p == nil {
 		return nil
 	}
 	a.pending = nil
-	r := <-p.done
-	if r.err != nil {
-		return r.err
+	err := p.call.confirm(p.proc)
+	if p.cancel != nil {
+		p.cancel()
 	}
-	a.pushRelease(p.live, fmt.Sprintf("release addresses of %q through IPAM %q", a.args.IfName, p.call.Type), p.call)
-	a.result = r.res
-	a.fillGateways()
-	return nil
+	return err
 }
+
+// warmResultCodec decodes and encodes a result of the network's version
+// once, while the IPAM plugin is still working: the first use of
+// encoding/json on a type builds its field cache and touches the decoder's
+// and encoder's code for the first time (page faults), about half a
+// millisecond that otherwise sits between the IPAM plugin's answer and the
+// pod's configuration, and again before the result is printed.
+func warmResultCodec(cniVersion string) {
+	r, err := create.Create(cniVersion, []byte(warmResult))
+	if err != nil {
+		return
+	}
+	if cur, err := current.NewResultFromResult(r); err == nil {
+		if v, err := cur.GetAsVersion(cniVersion); err == nil {
+			_, _ = json.Marshal(v)
+		}
+	}
+}
+
+const warmResult = `{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","mac":"02:00:00:00:00:01","sandbox":"/x"}],` +
+	`"ips":[{"address":"10.0.0.2/24","gateway":"10.0.0.1","interface":0},{"address":"fd00::2/64","gateway":"fd00::1"}],` +
+	`"routes":[{"dst":"0.0.0.0/0","gw":"10.0.0.1"}],"dns":{"nameservers":["10.0.0.10"],"search":["a"]}}`
 
 // live reports whether a previous ADD of this container made the pod
 // interface ifName (its owner tag is there): this ADD is then a retry of an

@@ -57,22 +57,64 @@ func (c ipamCall) exec(verb string) (pluginexec.Call, error) {
 }
 
 func (c ipamCall) Add(ctx context.Context) (*current.Result, error) {
-	call, err := c.exec("ADD")
+	p, err := c.start("ADD")
 	if err != nil {
 		return nil, err
 	}
-	r, err := call.Result(ctx)
+	p.Send()
+	res, err := c.answer(ctx, p)
 	if err != nil {
-		return nil, wrapIPAM(c.Type, "ADD", err)
+		return nil, err
 	}
-	res, err := current.NewResultFromResult(r)
+	return res, c.confirm(p)
+}
+
+// start forks the IPAM plugin for verb without its configuration (see
+// pluginexec.Call.Start): it starts up while the caller finishes checking
+// its input, then gets it by Send, or is Aborted having read nothing.
+func (c ipamCall) start(verb string) (*pluginexec.Proc, error) {
+	call, err := c.exec(verb)
 	if err != nil {
-		return nil, fmt.Errorf("IPAM plugin %q returned a result village cannot read: %w", c.Type, err)
+		return nil, err
 	}
-	if len(res.IPs) == 0 {
-		return nil, fmt.Errorf("IPAM plugin %q returned no IP address for %q", c.Type, c.IfName)
+	p, err := call.Start()
+	if err != nil {
+		return nil, wrapIPAM(c.Type, verb, err)
+	}
+	return p, nil
+}
+
+// answer returns the addresses the ADD that p runs printed, as soon as it
+// printed them (pluginexec.Proc.Output): the process may still be exiting,
+// and they are its answer only once confirm returns nil. A plugin that
+// failed has been waited for and its own error is returned.
+func (c ipamCall) answer(ctx context.Context, p *pluginexec.Proc) (*current.Result, error) {
+	var res *current.Result
+	r, err := p.Output(ctx)
+	if err == nil {
+		res, err = current.NewResultFromResult(r)
+		if err != nil {
+			err = fmt.Errorf("IPAM plugin %q returned a result village cannot read: %w", c.Type, err)
+		} else if len(res.IPs) == 0 {
+			err = fmt.Errorf("IPAM plugin %q returned no IP address for %q", c.Type, c.IfName)
+		}
+	}
+	if err != nil {
+		if werr := c.confirm(p); werr != nil {
+			return nil, werr
+		}
+		return nil, err
 	}
 	return res, nil
+}
+
+// confirm waits for the process of an ADD whose answer was read: nil when
+// it exited 0.
+func (c ipamCall) confirm(p *pluginexec.Proc) error {
+	if err := p.Wait(); err != nil {
+		return wrapIPAM(c.Type, "ADD", err)
+	}
+	return nil
 }
 
 func (c ipamCall) run(ctx context.Context, verb string) error {

@@ -234,3 +234,39 @@ func TestIPAMMissingFromCNIPath(t *testing.T) {
 		t.Fatalf("allocations: %v", left)
 	}
 }
+
+// TestIPAMFailingAfterItsAnswer: village reads the IPAM plugin's result as
+// soon as the plugin closes its stdout and configures the pod while the
+// plugin exits. A plugin that then exits non-zero has not succeeded: the
+// ADD fails with its error, and everything made with those addresses is
+// undone, the addresses released through the plugin's DEL.
+func TestIPAMFailingAfterItsAnswer(t *testing.T) {
+	n := NewNode(t)
+	data := filepath.Join(n.Dir, "ipam")
+	l := simpleList(t, "lateipam", "late0", "10.68.0.0/24", data)
+	wrap := filepath.Join(n.Dir, "late-bin")
+	must(t, os.MkdirAll(wrap, 0o755), "mkdir")
+	verbs := filepath.Join(n.Dir, "verbs")
+	script := fmt.Sprintf(`#!/bin/sh
+echo "$CNI_COMMAND" >> %s
+[ "$CNI_COMMAND" = ADD ] || exec %s
+out=$(%[2]s) || exit 9
+printf '%%s' "$out"
+exec 1>&-
+sleep 0.2
+echo "late failure" >&2
+exit 1
+`, verbs, filepath.Join(testenv.Bins(t), "village-ipam"))
+	must(t, os.WriteFile(filepath.Join(wrap, "village-ipam"), []byte(script), 0o755), "write wrapper")
+	p := n.NewPod()
+	e := addFails(t, n, l, p, "CNI_PATH="+wrap+":"+testenv.CNIPath(t))
+	if !strings.Contains(e.Msg, "late failure") || !strings.Contains(e.Msg, `"village-ipam"`) {
+		t.Fatalf("ADD: %+v, want the IPAM plugin's late failure", e)
+	}
+	if got, err := os.ReadFile(verbs); err != nil || string(got) != "ADD\nDEL\n" {
+		t.Fatalf("IPAM verbs %q (%v), want the ADD and the DEL that undoes it", got, err)
+	}
+	if left := ipFiles(t, data); len(left) != 0 {
+		t.Fatalf("allocations after the failed ADD: %v", left)
+	}
+}
