@@ -276,36 +276,13 @@ func TestCrashDuringAdd(t *testing.T) {
 		survivors = append(survivors, p, q)
 		t.Logf("an ADD takes %s, %s of it after IPAM answered", whole, linkPart)
 	}
-	// midway starts ADDs (made by launch) and kills each at a random moment
-	// of its first bound, until want of them were killed mid-way. An ADD
-	// that finished first (one calibration sample is no promise: the
-	// machine's load moves) shrinks the bound for the next, so the kills
-	// find the ADD whatever its speed now; attempts are capped, and a test
-	// whose kills never land fails instead of testing nothing.
-	midway := func(section string, want int, bound time.Duration, launch func(i int) (*Pod, *proc, func(*proc) bool)) {
-		t.Helper()
-		got := 0
-		for i := 0; got < want; i++ {
-			if i == 10*want {
-				t.Fatalf("%s: only %d of %d ADDs were killed mid-way: the kill timing tests nothing", section, got, i)
-			}
-			p, pr, kill1 := launch(i)
-			time.Sleep(rand.N(bound))
-			died := kill1(pr)
-			kills = append(kills, kill{p, fmt.Sprintf("%s #%d", section, i), died})
-			if died {
-				got++
-			} else {
-				bound = max(bound*3/4, time.Millisecond)
-			}
-		}
-	}
+	record := func(p *Pod, how string, died bool) { kills = append(kills, kill{p, how, died}) }
 	// 1. Random moments of the whole ADD; every other one kills the IPAM
 	// plugin too, in the middle of its own store writes.
-	midway("random", 16, whole, func(i int) (*Pod, *proc, func(*proc) bool) {
+	killMidway(t, "random", 16, whole, func(i int) (*Pod, *proc, func(*proc) bool) {
 		p := n.NewPod()
 		return p, start(p), func(pr *proc) bool { return pr.kill(t, killMode(i%2)) }
-	})
+	}, record)
 	// 2. The addresses are claimed, the links made while the IPAM plugin
 	// runs, and the wrapper holds IPAM's answer: eth0 exists but has no
 	// address yet when village is killed.
@@ -325,13 +302,13 @@ func TestCrashDuringAdd(t *testing.T) {
 	}
 	// 3. In link setup: IPAM answers at once, village is killed at a random
 	// moment of the rest.
-	midway("link setup", 8, linkPart, func(int) (*Pod, *proc, func(*proc) bool) {
+	killMidway(t, "link setup", 8, linkPart, func(int) (*Pod, *proc, func(*proc) bool) {
 		p := n.NewPod()
 		hold := filepath.Join(n.Dir, "hold-"+p.ID)
 		pr := start(p, "VILLAGE_TEST_HOLD="+hold, "VILLAGE_TEST_HOLD_SECS=0")
 		waitFile(t, hold, pr)
 		return p, pr, func(pr *proc) bool { return pr.kill(t, killPlugin) }
-	})
+	}, record)
 	died := 0
 	for _, k := range kills {
 		if k.died {
@@ -545,6 +522,32 @@ func TestCorruptStoreThroughBinaries(t *testing.T) {
 	}
 }
 
+// killMidway starts operations (made by launch) and kills each at a random
+// moment of its first bound, until want of them were killed mid-way;
+// record hears of every attempt, killed or finished first. An operation
+// that finished first (one calibration sample is no promise: the
+// machine's load moves) shrinks the bound for the next, so the kills find
+// the operation whatever its speed now; attempts are capped, and a test
+// whose kills never land fails instead of testing nothing.
+func killMidway(t *testing.T, section string, want int, bound time.Duration, launch func(i int) (*Pod, *proc, func(*proc) bool), record func(p *Pod, how string, died bool)) {
+	t.Helper()
+	got := 0
+	for i := 0; got < want; i++ {
+		if i == 10*want {
+			t.Fatalf("%s: only %d of %d were killed mid-way: the kill timing tests nothing", section, got, i)
+		}
+		p, pr, kill := launch(i)
+		time.Sleep(rand.N(bound))
+		died := kill(pr)
+		record(p, fmt.Sprintf("%s #%d", section, i), died)
+		if died {
+			got++
+		} else {
+			bound = max(bound*3/4, time.Millisecond)
+		}
+	}
+}
+
 // TestCrashDuringDel SIGKILLs DEL at random moments (alone, or with the IPAM
 // plugin it runs): the runtime's repeated DEL must succeed and leave
 // nothing of the pod.
@@ -566,23 +569,21 @@ func TestCrashDuringDel(t *testing.T) {
 	}
 	whole := time.Since(t0)
 	var pods []*Pod
-	for range 16 {
+	killed := 0
+	killMidway(t, "DEL", 16, whole, func(i int) (*Pod, *proc, func(*proc) bool) {
 		p := n.NewPod()
 		n.MustAdd(l, p)
+		return p, del(p), func(pr *proc) bool { return pr.kill(t, killMode(i%2)) }
+	}, func(p *Pod, _ string, died bool) {
 		pods = append(pods, p)
-	}
-	killed := 0
-	for i, p := range pods {
-		pr := del(p)
-		time.Sleep(rand.N(whole))
-		if pr.kill(t, killMode(i%2)) {
+		if died {
 			killed++
 		}
 		out := n.Exec(testenv.Call{Bin: "village", Command: "DEL", ContainerID: p.ID, Netns: p.NS.Path(), IfName: "eth0", Stdin: stdin})
 		if out.ExitCode != 0 {
 			t.Fatalf("DEL repeated after a killed DEL: %s %s", out.Stdout, out.Stderr)
 		}
-	}
+	})
 	t.Logf("a DEL takes %s; %d of %d DELs killed mid-way", whole, killed, len(pods))
 	if left := ipFiles(t, data); len(left) != 0 {
 		t.Fatalf("allocations left: %v", left)
