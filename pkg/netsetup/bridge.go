@@ -120,7 +120,7 @@ func createBridge(b Bridge) (*netlink.Bridge, error) {
 		br.VlanFiltering = &on
 	}
 	if err := netlink.LinkAdd(br); err != nil && !errors.Is(err, syscall.EEXIST) {
-		return nil, fmt.Errorf("failed to create bridge %q: %w", b.Name, err)
+		return nil, fmt.Errorf("failed to create bridge %q%s: %w", b.Name, vlanHint(b, err), err)
 	}
 	// Re-read: parallel ADDs race to create the bridge, and the kernel
 	// fills in the index and MAC.
@@ -150,7 +150,7 @@ func fixBridge(br *netlink.Bridge, b Bridge) error {
 	}
 	if b.VlanFiltering && (br.VlanFiltering == nil || !*br.VlanFiltering) {
 		if err := netlink.BridgeSetVlanFiltering(br, true); err != nil {
-			return fmt.Errorf("failed to turn on VLAN filtering on bridge %q: %w", b.Name, err)
+			return fmt.Errorf("failed to turn on VLAN filtering on bridge %q%s: %w", b.Name, vlanHint(b, err), err)
 		}
 	}
 	if br.Flags&net.FlagUp == 0 {
@@ -159,6 +159,15 @@ func fixBridge(br *netlink.Bridge, b Bridge) error {
 		}
 	}
 	return nil
+}
+
+// vlanHint explains an EOPNOTSUPP from a bridge that was to filter VLANs:
+// the kernel was built without bridge VLAN filtering.
+func vlanHint(b Bridge, err error) string {
+	if b.VlanFiltering && errors.Is(err, syscall.EOPNOTSUPP) {
+		return ` with VLAN filtering ("vlan" needs a kernel built with CONFIG_BRIDGE_VLAN_FILTERING)`
+	}
+	return ""
 }
 
 // GatewaySpec is one gateway address to hold on the bridge.

@@ -194,8 +194,8 @@ func TestEnsureBridgeVlanFiltering(t *testing.T) {
 		return nil
 	})
 	if !supported {
-		if err == nil || !strings.Contains(err.Error(), "vbr0") {
-			t.Errorf("VLAN filtering without kernel support: error %v, want one naming the bridge", err)
+		if err == nil || !strings.Contains(err.Error(), "vbr0") || !strings.Contains(err.Error(), "CONFIG_BRIDGE_VLAN_FILTERING") {
+			t.Errorf("VLAN filtering without kernel support: error %v, want one naming the bridge and the kernel option", err)
 		}
 		return
 	}
