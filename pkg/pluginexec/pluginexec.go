@@ -120,7 +120,8 @@ type Proc struct {
 	stdout  []byte
 	rerr    error
 	stderr  chan []byte
-	exited  chan struct{} // closed by Wait: stops the context watcher
+	stop    chan struct{} // closed to stop the context watcher
+	stopped chan struct{} // closed by the watcher when it returns
 	waited  bool
 	werr    error
 }
@@ -212,12 +213,26 @@ func (p *Proc) Abort() {
 	p.out.Close()
 	p.errs.Close()
 	p.reap()
-	if p.exited != nil {
-		close(p.exited)
-	}
 }
 
+// reap waits for the plugin to exit, stops the context watcher, then
+// collects the exit status. The watcher may kill the pid only while it is
+// still the plugin's: until the process is reaped its pid stays a zombie
+// that no other process can be given, so the watcher is stopped after the
+// exit (waitid with WNOWAIT) and before the reaping.
 func (p *Proc) reap() (syscall.WaitStatus, error) {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if p.stop != nil {
+		close(p.stop)
+		<-p.stopped
+		p.stop = nil
+	}
 	var ws syscall.WaitStatus
 	var err error
 	for {
@@ -242,7 +257,9 @@ func (p *Proc) Result(ctx context.Context) (types.Result, error) {
 
 // wait runs the plugin to its end and returns its stdout.
 func (p *Proc) wait(ctx context.Context) ([]byte, error) {
-	p.read(ctx)
+	if err := p.read(ctx); err != nil {
+		return nil, err
+	}
 	if err := p.Wait(); err != nil {
 		return nil, err
 	}
@@ -272,14 +289,15 @@ func (p *Proc) read(ctx context.Context) error {
 	}
 	p.reading, p.ctx = true, ctx
 	p.Send()
-	p.exited = make(chan struct{})
-	go func(pid int, exited <-chan struct{}) {
+	p.stop, p.stopped = make(chan struct{}), make(chan struct{})
+	go func(pid int, stop <-chan struct{}, stopped chan<- struct{}) {
+		defer close(stopped)
 		select {
 		case <-ctx.Done():
 			_ = syscall.Kill(pid, syscall.SIGKILL)
-		case <-exited:
+		case <-stop:
 		}
-	}(p.pid, p.exited)
+	}(p.pid, p.stop, p.stopped)
 	p.stderr = make(chan []byte, 1)
 	go func(f *os.File, c chan<- []byte) {
 		b, _ := io.ReadAll(f)
@@ -313,7 +331,6 @@ func (p *Proc) finish() error {
 	defer p.errs.Close()
 	stderr := <-p.stderr
 	ws, err := p.reap()
-	close(p.exited)
 	if len(stderr) > 0 {
 		_, _ = os.Stderr.Write(stderr)
 	}
