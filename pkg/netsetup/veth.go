@@ -295,12 +295,19 @@ func (v Veth) finish(links *VethLinks) error {
 		}
 		links.Pod = l
 	}
-	if links.Pod.Attrs().Flags&net.FlagUp == 0 {
-		if err := v.Pod.h.LinkSetUp(links.Pod); err != nil {
-			return fmt.Errorf("failed to set %q up in netns %q: %w", v.IfName, v.Pod.Path, err)
-		}
-		links.Pod.Attrs().Flags |= net.FlagUp
+	return v.Pod.setUp(links.Pod)
+}
+
+// setUp brings the pod's link l up unless its attributes say it is, and
+// records that in them.
+func (p *Pod) setUp(l netlink.Link) error {
+	if l.Attrs().Flags&net.FlagUp != 0 {
+		return nil
 	}
+	if err := p.h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("failed to set %q up in netns %q: %w", l.Attrs().Name, p.Path, err)
+	}
+	l.Attrs().Flags |= net.FlagUp
 	return nil
 }
 
@@ -333,10 +340,8 @@ func (p *Pod) ConfigurePod(c PodIface) error {
 			return fmt.Errorf("failed to add %s to %q in netns %q: %w", a.Addr, name, p.Path, err)
 		}
 	}
-	if c.Link.Attrs().Flags&net.FlagUp == 0 {
-		if err := p.h.LinkSetUp(c.Link); err != nil {
-			return fmt.Errorf("failed to set %q up in netns %q: %w", name, p.Path, err)
-		}
+	if err := p.setUp(c.Link); err != nil {
+		return err
 	}
 	for _, r := range c.Routes {
 		route := &netlink.Route{LinkIndex: c.Link.Attrs().Index, Dst: r.Dst, Gw: r.GW, MTU: r.MTU}
