@@ -108,11 +108,12 @@ type adder struct {
 
 // pendingClaim is an IPAM ADD running while the links are made.
 type pendingClaim struct {
-	call     ipamCall
-	proc     *pluginexec.Proc
-	live     bool
-	answered bool               // awaitIPAM read its answer
-	cancel   context.CancelFunc // of the deadline that kills it, once it is reaped
+	call ipamCall
+	proc *pluginexec.Proc
+	live bool
+	// cancel ends the deadline that kills the plugin; awaitIPAM sets it
+	// when it reads the answer, confirmIPAM calls it once it is reaped.
+	cancel context.CancelFunc
 }
 
 // forkClaim forks the IPAM plugin the config names for an ADD, without its
@@ -128,12 +129,21 @@ func forkClaim(args *skel.CmdArgs) *pendingClaim {
 	if json.Unmarshal(args.StdinData, &peek) != nil || peek.IPAM.Type == "" {
 		return nil
 	}
-	call := ipamCall{Type: peek.IPAM.Type, Args: args, IfName: args.IfName, Conf: args.StdinData}
-	proc, err := call.start("ADD")
+	p, err := startClaim(podIPAM(peek.IPAM.Type, args))
 	if err != nil {
 		return nil
 	}
-	return &pendingClaim{call: call, proc: proc, live: true}
+	return p
+}
+
+// startClaim forks call's plugin for an ADD, without its input. The claim
+// counts as live until checkLive has looked (see startIPAM).
+func startClaim(call ipamCall) (*pendingClaim, error) {
+	proc, err := call.start("ADD")
+	if err != nil {
+		return nil, err
+	}
+	return &pendingClaim{call: call, proc: proc, live: true}, nil
 }
 
 // abort kills a claim that was never sent its input (and reaps one that
@@ -170,10 +180,6 @@ func (a *adder) ensureBridge() error {
 	return nil
 }
 
-func (a *adder) ipam() ipamCall {
-	return ipamCall{Type: a.conf.IPAMType, Args: a.args, IfName: a.args.IfName, Conf: a.args.StdinData}
-}
-
 // startIPAM gives the IPAM plugin forked by forkClaim its input (or forks
 // it now, if forkClaim could not), so that it claims the addresses while
 // the links are made; awaitIPAM collects them. Until checkLive has looked,
@@ -183,12 +189,10 @@ func (a *adder) startIPAM(early *pendingClaim) error {
 	p := early
 	if p == nil || p.call.Type != a.conf.IPAMType {
 		early.abort()
-		call := a.ipam()
-		proc, err := call.start("ADD")
-		if err != nil {
+		var err error
+		if p, err = startClaim(podIPAM(a.conf.IPAMType, a.args)); err != nil {
 			return err
 		}
-		p = &pendingClaim{call: call, proc: proc, live: true}
 	}
 	p.proc.Send()
 	a.pending = p
@@ -212,13 +216,12 @@ func (a *adder) checkLive() error {
 // before the result can be reported. Calling it again does nothing.
 func (a *adder) awaitIPAM() error {
 	p := a.pending
-	if p == nil || p.answered {
+	if p == nil || p.cancel != nil {
 		return nil
 	}
-	p.answered = true
 	warmResultCodec(a.conf.CNIVersion)
 	ctx, cancel := ipamTimeout()
-	p.cancel = cancel // the deadline runs until confirmIPAM: cancelling it kills the plugin
+	p.cancel = cancel
 	res, err := p.call.answer(ctx, p.proc)
 	if err != nil {
 		a.pending = nil
@@ -231,8 +234,9 @@ func (a *adder) awaitIPAM() error {
 	return nil
 }
 
-// confirmIPAM reaps the IPAM process whose answer awaitIPAM took: the ADD
-// fails (and undoes what it made with those addresses) unless it exited 0.
+// confirmIPAM reaps the IPAM process whose answer awaitIPAM took (it always
+// runs after awaitIPAM, which set p.cancel): the ADD fails (and undoes what
+// it made with those addresses) unless it exited 0.
 func (a *adder) confirmIPAM() error {
 	p := a.pending
 	if p == nil {
@@ -240,9 +244,7 @@ func (a *adder) confirmIPAM() error {
 	}
 	a.pending = nil
 	err := p.call.confirm(p.proc)
-	if p.cancel != nil {
-		p.cancel()
-	}
+	p.cancel()
 	return err
 }
 

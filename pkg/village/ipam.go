@@ -24,6 +24,12 @@ type ipamCall struct {
 	Conf   []byte // full stdin, with the ipam block this call is about
 }
 
+// podIPAM is the call for the pod interface (CNI_IFNAME) with the
+// runtime's config as it came.
+func podIPAM(typ string, args *skel.CmdArgs) ipamCall {
+	return ipamCall{Type: typ, Args: args, IfName: args.IfName, Conf: args.StdinData}
+}
+
 func (c ipamCall) path() (string, error) {
 	p, err := pluginexec.Find(c.Type, c.Args.Path)
 	if err != nil {
@@ -186,7 +192,7 @@ func ipamTimeout() (context.Context, context.CancelFunc) {
 func ipamCalls(conf *netconf.NetConf, args *skel.CmdArgs) ([]ipamCall, error) {
 	var calls []ipamCall
 	if conf.HasIPAM {
-		calls = append(calls, ipamCall{Type: conf.IPAMType, Args: args, IfName: args.IfName, Conf: args.StdinData})
+		calls = append(calls, podIPAM(conf.IPAMType, args))
 	}
 	if conf.LAN != nil {
 		lanConf, err := withIPAM(args.StdinData, conf.LAN.IPAM, conf.LAN.IfName)
