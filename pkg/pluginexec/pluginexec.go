@@ -88,7 +88,6 @@ func (c Call) Run(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Send()
 	return p.wait(ctx)
 }
 
@@ -100,7 +99,6 @@ func (c Call) Result(ctx context.Context) (types.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Send()
 	return p.Result(ctx)
 }
 
@@ -161,16 +159,14 @@ func (c Call) Start() (*Proc, error) {
 		Files: []uintptr{pipes[0][0].Fd(), pipes[1][1].Fd(), pipes[2][1].Fd()},
 	}
 	pid, err := forkExec(c.Path, attr)
+	if err != nil {
+		closeAll()
+		return nil, fmt.Errorf("failed to run plugin %s: %w", c.Path, err)
+	}
 	// The child's ends belong to the child now.
 	pipes[0][0].Close()
 	pipes[1][1].Close()
 	pipes[2][1].Close()
-	if err != nil {
-		pipes[0][1].Close()
-		pipes[1][0].Close()
-		pipes[2][0].Close()
-		return nil, fmt.Errorf("failed to run plugin %s: %w", c.Path, err)
-	}
 	return &Proc{call: c, pid: pid, stdin: pipes[0][1], out: pipes[1][0], errs: pipes[2][0]}, nil
 }
 
@@ -255,7 +251,8 @@ func (p *Proc) Result(ctx context.Context) (types.Result, error) {
 	return res, err
 }
 
-// wait runs the plugin to its end and returns its stdout.
+// wait sends the plugin its configuration, runs it to its end and returns
+// its stdout (Wait fails when stdout could not be read).
 func (p *Proc) wait(ctx context.Context) ([]byte, error) {
 	if err := p.read(ctx); err != nil {
 		return nil, err
@@ -263,7 +260,7 @@ func (p *Proc) wait(ctx context.Context) ([]byte, error) {
 	if err := p.Wait(); err != nil {
 		return nil, err
 	}
-	return p.stdout, p.rerr
+	return p.stdout, nil
 }
 
 // Output sends the plugin its configuration (if Send was not called),

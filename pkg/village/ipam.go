@@ -67,8 +67,7 @@ func (c ipamCall) Add(ctx context.Context) (*current.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Send()
-	res, err := c.answer(ctx, p)
+	res, err := c.answer(ctx, p) // sends the config
 	if err != nil {
 		return nil, err
 	}
