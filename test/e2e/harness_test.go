@@ -228,6 +228,18 @@ func ipFiles(t *testing.T, dir string) []string {
 	return out
 }
 
+// execDir makes dir and writes each of files (name to content) into it as
+// an executable: wrappers and spies put in front of CNI_PATH or PATH.
+// It returns dir.
+func execDir(t testing.TB, dir string, files map[string][]byte) string {
+	t.Helper()
+	must(t, os.MkdirAll(dir, 0o755), "mkdir %s", dir)
+	for name, content := range files {
+		must(t, os.WriteFile(filepath.Join(dir, name), content, 0o755), "write %s", name)
+	}
+	return dir
+}
+
 func must(t testing.TB, err error, what string, args ...any) {
 	t.Helper()
 	if err != nil {

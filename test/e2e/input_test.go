@@ -145,14 +145,13 @@ func TestMasqueradeOncePerNetwork(t *testing.T) {
 func masqueradeOnce(t *testing.T, backend string) {
 	n := NewNode(t)
 	data := filepath.Join(n.Dir, "ipam")
-	spyDir := filepath.Join(n.Dir, "spy")
 	log := filepath.Join(n.Dir, "netfilter-calls")
-	must(t, os.MkdirAll(spyDir, 0o755), "mkdir")
+	spies := map[string][]byte{}
 	for _, tool := range []string{"iptables", "ip6tables", "nft", "iptables-nft", "iptables-legacy"} {
 		real := strings.TrimSpace(sh(t, "sh", "-c", "command -v "+tool))
-		script := fmt.Sprintf("#!/bin/sh\necho \"%s $*\" >> %s\nexec %s \"$@\"\n", tool, log, real)
-		must(t, os.WriteFile(filepath.Join(spyDir, tool), []byte(script), 0o755), "spy")
+		spies[tool] = fmt.Appendf(nil, "#!/bin/sh\necho \"%s $*\" >> %s\nexec %s \"$@\"\n", tool, log, real)
 	}
+	spyDir := execDir(t, filepath.Join(n.Dir, "spy"), spies)
 	be := ""
 	if backend != "" {
 		be = fmt.Sprintf(`"ipMasqBackend":%q,`, backend)

@@ -332,11 +332,9 @@ func variantNode(t *testing.T, variant string) *Node {
 			}
 		}
 	}
-	wrap := filepath.Join(dir, "bin")
-	must(t, os.MkdirAll(wrap, 0o755), "mkdir")
 	script := fmt.Sprintf("#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -c 'mount --bind %s /etc/alternatives && exec %s'\n",
 		alt, filepath.Join(testenv.Bins(t), "village"))
-	must(t, os.WriteFile(filepath.Join(wrap, "village"), []byte(script), 0o755), "wrapper")
+	wrap := execDir(t, filepath.Join(dir, "bin"), map[string][]byte{"village": []byte(script)})
 	n := NewNode(t)
 	n.CNI = libcni.NewCNIConfigWithCacheDir(append([]string{wrap}, filepath.SplitList(testenv.CNIPath(t))...), filepath.Join(n.Dir, "cache"), nil)
 	return n

@@ -131,8 +131,6 @@ func groupAlive(pgid int) bool {
 func holdIPAM(t *testing.T, dir string) string {
 	t.Helper()
 	real := filepath.Join(testenv.Bins(t), "village-ipam")
-	wrap := filepath.Join(dir, "hold-bin")
-	must(t, os.MkdirAll(wrap, 0o755), "mkdir")
 	script := fmt.Sprintf(`#!/bin/sh
 out=$(%s); rc=$?
 if [ "$CNI_COMMAND" = ADD ] && [ -n "$VILLAGE_TEST_HOLD" ]; then
@@ -142,8 +140,7 @@ fi
 printf '%%s' "$out"
 exit $rc
 `, real)
-	must(t, os.WriteFile(filepath.Join(wrap, "village-ipam"), []byte(script), 0o755), "write wrapper")
-	return wrap + ":" + testenv.CNIPath(t)
+	return execDir(t, filepath.Join(dir, "hold-bin"), map[string][]byte{"village-ipam": []byte(script)}) + ":" + testenv.CNIPath(t)
 }
 
 // pluginStdin is what libcni gives the first plugin of l: its config with

@@ -213,11 +213,9 @@ func TestIPAMMissingFromCNIPath(t *testing.T) {
 	n := NewNode(t)
 	data := filepath.Join(n.Dir, "ipam")
 	l := simpleList(t, "noipam", "noipam0", "10.69.0.0/24", data)
-	only := filepath.Join(n.Dir, "only-village")
-	must(t, os.MkdirAll(only, 0o755), "mkdir")
 	b, err := os.ReadFile(filepath.Join(testenv.Bins(t), "village"))
 	must(t, err, "read village")
-	must(t, os.WriteFile(filepath.Join(only, "village"), b, 0o755), "copy village")
+	only := execDir(t, filepath.Join(n.Dir, "only-village"), map[string][]byte{"village": b})
 	p := n.NewPod()
 	for _, cmd := range []string{"ADD", "DEL"} {
 		out := n.Exec(testenv.Call{Bin: filepath.Join(only, "village"), Command: cmd, ContainerID: p.ID, Netns: p.NS.Path(), IfName: "eth0",
@@ -244,8 +242,6 @@ func TestIPAMFailingAfterItsAnswer(t *testing.T) {
 	n := NewNode(t)
 	data := filepath.Join(n.Dir, "ipam")
 	l := simpleList(t, "lateipam", "late0", "10.68.0.0/24", data)
-	wrap := filepath.Join(n.Dir, "late-bin")
-	must(t, os.MkdirAll(wrap, 0o755), "mkdir")
 	verbs := filepath.Join(n.Dir, "verbs")
 	script := fmt.Sprintf(`#!/bin/sh
 echo "$CNI_COMMAND" >> %s
@@ -257,7 +253,7 @@ sleep 0.2
 echo "late failure" >&2
 exit 1
 `, verbs, filepath.Join(testenv.Bins(t), "village-ipam"))
-	must(t, os.WriteFile(filepath.Join(wrap, "village-ipam"), []byte(script), 0o755), "write wrapper")
+	wrap := execDir(t, filepath.Join(n.Dir, "late-bin"), map[string][]byte{"village-ipam": []byte(script)})
 	p := n.NewPod()
 	e := addFails(t, n, l, p, "CNI_PATH="+wrap+":"+testenv.CNIPath(t))
 	if !strings.Contains(e.Msg, "late failure") || !strings.Contains(e.Msg, `"village-ipam"`) {
