@@ -26,9 +26,10 @@ echo "== build"
 ./build_linux.sh
 export VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref"
 
-echo "== kube-apiserver for the kubernetes registry tests (built once, cached)"
-VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)"
-export VILLAGE_KUBE_APISERVER
+echo "== Kubernetes binaries for the API and cluster tests (built once per version, cached)"
+VILLAGE_KUBE_DIR="$(./scripts/kube.sh)"
+VILLAGE_KUBE_APISERVER="$VILLAGE_KUBE_DIR/kube-apiserver"
+export VILLAGE_KUBE_DIR VILLAGE_KUBE_APISERVER
 
 echo "== go test"
 go test -count=1 -timeout 60m ./... 2>&1 | tee /tmp/village-test.log

@@ -1,5 +1,5 @@
 // Package kubetest runs a real kube-apiserver for tests: Debian's etcd and
-// the kube-apiserver binary scripts/kube-apiserver.sh builds and caches,
+// the kube-apiserver binary scripts/kube.sh builds and caches,
 // both listening on one address (127.0.0.1 with free ports, or an address
 // of a network namespace the test made), with a self-made service-account
 // key, static bearer tokens (an admin in system:masters and the identity
@@ -46,10 +46,10 @@ const ServiceAccount = "system:serviceaccount:kube-system:village"
 func Binary() (string, error) {
 	p := os.Getenv("VILLAGE_KUBE_APISERVER")
 	if p == "" {
-		p = filepath.Join("/var/cache/village", "kube-apiserver-"+Version, "kube-apiserver")
+		p = filepath.Join("/var/cache/village", "kubernetes-"+Version, "kube-apiserver")
 	}
 	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("kube-apiserver %s not found at %s (%v): run scripts/kube-apiserver.sh once (it builds and caches it; scripts/test.sh does)", Version, p, err)
+		return "", fmt.Errorf("kube-apiserver %s not found at %s (%v): run scripts/kube.sh once (it builds and caches it; scripts/test.sh does)", Version, p, err)
 	}
 	return p, nil
 }

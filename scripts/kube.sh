@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Builds the Kubernetes binaries the cluster tests, the conformance run and
+# the benchmarks use, once, from the published k8s.io/kubernetes module on
+# the Go module proxy, and caches them under
+# /var/cache/village/kubernetes-<version>/ (VILLAGE_CACHE overrides the
+# root). One `go build` builds every missing command, so they share the
+# compile of the common packages; e2e.test is a test binary (`go test -c`)
+# and follows it, reusing the same build cache. CoreDNS (cluster DNS for the
+# Services conformance tests) is built from its own module into the same
+# directory.
+#
+# Usage: scripts/kube.sh [component...]   (default: all of them)
+# Components: kube-apiserver kube-controller-manager kube-scheduler kubelet
+#             kube-proxy kubectl e2e.test agnhost coredns
+# Prints the cache directory. Skips everything already there.
+#
+# The module's go.mod points the k8s.io/* staging modules at ./staging, which
+# the module zip does not contain: those replaces are dropped and the
+# published v0.x of the same release is used instead.
+set -euo pipefail
+export PATH="$PATH:/usr/local/go/bin"
+
+VERSION="${KUBE_VERSION:-v1.37.2}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.14.7}"
+CACHE="${VILLAGE_CACHE:-/var/cache/village}"
+OUT="$CACHE/kubernetes-$VERSION"
+
+all=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl e2e.test agnhost coredns)
+want=("$@")
+[ "${#want[@]}" -gt 0 ] || want=("${all[@]}")
+
+declare -A pkg=(
+  [kube-apiserver]=./cmd/kube-apiserver
+  [kube-controller-manager]=./cmd/kube-controller-manager
+  [kube-scheduler]=./cmd/kube-scheduler
+  [kubelet]=./cmd/kubelet
+  [kube-proxy]=./cmd/kube-proxy
+  [kubectl]=./cmd/kubectl
+  [agnhost]=./test/images/agnhost
+)
+
+missing=() e2e=0 dns=0
+for c in "${want[@]}"; do
+  case "$c" in
+    e2e.test) [ -x "$OUT/e2e.test" ] || e2e=1 ;;
+    coredns) [ -x "$OUT/coredns" ] || dns=1 ;;
+    *)
+      [ -n "${pkg[$c]:-}" ] || { echo "kube.sh: unknown component $c (one of: ${all[*]})" >&2; exit 2; }
+      [ -x "$OUT/$c" ] || missing+=("$c")
+      ;;
+  esac
+done
+if [ "${#missing[@]}" -eq 0 ] && [ "$e2e" = 0 ] && [ "$dns" = 0 ]; then
+  echo "$OUT"
+  exit 0
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export GOFLAGS=-mod=mod GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0
+mkdir -p "$OUT"
+
+# modsrc MODULE VERSION DIR: a writable copy of a module's source.
+modsrc() {
+  mkdir -p "$work/fetch-$1"
+  (cd "$work/fetch-$1" && go mod init fetch >/dev/null 2>&1 && go mod download -json "$2@$3" >"$work/dl-$1.json")
+  local dir
+  dir="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' "$work/dl-$1.json")"
+  [ -d "$dir" ] || { echo "kube.sh: download of $2@$3 failed" >&2; exit 1; }
+  cp -r "$dir" "$4"
+  chmod -R u+w "$4"
+}
+
+if [ "${#missing[@]}" -gt 0 ] || [ "$e2e" = 1 ]; then
+  echo "kube.sh: building ${missing[*]} $([ "$e2e" = 1 ] && echo e2e.test) $VERSION (slow, once) into $OUT" >&2
+  src="$work/kubernetes"
+  modsrc k8s k8s.io/kubernetes "$VERSION" "$src"
+  staging="v0.${VERSION#v1.}"   # v1.37.2 -> v0.37.2
+  (
+    cd "$src"
+    sed -i -E '/=> \.\/staging\//d' go.mod
+    sed -i -E "s#^(\s*k8s\.io/[A-Za-z0-9._/-]+) v0\.0\.0\$#\1 $staging#" go.mod
+    mkdir -p "$work/bin"
+    if [ "${#missing[@]}" -gt 0 ]; then
+      pkgs=()
+      for c in "${missing[@]}"; do pkgs+=("${pkg[$c]}"); done
+      nice -n 10 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$VERSION -X k8s.io/client-go/pkg/version.gitVersion=$VERSION" -o "$work/bin/" "${pkgs[@]}"
+    fi
+    if [ "$e2e" = 1 ]; then
+      nice -n 10 go test -c -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$VERSION" -o "$work/bin/e2e.test" ./test/e2e
+    fi
+  )
+  for f in "$work/bin"/*; do
+    install -m 0755 "$f" "$OUT/.$(basename "$f").tmp"
+    mv "$OUT/.$(basename "$f").tmp" "$OUT/$(basename "$f")"
+  done
+fi
+
+if [ "$dns" = 1 ]; then
+  echo "kube.sh: building coredns $COREDNS_VERSION into $OUT" >&2
+  modsrc coredns github.com/coredns/coredns "$COREDNS_VERSION" "$work/coredns"
+  (cd "$work/coredns" && nice -n 10 go build -trimpath -ldflags "-s -w" -o "$work/coredns.bin" .)
+  install -m 0755 "$work/coredns.bin" "$OUT/.coredns.tmp"
+  mv "$OUT/.coredns.tmp" "$OUT/coredns"
+fi
+echo "$OUT"
