@@ -1,7 +1,6 @@
 package village
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -15,59 +14,42 @@ import (
 
 	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/cleanup"
+	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netsetup"
-	"github.com/village-cni/village/pkg/pluginexec"
 )
 
 // Add is the CNI ADD verb.
 func Add(args *skel.CmdArgs) (err error) {
-	// The IPAM plugin's process start-up is the longest wait of an ADD, so
-	// it is forked first and starts up while the config is parsed, the pod
-	// namespace checked and the links made. It is given its input only once
-	// that input is known to be good (startIPAM); until then it can claim
-	// nothing, and it is killed if the input is bad.
-	early := forkClaim(args)
-	defer early.abort()
-	conf, err := netconf.Parse(args.StdinData, args.Args)
-	if err != nil {
+	a := &adder{args: args}
+	defer a.closePod() // after the rollback, which may delete links inside the pod
+	defer a.undo.RunIfFailed(&err)
+	// The IPAM plugin's start-up is the longest wait of an ADD: it is forked
+	// before anything else and given its input in sendClaims.
+	a.pod0 = forkEarly(args, &a.undo)
+	if a.conf, err = netconf.Parse(args.StdinData, args.Args); err != nil {
 		return err
 	}
-	if !conf.HasIPAM {
+	if !a.conf.HasIPAM {
 		return netconf.Error("\"ipam\" with a \"type\" is required: village needs addresses for the pod")
 	}
-	pod, err := netsetup.OpenPodCNI(args.Netns)
-	if err != nil {
+	if a.pod, err = netsetup.OpenPodCNI(args.Netns); err != nil {
 		return err
 	}
-	defer pod.Close()
-
-	var undo cleanup.Stack
-	defer undo.RunIfFailed(&err)
-
-	a := &adder{conf: conf, args: args, pod: pod, undo: &undo}
-	if err := a.startIPAM(early); err != nil {
+	if err := a.sendClaims(); err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			// Registers the release of a claim still in flight (a failed
-			// claim has nothing to release) and reaps the plugin.
-			_ = a.awaitIPAM()
-			_ = a.confirmIPAM()
-		}
-	}()
 	result, err := a.run()
 	if err != nil {
 		return err
 	}
-	if conf.PrevResult != nil {
-		if result, err = chain(conf.PrevResult, result); err != nil {
+	if a.conf.PrevResult != nil {
+		if result, err = chain(a.conf.PrevResult, result); err != nil {
 			return err
 		}
 	}
-	return types.PrintResult(result, conf.CNIVersion)
+	return types.PrintResult(result, a.conf.CNIVersion)
 }
 
 // chain returns prevResult followed by this plugin's changes, with our
@@ -97,30 +79,29 @@ type adder struct {
 	conf *netconf.NetConf
 	args *skel.CmdArgs
 	pod  *netsetup.Pod
-	undo *cleanup.Stack
+	undo cleanup.Stack
 
-	mtu     int // of the bridge and the pod's eth0 (netconf.PodMTU); 0: the kernel's default
-	bridge  *netlink.Bridge
-	veth    *netsetup.VethLinks
-	result  *current.Result
-	pending *pendingClaim // the IPAM ADD in flight, until confirmIPAM
+	pod0 *claim // the addresses of CNI_IFNAME
+	lan  *claim // the LAN interface's, with a macvlan section
+
+	mtu       int // of the bridge and the pod's eth0 (netconf.PodMTU); 0: the kernel's default
+	bridge    *netlink.Bridge
+	veth      *netsetup.VethLinks
+	lanMaster netlink.Link
+	result    *current.Result
 }
 
-// pendingClaim is an IPAM ADD running while the links are made.
-type pendingClaim struct {
-	call ipamCall
-	proc *pluginexec.Proc
-	live bool
-	// cancel ends the deadline that kills the plugin; awaitIPAM sets it
-	// when it reads the answer, confirmIPAM calls it once it is reaped.
-	cancel context.CancelFunc
+func (a *adder) closePod() {
+	if a.pod != nil {
+		a.pod.Close()
+	}
 }
 
-// forkClaim forks the IPAM plugin the config names for an ADD, without its
-// input (see Add). It reads only "ipam.type"; nil when the config names no
-// IPAM plugin or the plugin cannot be started: startIPAM then tries again
-// and reports why, once the config has been checked.
-func forkClaim(args *skel.CmdArgs) *pendingClaim {
+// forkEarly forks the IPAM plugin the config names for the pod interface,
+// before the config is parsed: it reads only "ipam.type". It is nil when the
+// config names no IPAM plugin or the plugin cannot be started; sendClaims
+// then tries again and reports why, once the config has been checked.
+func forkEarly(args *skel.CmdArgs, undo *cleanup.Stack) *claim {
 	var peek struct {
 		IPAM struct {
 			Type string `json:"type"`
@@ -129,35 +110,56 @@ func forkClaim(args *skel.CmdArgs) *pendingClaim {
 	if json.Unmarshal(args.StdinData, &peek) != nil || peek.IPAM.Type == "" {
 		return nil
 	}
-	p, err := startClaim(podIPAM(peek.IPAM.Type, args))
+	c, err := forkClaim(podIPAM(peek.IPAM.Type, args), undo)
 	if err != nil {
 		return nil
 	}
-	return p
+	return c
 }
 
-// startClaim forks call's plugin for an ADD, without its input. The claim
-// counts as live until checkLive has looked (see startIPAM).
-func startClaim(call ipamCall) (*pendingClaim, error) {
-	proc, err := call.start("ADD")
-	if err != nil {
-		return nil, err
+// sendClaims gives the IPAM plugins their input once the config, the pod
+// namespace and the LAN section passed their checks: the pod interface's
+// (forked again if forkEarly could not, or forked another plugin than the
+// parsed config names) and the LAN interface's, forked here. Both claim
+// their addresses while the links are made. Every fork comes before the
+// first send, so a failure here leaves no claim that read its input. Until
+// checkLive has looked, the claims count as live (see claim.live).
+func (a *adder) sendClaims() error {
+	if lan := a.conf.LAN; lan != nil {
+		if lan.IfName == a.args.IfName {
+			return netconf.Error("\"macvlan.ifName\" %q is the same as CNI_IFNAME: pick another name for the LAN interface", lan.IfName)
+		}
+		master, err := macvlan.ResolveMaster(lan.Master)
+		if err != nil {
+			return err
+		}
+		call, err := lanIPAM(a.conf, a.args)
+		if err != nil {
+			return err
+		}
+		a.lanMaster = master
+		if a.lan, err = forkClaim(call, &a.undo); err != nil {
+			return fmt.Errorf("LAN interface %q: %w", lan.IfName, err)
+		}
 	}
-	return &pendingClaim{call: call, proc: proc, live: true}, nil
-}
-
-// abort kills a claim that was never sent its input (and reaps one that
-// was): what a failed ADD does with a plugin it forked but did not wait for.
-func (p *pendingClaim) abort() {
-	if p != nil {
-		p.proc.Abort()
+	if a.pod0 == nil || a.pod0.call.Type != a.conf.IPAMType {
+		a.pod0.abort()
+		var err error
+		if a.pod0, err = forkClaim(podIPAM(a.conf.IPAMType, a.args), &a.undo); err != nil {
+			return err
+		}
 	}
+	a.pod0.send()
+	if a.lan != nil {
+		a.lan.send()
+	}
+	return nil
 }
 
-// run makes the attachment while the IPAM plugin (started by Add) claims
-// the addresses: the bridge and the veth do not need them.
+// run makes the attachment while the IPAM plugins claim the addresses: the
+// bridge and the veth do not need them.
 func (a *adder) run() (*current.Result, error) {
-	steps := []func() error{a.checkLive, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.awaitIPAM, a.describeLinks, a.ensureSpoofCheck, a.configurePod, a.configureHost, a.addLAN, a.confirmIPAM}
+	steps := []func() error{a.checkLive, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.podAddresses, a.describeLinks, a.ensureSpoofCheck, a.configurePod, a.configureHost, a.addLAN, a.waitClaims}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
@@ -180,80 +182,64 @@ func (a *adder) ensureBridge() error {
 	return nil
 }
 
-// startIPAM gives the IPAM plugin forked by forkClaim its input (or forks
-// it now, if forkClaim could not), so that it claims the addresses while
-// the links are made; awaitIPAM collects them. Until checkLive has looked,
-// the claim counts as live: a failure before then leaves the addresses to
-// the runtime's DEL rather than risk taking them from a pod that holds them.
-func (a *adder) startIPAM(early *pendingClaim) error {
-	p := early
-	if p == nil || p.call.Type != a.conf.IPAMType {
-		early.abort()
-		var err error
-		if p, err = startClaim(podIPAM(a.conf.IPAMType, a.args)); err != nil {
-			return err
-		}
-	}
-	p.proc.Send()
-	a.pending = p
-	return nil
-}
-
-// checkLive records whether this ADD retries an attachment that lives (see
-// live), before any link of this ADD exists.
+// checkLive records, before any link of this ADD exists, whether the ADD
+// retries an attachment that lives (see claim.live).
 func (a *adder) checkLive() error {
-	live, err := a.live(a.args.IfName, netsetup.HostVethName(a.args.ContainerID, a.args.IfName))
-	if err != nil {
+	if err := a.markLive(a.pod0, netsetup.HostVethName(a.args.ContainerID, a.args.IfName)); err != nil {
 		return err
 	}
-	a.pending.live = live // startIPAM ran before the steps
+	if a.lan != nil {
+		return a.markLive(a.lan, "")
+	}
 	return nil
 }
 
-// awaitIPAM waits for the answer of the claim startIPAM started, registers
-// its release on the undo stack and takes its result. The IPAM process may
-// still be exiting: confirmIPAM, the last step, waits for its exit status
-// before the result can be reported. Calling it again does nothing.
-func (a *adder) awaitIPAM() error {
-	p := a.pending
-	if p == nil || p.cancel != nil {
+// markLive sets c.live: a previous ADD of this container made c's
+// interface (its owner tag is there, and on its host end hostName, if
+// any), so the IPAM plugin hands back the addresses it already holds.
+func (a *adder) markLive(c *claim, hostName string) error {
+	l, err := a.pod.OwnedLink(c.call.IfName, a.args.ContainerID, hostName)
+	if err != nil {
+		return err // c stays live: the failed ADD releases nothing
+	}
+	c.live = l != nil
+	return nil
+}
+
+// podAddresses takes the pod interface's addresses from its claim, the
+// first time it is called (ensureOverlay may need them before the links).
+func (a *adder) podAddresses() error {
+	if a.result != nil {
 		return nil
 	}
 	warmResultCodec(a.conf.CNIVersion)
-	ctx, cancel := ipamTimeout()
-	p.cancel = cancel
-	res, err := p.call.answer(ctx, p.proc)
+	res, err := a.pod0.answer()
 	if err != nil {
-		a.pending = nil
-		cancel() // answer reaped it
 		return err
 	}
-	a.pushRelease(p.live, fmt.Sprintf("release addresses of %q through IPAM %q", a.args.IfName, p.call.Type), p.call)
 	a.result = res
 	a.fillGateways()
 	return nil
 }
 
-// confirmIPAM reaps the IPAM process whose answer awaitIPAM took (it always
-// runs after awaitIPAM, which set p.cancel): the ADD fails (and undoes what
-// it made with those addresses) unless it exited 0.
-func (a *adder) confirmIPAM() error {
-	p := a.pending
-	if p == nil {
-		return nil
+// waitClaims reaps the IPAM plugins whose answers the ADD used: it fails
+// (and is undone, its addresses released) unless each exited 0.
+func (a *adder) waitClaims() error {
+	if err := a.pod0.wait(); err != nil {
+		return err
 	}
-	a.pending = nil
-	err := p.call.confirm(p.proc)
-	p.cancel()
-	return err
+	if a.lan != nil {
+		if err := a.lan.wait(); err != nil {
+			return fmt.Errorf("LAN interface %q: %w", a.conf.LAN.IfName, err)
+		}
+	}
+	return nil
 }
 
 // warmResultCodec decodes and encodes a result of the network's version
-// once, while the IPAM plugin is still working: the first use of
-// encoding/json on a type builds its field cache and touches the decoder's
-// and encoder's code for the first time (page faults), about half a
-// millisecond that otherwise sits between the IPAM plugin's answer and the
-// pod's configuration, and again before the result is printed.
+// once while the IPAM plugin works, so encoding/json's first use of the
+// result types is not between its answer and the pod's configuration (see
+// docs/performance.md, third round).
 func warmResultCodec(cniVersion string) {
 	r, err := create.Create(cniVersion, []byte(warmResult))
 	if err != nil {
@@ -269,29 +255,6 @@ func warmResultCodec(cniVersion string) {
 const warmResult = `{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","mac":"02:00:00:00:00:01","sandbox":"/x"}],` +
 	`"ips":[{"address":"10.0.0.2/24","gateway":"10.0.0.1","interface":0},{"address":"fd00::2/64","gateway":"fd00::1"}],` +
 	`"routes":[{"dst":"0.0.0.0/0","gw":"10.0.0.1"}],"dns":{"nameservers":["10.0.0.10"],"search":["a"]}}`
-
-// live reports whether a previous ADD of this container made the pod
-// interface ifName (its owner tag is there): this ADD is then a retry of an
-// attachment that lives, and the IPAM plugin hands back the addresses it
-// already holds.
-func (a *adder) live(ifName, hostName string) (bool, error) {
-	l, err := a.pod.OwnedLink(ifName, a.args.ContainerID, hostName)
-	return l != nil, err
-}
-
-// pushRelease registers the IPAM DEL that undoes a failed ADD, unless the
-// addresses belong to a live attachment: a failed retry must not take them
-// from the pod that holds them.
-func (a *adder) pushRelease(live bool, what string, call ipamCall) {
-	if live {
-		return
-	}
-	a.undo.Push(what, func() error {
-		ctx, cancel := ipamTimeout()
-		defer cancel()
-		return call.Del(ctx)
-	})
-}
 
 // fillGateways gives every address the gateway the reference bridge would
 // (the subnet's first address when IPAM names none and isGateway is set)
@@ -412,29 +375,26 @@ func podIface(link netlink.Link, res *current.Result, ips []*current.IPConfig) n
 	for _, r := range res.Routes {
 		dst := r.Dst
 		v4 := dst.IP.To4() != nil
-		if _, ok := familyHas(ips, v4); !ok {
+		if !familyHas(ips, v4) {
 			continue
 		}
 		via := r.GW
 		if via == nil {
 			via = gw[v4]
 		}
-		mtu := 0
-		if r.MTU != 0 {
-			mtu = r.MTU
-		}
-		c.Routes = append(c.Routes, netsetup.PodRoute{Dst: &dst, GW: via, MTU: mtu})
+		c.Routes = append(c.Routes, netsetup.PodRoute{Dst: &dst, GW: via, MTU: r.MTU})
 	}
 	return c
 }
 
-func familyHas(ips []*current.IPConfig, v4 bool) (*current.IPConfig, bool) {
+// familyHas reports whether ips has an address of the family (IPv4 when v4).
+func familyHas(ips []*current.IPConfig, v4 bool) bool {
 	for _, ipc := range ips {
 		if (ipc.Address.IP.To4() != nil) == v4 {
-			return ipc, true
+			return true
 		}
 	}
-	return nil, false
+	return false
 }
 
 // configureHost ensures the node side: gateway addresses on the bridge, IP
@@ -464,11 +424,7 @@ func (a *adder) configureHost() error {
 
 // masqSpec is the netfilter state the network wants on this node.
 func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
-	var subnets []*net.IPNet
-	for _, ipc := range ips {
-		subnets = append(subnets, cidr.Network(&ipc.Address))
-	}
-	return conf.PodNetfilter(subnets)
+	return conf.PodNetfilter(podSubnets(ips))
 }
 
 // ensureNetfilter keeps the network's netfilter rules in place at the cost of

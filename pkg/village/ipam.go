@@ -7,7 +7,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/pluginexec"
@@ -43,10 +42,9 @@ func (c ipamCall) path() (string, error) {
 // call's CNI_IFNAME, as the CNI spec has main plugins run IPAM.
 //
 // CNI_NETNS_OVERRIDE=1 spares the IPAM plugin skel's check that CNI_NETNS
-// is not its own namespace (two namespace file opens and compares after
-// its ADD and CHECK, about a tenth of village-ipam's time): village made that
-// check itself before it runs IPAM (netsetup.OpenPod refuses the plugin's
-// namespace), and an IPAM plugin does not enter the namespace.
+// is not its own namespace: village made that check itself before it runs
+// IPAM (netsetup.OpenPod refuses the plugin's namespace), and an IPAM plugin
+// does not enter the namespace.
 func (c ipamCall) exec(verb string) (pluginexec.Call, error) {
 	p, err := c.path()
 	if err != nil {
@@ -62,18 +60,6 @@ func (c ipamCall) exec(verb string) (pluginexec.Call, error) {
 	}}, nil
 }
 
-func (c ipamCall) Add(ctx context.Context) (*current.Result, error) {
-	p, err := c.start("ADD")
-	if err != nil {
-		return nil, err
-	}
-	res, err := c.answer(ctx, p) // sends the config
-	if err != nil {
-		return nil, err
-	}
-	return res, c.confirm(p)
-}
-
 // start forks the IPAM plugin for verb without its configuration (see
 // pluginexec.Call.Start): it starts up while the caller finishes checking
 // its input, then gets it by Send, or is Aborted having read nothing.
@@ -87,39 +73,6 @@ func (c ipamCall) start(verb string) (*pluginexec.Proc, error) {
 		return nil, wrapIPAM(c.Type, verb, err)
 	}
 	return p, nil
-}
-
-// answer returns the addresses the ADD that p runs printed, as soon as it
-// printed them (pluginexec.Proc.Output): the process may still be exiting,
-// and they are its answer only once confirm returns nil. A plugin that
-// failed has been waited for and its own error is returned.
-func (c ipamCall) answer(ctx context.Context, p *pluginexec.Proc) (*current.Result, error) {
-	var res *current.Result
-	r, err := p.Output(ctx)
-	if err == nil {
-		res, err = current.NewResultFromResult(r)
-		if err != nil {
-			err = fmt.Errorf("IPAM plugin %q returned a result village cannot read: %w", c.Type, err)
-		} else if len(res.IPs) == 0 {
-			err = fmt.Errorf("IPAM plugin %q returned no IP address for %q", c.Type, c.IfName)
-		}
-	}
-	if err != nil {
-		if werr := c.confirm(p); werr != nil {
-			return nil, werr
-		}
-		return nil, err
-	}
-	return res, nil
-}
-
-// confirm waits for the process of an ADD whose answer was read: nil when
-// it exited 0.
-func (c ipamCall) confirm(p *pluginexec.Proc) error {
-	if err := p.Wait(); err != nil {
-		return wrapIPAM(c.Type, "ADD", err)
-	}
-	return nil
 }
 
 func (c ipamCall) run(ctx context.Context, verb string) error {
@@ -194,11 +147,21 @@ func ipamCalls(conf *netconf.NetConf, args *skel.CmdArgs) ([]ipamCall, error) {
 		calls = append(calls, podIPAM(conf.IPAMType, args))
 	}
 	if conf.LAN != nil {
-		lanConf, err := withIPAM(args.StdinData, conf.LAN.IPAM, conf.LAN.IfName)
+		lan, err := lanIPAM(conf, args)
 		if err != nil {
-			return nil, fmt.Errorf("failed to build the LAN IPAM config: %w", err)
+			return nil, err
 		}
-		calls = append(calls, ipamCall{Type: conf.LAN.IPAMType, Args: args, IfName: conf.LAN.IfName, Conf: lanConf})
+		calls = append(calls, lan)
 	}
 	return calls, nil
+}
+
+// lanIPAM is the call for the LAN interface: its own CNI_IFNAME and the
+// macvlan section's ipam block.
+func lanIPAM(conf *netconf.NetConf, args *skel.CmdArgs) (ipamCall, error) {
+	lanConf, err := withIPAM(args.StdinData, conf.LAN.IPAM, conf.LAN.IfName)
+	if err != nil {
+		return ipamCall{}, fmt.Errorf("failed to build the LAN IPAM config: %w", err)
+	}
+	return ipamCall{Type: conf.LAN.IPAMType, Args: args, IfName: conf.LAN.IfName, Conf: lanConf}, nil
 }

@@ -12,36 +12,19 @@ import (
 )
 
 // addLAN gives the pod its second interface, a macvlan on the node's LAN,
-// with an address from the LAN IPAM (a separate record: its own CNI_IFNAME
-// and ipam block). The default route stays on eth0.
+// with the addresses of the LAN claim (a separate record: its own
+// CNI_IFNAME and ipam block), which sendClaims started. The default route
+// stays on eth0.
 func (a *adder) addLAN() error {
 	lan := a.conf.LAN
 	if lan == nil {
 		return nil
 	}
-	if lan.IfName == a.args.IfName {
-		return netconf.Error("\"macvlan.ifName\" %q is the same as CNI_IFNAME: pick another name for the LAN interface", lan.IfName)
-	}
-	master, err := macvlan.ResolveMaster(lan.Master)
-	if err != nil {
-		return err
-	}
-	calls, err := ipamCalls(a.conf, a.args)
-	if err != nil {
-		return err
-	}
-	call := calls[len(calls)-1]
-	live, err := a.live(lan.IfName, "")
-	if err != nil {
-		return err
-	}
-	ctx, cancel := ipamTimeout()
-	defer cancel()
-	res, err := call.Add(ctx)
+	res, err := a.lan.answer()
 	if err != nil {
 		return fmt.Errorf("LAN interface %q: %w", lan.IfName, err)
 	}
-	a.pushRelease(live, fmt.Sprintf("release LAN addresses of %q", lan.IfName), call)
+	master := a.lanMaster
 	link, err := a.ensureLANLink(master.Attrs().Name, lan, func() error {
 		return macvlan.Create(macvlan.PodLink{Master: master, Name: lan.IfName, MTU: lan.MTU, MAC: lan.HWAddr, Mode: lan.LinkMode, PodNSFd: int(a.pod.NS().Fd())})
 	})

@@ -59,13 +59,13 @@ func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
 
 // ensureOverlay is the ADD step: peers first, so the pod MTU is known before
 // the bridge and the veth are made. The peers' routes need this node's pod
-// subnets, so with a backend it waits for the addresses first.
+// subnets, so with a backend it takes the pod's addresses first.
 func (a *adder) ensureOverlay() error {
 	if !a.conf.Overlay.Routes() {
 		a.mtu = a.conf.PodMTU(0)
 		return nil
 	}
-	if err := a.awaitIPAM(); err != nil {
+	if err := a.podAddresses(); err != nil {
 		return err
 	}
 	mtu, err := syncOverlay(a.conf, a.result.IPs)
