@@ -1,6 +1,7 @@
 package village
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -15,10 +16,13 @@ import (
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netsetup"
+	"github.com/village-cni/village/pkg/overlay"
 )
 
 // Check is the CNI CHECK verb: it compares what the kernel has with the
-// prevResult and names every piece that drifted.
+// prevResult and names every piece that drifted. It writes nothing: what it
+// reports on the node is repaired by the next ADD and by villaged, what it
+// reports in the pod by re-creating the pod.
 func Check(args *skel.CmdArgs) error {
 	conf, calls, err := load(args)
 	if err != nil {
@@ -51,52 +55,60 @@ func Check(args *skel.CmdArgs) error {
 	}
 	d.pod = append(d.pod, checkRoutes(pod, prev)...)
 	d.node = append(d.node, checkHost(conf, args, prev)...)
-	d.masq = checkNetfilter(conf, args, prev)
-	// Static peers are ensured on CHECK too, so a peer removed from the list
-	// leaves the kernel without waiting for the next ADD.
-	if _, err := syncOverlay(conf, ipsOf(prev, podIfaceIndex(prev, args.IfName))); err != nil {
-		d.peers = append(d.peers, err)
-	}
+	d.netfilter = checkNetfilter(conf, args, prev)
+	d.peers = checkPeers(conf, ipsOf(prev, podIfaceIndex(prev, args.IfName)))
 	return d.asError(args)
 }
 
-// checkNetfilter reports the network's netfilter rules that are missing and
-// puts them back: the runtime learns that they were gone, and the pods of
-// this node have egress (and their macspoofchk rules) again right away.
+// checkNetfilter reports the network's netfilter rules that are missing:
+// the masquerade and forward rules, and this pod's macspoofchk rule.
 func checkNetfilter(conf *netconf.NetConf, args *skel.CmdArgs, prev *current.Result) []error {
 	var drift []error
 	idx := podIfaceIndex(prev, args.IfName)
 	if conf.MacSpoofChk && idx >= 0 {
 		hostName := netsetup.HostVethName(args.ContainerID, args.IfName)
 		if mac, err := net.ParseMAC(prev.Interfaces[idx].Mac); err == nil {
-			sc := spoofCheck(conf, hostName, mac)
-			if err := masq.CheckSpoofCheck(sc); err != nil {
-				drift = append(drift, repaired(err, func() error { return masq.EnsureSpoofCheck(sc) }))
-			}
-		}
-		// The other pods of the bridge lost theirs too if a flush took it.
-		if br, err := netlinksafe.LinkByName(conf.Bridge); err == nil {
-			if restored, err := masq.RestoreSpoofChecks(conf.Name, br.Attrs().Index); err != nil || len(restored) > 0 {
-				drift = append(drift, fmt.Errorf("macspoofchk rules of %v were missing (restored; error: %v)", restored, err))
+			if err := masq.CheckSpoofCheck(spoofCheck(conf, hostName, mac)); err != nil {
+				drift = append(drift, err)
 			}
 		}
 	}
 	if conf.IPMasq || conf.ForwardAccept {
-		spec := masqSpec(conf, ipsOf(prev, idx))
-		if err := masq.Check(spec); err != nil {
-			drift = append(drift, repaired(err, func() error { return masq.Ensure(spec) }))
+		if err := masq.Check(masqSpec(conf, ipsOf(prev, idx))); err != nil {
+			drift = append(drift, err)
 		}
 	}
 	return drift
 }
 
-// repaired runs fix for the drift and returns the drift marked "(restored)",
-// or with the repair's failure.
-func repaired(drift error, fix func() error) error {
-	if err := fix(); err != nil {
-		return fmt.Errorf("%w (repair failed: %v)", drift, err)
+// checkPeers reports how the kernel differs from the static peers of the
+// backend section (overlay.Reconciler.Status: what a reconcile would change,
+// computed without changing it). Peers from a registry are villaged's, and
+// `villaged status` reports them.
+func checkPeers(conf *netconf.NetConf, ips []*current.IPConfig) []error {
+	b := conf.Overlay
+	if !b.Routes() || b.Registry != nil {
+		return nil
 	}
-	return fmt.Errorf("%w (restored)", drift)
+	r, err := overlay.New(b.OverlayConfig(conf.Name))
+	if err != nil {
+		return []error{fmt.Errorf("backend %s: %w", b.Type, err)}
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), overlayDeadline)
+	defer cancel()
+	d, err := r.Status(ctx, overlay.Node{PodCIDRs: podSubnets(ips)}, b.Peers())
+	if err != nil {
+		return []error{fmt.Errorf("backend %s: failed to read the static peers' state: %w", b.Type, err)}
+	}
+	var drift []error
+	for _, c := range d.Changes {
+		drift = append(drift, fmt.Errorf("static peers of backend %s: %s needed", b.Type, c))
+	}
+	for _, p := range d.Problems {
+		drift = append(drift, fmt.Errorf("static peers of backend %s: %w", b.Type, p.Err))
+	}
+	return drift
 }
 
 // CHECK's error codes: Village's own (the specification leaves 100 and up
@@ -106,24 +118,24 @@ const (
 	// what ADD made. Re-creating the pod restores it.
 	ErrCodePodDrift uint = 110
 	// ErrCodeNodeDrift: only the node's side drifted: the bridge, its
-	// gateway address, the pod's host veth, the masquerade rules, or static
-	// peers CHECK could not put right.
+	// gateway address, the pod's host veth, the netfilter rules or the
+	// static peers.
 	ErrCodeNodeDrift uint = 111
 )
 
 // drift is what CHECK found, grouped by where it is and what repairs it.
 type drift struct {
-	pod   []error // inside the pod: re-create the pod
-	node  []error // bridge, gateway, host veth: re-create the pod (ADD restores them)
-	masq  []error // netfilter rules (masquerade, forward accept, macspoofchk): restored by CHECK
-	peers []error // static peers CHECK failed to reconcile
+	pod       []error // inside the pod: re-create the pod
+	node      []error // bridge, gateway, host veth: re-create the pod (ADD restores them)
+	netfilter []error // masquerade, forward accept, macspoofchk: the next ADD or villaged restores them
+	peers     []error // static peers: the next ADD or `villaged sync` reconciles them
 }
 
 // asError turns the findings into one CNI error on one line (runtime logs
 // and events split at newlines): where the drift is, each finding, and what
 // to do about it.
 func (d *drift) asError(args *skel.CmdArgs) error {
-	node := append(append(append([]error{}, d.node...), d.masq...), d.peers...)
+	node := append(append(append([]error{}, d.node...), d.netfilter...), d.peers...)
 	if len(d.pod) == 0 && len(node) == 0 {
 		return nil
 	}
@@ -140,11 +152,11 @@ func (d *drift) asError(args *skel.CmdArgs) error {
 	if len(d.pod) > 0 || len(d.node) > 0 {
 		do = append(do, "delete and re-create the pod (CNI DEL, then ADD) to restore it")
 	}
-	if len(d.masq) > 0 {
-		do = append(do, "this CHECK restored the netfilter rules (if a repair failed, `villaged sync` retries; `villaged run` does within 10 s); find what flushed them (a firewall reload?)")
+	if len(d.netfilter) > 0 {
+		do = append(do, "the next ADD on this node or `villaged sync` restores the netfilter rules (`villaged run` does within 10 s); find what flushed them (a firewall reload?)")
 	}
 	if len(d.peers) > 0 {
-		do = append(do, "check the backend section of the config and the underlay interface")
+		do = append(do, "the next ADD on this node or `villaged sync` reconciles the static peers; if it cannot, check the backend section of the config and the underlay interface")
 	}
 	return types.NewError(code, fmt.Sprintf("CHECK of %q in container %q found drift %s; %s",
 		args.IfName, args.ContainerID, strings.Join(where, ", and "), strings.Join(do, "; ")), "")

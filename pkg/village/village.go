@@ -17,6 +17,9 @@
 // the bridge, shared by the node's pods, stays. The second and later pods
 // on a node find the bridge, gateway, netfilter rules and peers already in
 // place and pay only for their own veth.
+//
+// CHECK only reads: it reports what drifted (code 110 in the pod, 111 on
+// the node) and changes nothing; ADD and villaged repair.
 package village
 
 import (

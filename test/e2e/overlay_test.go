@@ -1,14 +1,17 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/village"
 )
 
 type clusterNode struct {
@@ -102,12 +105,23 @@ func TestStaticPeersAcrossNodes(t *testing.T) {
 			if r := testenv.MustIP(t, n1.NS, "route", "show", "proto", "86"); strings.Contains(r, "10.60.3.0/24") || !strings.Contains(r, "10.60.2.0/24") {
 				t.Fatalf("after node 3 left the list: %s", r)
 			}
-			// A peer route deleted by hand comes back on CHECK.
+			// A peer route deleted by hand: CHECK reports it (code 111) and
+			// leaves it gone; the next ADD brings it back.
 			testenv.MustIP(t, n1.NS, "route", "del", "10.60.2.0/24")
-			must(t, n1.Check(n1.list(t, mode, nodes[:2], ""), pods[0]), "CHECK repairs static peers")
-			if r := testenv.MustIP(t, n1.NS, "route", "show", "proto", "86"); !strings.Contains(r, "10.60.2.0/24") {
-				t.Fatalf("CHECK did not restore the route: %s", r)
+			two := n1.list(t, mode, nodes[:2], "")
+			err := n1.Check(two, pods[0])
+			var te *types.Error
+			if !errors.As(err, &te) || te.Code != village.ErrCodeNodeDrift || !strings.Contains(te.Msg, "10.60.2.0/24") || !strings.Contains(te.Msg, "static peers") {
+				t.Fatalf("CHECK with a peer route deleted: %#v, want code %d naming the route", err, village.ErrCodeNodeDrift)
 			}
+			if r := testenv.MustIP(t, n1.NS, "route", "show", "proto", "86"); strings.Contains(r, "10.60.2.0/24") {
+				t.Fatalf("CHECK restored the route (CHECK must not write): %s", r)
+			}
+			n1.MustAdd(two, n1.NewPod())
+			if r := testenv.MustIP(t, n1.NS, "route", "show", "proto", "86"); !strings.Contains(r, "10.60.2.0/24") {
+				t.Fatalf("the ADD after CHECK did not restore the route: %s", r)
+			}
+			must(t, n1.Check(two, pods[0]), "CHECK after the ADD restored the route")
 			for i, n := range nodes {
 				must(t, n.Del(n.list(t, mode, nodes, ""), pods[i]), "DEL")
 			}
