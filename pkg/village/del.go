@@ -115,11 +115,6 @@ func deleteLinks(conf *netconf.NetConf, args *skel.CmdArgs) error {
 	return netsetup.DeleteHostLink(hostName)
 }
 
-// Status is the CNI STATUS verb: ready when every IPAM plugin is.
-func Status(args *skel.CmdArgs) error {
-	return forEachIPAM(args, ipamCall.Status)
-}
-
 // GC is the CNI GC verb: forwarded to the IPAM plugins, which release every
 // allocation the runtime no longer lists (the reference bridge forgets this).
 // The veths of deleted pods went away with their namespaces.

@@ -2,7 +2,10 @@ package village
 
 import (
 	"encoding/json"
+	"errors"
 	"net"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -69,5 +72,19 @@ func TestPodIfaceRoutesUseTheirFamilysGateway(t *testing.T) {
 	only4 := res.IPs[:1]
 	if c := podIface(nil, res, only4); len(c.Routes) != 2 {
 		t.Fatalf("IPv6 route kept on an IPv4-only interface: %+v", c.Routes)
+	}
+}
+
+func TestCheckBrNetfilter(t *testing.T) {
+	dir := t.TempDir()
+	if err := checkBrNetfilter(dir); err != nil {
+		t.Fatalf("with the sysctl directory present: %v", err)
+	}
+	missing := filepath.Join(dir, "bridge")
+	err := checkBrNetfilter(missing)
+	var te *types.Error
+	if !errors.As(err, &te) || te.Code != types.ErrPluginNotAvailable ||
+		!strings.Contains(te.Msg, "br_netfilter is not loaded") || !strings.Contains(te.Msg, missing) || !strings.Contains(te.Msg, "modprobe br_netfilter") {
+		t.Fatalf("with %s missing: %#v, want code 50 naming the module, the path and the fix", missing, err)
 	}
 }
