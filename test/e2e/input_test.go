@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/village"
 )
 
 // TestBadInputGivesCNIErrors runs the real binary with hostile or broken
@@ -135,7 +136,8 @@ func TestFailedAddRollsBack(t *testing.T) {
 // network installs one shared rule set; later ADDs and DELs run no
 // iptables or nft command at all (spies on PATH record every call). The
 // nftables backend (the automatic choice on this iptables-nft host) runs
-// none even on the first ADD: it speaks netlink.
+// none even on the first ADD: it speaks netlink. After a flush CHECK names
+// the missing rules (code 111) and changes nothing; the next ADD repairs.
 func TestMasqueradeOncePerNetwork(t *testing.T) {
 	for _, backend := range []string{"iptables", "nftables", ""} {
 		t.Run("backend="+backend, func(t *testing.T) { masqueradeOnce(t, backend) })
@@ -207,7 +209,8 @@ func masqueradeOnce(t *testing.T, backend string) {
 		}
 		inNS(t, n.NS, "iptables", "-t", "nat", "-F", "POSTROUTING")
 	}
-	// Flushed by hand: CHECK names what is missing (and puts it back).
+	// Flushed by hand: CHECK names what is missing and changes nothing; the
+	// next ADD puts it back.
 	prev := n.Exec(testenv.Call{Bin: "village", Command: "ADD", ContainerID: pods[0].ID, Netns: pods[0].NS.Path(), IfName: "eth0", Stdin: []byte(conf)})
 	// That repeated ADD repaired the rules already; flush again for CHECK.
 	if backend != "iptables" {
@@ -220,11 +223,19 @@ func masqueradeOnce(t *testing.T, backend string) {
 		want = "table inet village-masq1"
 	}
 	checkConf := strings.TrimSuffix(strings.TrimSpace(conf), "}") + `,"prevResult":` + string(prev.Stdout) + "}"
-	out := n.Exec(testenv.Call{Bin: "village", Command: "CHECK", ContainerID: pods[0].ID, Netns: pods[0].NS.Path(), IfName: "eth0", Stdin: []byte(checkConf)})
-	if out.ExitCode == 0 || !strings.Contains(string(out.Stdout), want) || !strings.Contains(string(out.Stdout), "restored") {
-		t.Fatalf("CHECK after the flush: exit %d %s, want %q reported and restored", out.ExitCode, out.Stdout, want)
+	check := func() testenv.Output {
+		return n.Exec(testenv.Call{Bin: "village", Command: "CHECK", ContainerID: pods[0].ID, Netns: pods[0].NS.Path(), IfName: "eth0", Stdin: []byte(checkConf)})
 	}
-	if out := n.Exec(testenv.Call{Bin: "village", Command: "CHECK", ContainerID: pods[0].ID, Netns: pods[0].NS.Path(), IfName: "eth0", Stdin: []byte(checkConf)}); out.ExitCode != 0 {
-		t.Fatalf("CHECK after CHECK restored the rules: %s", out.Stdout)
+	before := netfilterState(t, n.NS)
+	out := check()
+	if e := CNIError(t, out); e.Code != village.ErrCodeNodeDrift || !strings.Contains(e.Msg, want) {
+		t.Fatalf("CHECK after the flush: exit %d %s, want code %d naming %q", out.ExitCode, out.Stdout, village.ErrCodeNodeDrift, want)
+	}
+	if after := netfilterState(t, n.NS); after != before {
+		t.Fatalf("CHECK changed the node's netfilter state:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	run("ADD", n.NewPod())
+	if out := check(); out.ExitCode != 0 {
+		t.Fatalf("CHECK after the next ADD restored the rules: %s", out.Stdout)
 	}
 }
