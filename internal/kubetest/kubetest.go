@@ -65,6 +65,10 @@ type Options struct {
 	IP string
 	// Audit logs every request's metadata (read with AuditEvents).
 	Audit bool
+	// Args are extra kube-apiserver flags, given after the defaults (a flag
+	// given twice takes the later value), e.g. the endpoint reconciler or
+	// the kubelet address types a cluster with nodes needs.
+	Args []string
 }
 
 // Server is a running etcd + kube-apiserver.
@@ -78,6 +82,10 @@ type Server struct {
 	// made inside NetNS); Client a clientset on it.
 	Config *rest.Config
 	Client kubernetes.Interface
+	// SAKeyFile is the service-account signing key (PEM, PKCS#8) and
+	// CAFile the API server's self-signed certificate, which is its own CA:
+	// kube-controller-manager signs and publishes with them.
+	SAKeyFile, CAFile string
 
 	t        testing.TB
 	opts     Options
@@ -160,7 +168,7 @@ func (s *Server) apiArgs() []string {
 		args = append(args, "--audit-policy-file="+filepath.Join(s.dir, "audit-policy.yaml"),
 			"--audit-log-path="+filepath.Join(s.dir, "audit.log"), "--audit-log-format=json")
 	}
-	return args
+	return append(args, s.opts.Args...)
 }
 
 func token(t testing.TB) string {
@@ -303,6 +311,7 @@ func (s *Server) clients(admin, agent string) error {
 	if err != nil {
 		return fmt.Errorf("the API server's self-signed certificate: %w", err)
 	}
+	s.SAKeyFile, s.CAFile = filepath.Join(s.dir, "sa.key"), filepath.Join(s.dir, "certs", "apiserver.crt")
 	s.AdminKubeconfig = filepath.Join(s.dir, "admin.kubeconfig")
 	s.AgentKubeconfig = filepath.Join(s.dir, "village.kubeconfig")
 	for path, tok := range map[string]string{s.AdminKubeconfig: admin, s.AgentKubeconfig: agent} {
