@@ -27,6 +27,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -234,8 +235,25 @@ func (c *Cluster) Kubectl(args ...string) ([]byte, error) {
 }
 
 // ImportImage imports an OCI archive into every node's containerd (CRI's
-// k8s.io namespace), and into every node added later.
+// k8s.io namespace), and into every node added later (from a copy the
+// cluster keeps, so the caller may remove the archive).
 func (c *Cluster) ImportImage(archive string) error {
+	kept, err := os.CreateTemp(c.dir, "image-*.tar")
+	if err != nil {
+		return err
+	}
+	src, err := os.Open(archive)
+	if err == nil {
+		_, err = io.Copy(kept, src)
+		src.Close()
+	}
+	if cerr := kept.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("keeping a copy of image archive %s: %w", archive, err)
+	}
+	archive = kept.Name()
 	c.mu.Lock()
 	c.images = append(c.images, archive)
 	nodes := append([]*Node(nil), c.nodes...)
