@@ -62,6 +62,13 @@ func checkNetworking(t *testing.T, c *kubecluster.Cluster) {
 			if !podReady(&p) {
 				t.Errorf("Village pod %s on %s not Ready: %v", p.Name, n.Name, p.Status.Conditions)
 			}
+			// The conflist the init container rendered names the backend.
+			if want := c.Options().Backend; want != "" {
+				conf, err := n.Exec("cat", "/etc/cni/net.d/10-village.conflist")
+				if err != nil || !strings.Contains(string(conf), `"type": "`+want+`"`) {
+					t.Errorf("%s's conflist does not name backend %q (%v):\n%s", n.Name, want, err, conf)
+				}
+			}
 			for _, ct := range append(p.Spec.InitContainers, p.Spec.Containers...) {
 				if ct.Image != buildinfo.Image {
 					t.Errorf("Village pod %s container %s runs %s, not the shipped %s", p.Name, ct.Name, ct.Image, buildinfo.Image)
