@@ -22,13 +22,26 @@ type proc struct {
 }
 
 // spawn starts argv with its output in logPath, in its own process group
-// (a signal to the test's group does not reach it before teardown).
+// (a signal to the test's group does not reach it before teardown). The
+// process keeps the PID bash starts with (it execs argv).
 func spawn(name, logPath string, argv ...string) (*proc, error) {
+	return start(name, logPath, true, argv)
+}
+
+// start is spawn, with or without the watchdog (a node's supervisor has
+// its own, which ends the node's containers first).
+func start(name, logPath string, watchdog bool, argv []string) (*proc, error) {
 	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer log.Close()
+	// A watchdog beside it: should the test process die without its
+	// cleanups (go test's -timeout panics past them), the process goes too.
+	if watchdog {
+		wd := fmt.Sprintf(`(while kill -0 %d 2>/dev/null; do sleep 2; done; kill -9 $$) & exec "$@"`, os.Getpid())
+		argv = append([]string{"bash", "-c", wd, "bash"}, argv...)
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

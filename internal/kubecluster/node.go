@@ -93,7 +93,7 @@ func (n *Node) start() error {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
 	var err error
-	n.super, err = spawn("supervisor", n.log("supervisor"), "ip", "netns", "exec", filepath.Base(n.NetNS.Path()), "bash", filepath.Join(n.dir, "supervisor.sh"))
+	n.super, err = start("supervisor", n.log("supervisor"), false, []string{"ip", "netns", "exec", filepath.Base(n.NetNS.Path()), "bash", filepath.Join(n.dir, "supervisor.sh")})
 	if err != nil {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
@@ -321,7 +321,18 @@ func (n *Node) writeFiles() error {
 	fmt.Fprintf(&s, "echo %s > /proc/sys/net/bridge/bridge-nf-call-ip6tables\n", n.c.opts.BridgeNFCall)
 	s.WriteString("mkdir -p /run/containerd /var/lib/kubelet /var/log/pods\n")
 	fmt.Fprintf(&s, "touch %s\n", filepath.Join(n.dir, "mounted"))
-	s.WriteString("exec sleep infinity\n")
+	s.WriteString("# Hold the namespaces. Should the test process die without tearing the node\n")
+	s.WriteString("# down, end everything of the node: its containers, its processes, its cgroups.\n")
+	fmt.Fprintf(&s, "while kill -0 %d 2>/dev/null; do sleep 2; done\n", os.Getpid())
+	var cgs []string
+	for _, m := range ms {
+		cgs = append(cgs, filepath.Join(m.point, n.cgroupRoot))
+	}
+	fmt.Fprintf(&s, "find %s -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -9\n", strings.Join(cgs, " "))
+	s.WriteString("self=$(readlink /proc/$$/ns/mnt)\n")
+	s.WriteString("for p in /proc/[0-9]*; do [ \"${p#/proc/}\" != $$ ] && [ \"$(readlink $p/ns/mnt 2>/dev/null)\" = \"$self\" ] && kill -9 ${p#/proc/} 2>/dev/null; done\n")
+	s.WriteString("sleep 2\n")
+	fmt.Fprintf(&s, "find %s -depth -type d -exec rmdir {} + 2>/dev/null || true\n", strings.Join(cgs, " "))
 	files := map[string]string{
 		"supervisor.sh": s.String(),
 		"containerd.toml": crienv.Config{Root: "/var/lib/containerd", State: "/run/containerd", Socket: containerdSocket,

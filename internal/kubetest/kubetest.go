@@ -211,6 +211,11 @@ func (s *Server) spawn(name, bin string, args ...string) *proc {
 	if err != nil {
 		s.t.Fatalf("kubetest: %v", err)
 	}
+	// A watchdog beside it: should the test process die without its
+	// cleanups (go test's -timeout panics past them), the server goes too.
+	// bash execs the server, which keeps bash's PID.
+	wd := fmt.Sprintf(`(while kill -0 %d 2>/dev/null; do sleep 2; done; kill -9 $$) & exec "$@"`, os.Getpid())
+	argv = append([]string{"bash", "-c", wd, "bash"}, argv...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
 	// No Pdeathsig: it fires when the forking OS thread exits, and Go
