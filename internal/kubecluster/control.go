@@ -4,80 +4,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/village-cni/village/internal/testenv"
 )
-
-// proc is a server process of the cluster with its log file.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// spawn starts argv with its output in logPath, in its own process group
-// (a signal to the test's group does not reach it before teardown). The
-// process keeps the PID bash starts with (it execs argv).
-func spawn(name, logPath string, argv ...string) (*proc, error) {
-	return start(name, logPath, true, argv)
-}
-
-// start is spawn, with or without the watchdog (a node's supervisor has
-// its own, which ends the node's containers first).
-func start(name, logPath string, watchdog bool, argv []string) (*proc, error) {
-	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer log.Close()
-	// A watchdog beside it: should the test process die without its
-	// cleanups (go test's -timeout panics past them), the process goes too.
-	if watchdog {
-		wd := fmt.Sprintf(`(while kill -0 %d 2>/dev/null; do sleep 2; done; kill -9 $$) & exec "$@"`, os.Getpid())
-		argv = append([]string{"bash", "-c", wd, "bash"}, argv...)
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	return p, nil
-}
-
-// exited reports whether the process has ended.
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop ends the process group: SIGTERM, SIGKILL after 15 s.
-func (p *proc) stop() {
-	if p == nil {
-		return
-	}
-	if !p.exited() {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
-		}
-	}
-}
 
 func randomID(t testing.TB) string {
 	b := make([]byte, 3)
@@ -142,7 +74,7 @@ func (c *Cluster) startControllers(t testing.TB) {
 		"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
 		"--leader-elect=false", "--bind-address=127.0.0.1", "--v=1"}
 	for name, argv := range map[string][]string{"kube-controller-manager": cm, "kube-scheduler": sched} {
-		p, err := spawn(name, filepath.Join(c.dir, name+".log"), argv...)
+		p, err := testenv.Spawn(name, filepath.Join(c.dir, name+".log"), true, argv...)
 		if err != nil {
 			t.Fatalf("kubecluster: %v", err)
 		}
@@ -159,6 +91,6 @@ func (c *Cluster) stopProcs() {
 		nodes[i].stop()
 	}
 	for _, p := range c.procs {
-		p.stop()
+		p.Stop()
 	}
 }

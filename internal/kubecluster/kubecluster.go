@@ -85,7 +85,7 @@ type Cluster struct {
 	lan      ns.NetNS
 	client   ns.NetNS
 	api      *kubetest.Server
-	procs    []*proc
+	procs    []*testenv.Proc
 	images   []string // archives every node imports (also nodes added later)
 	Images   Images
 	mu       sync.Mutex

@@ -37,10 +37,10 @@ type Node struct {
 	dir        string // the node's files; dir/fs holds its private /run, /opt, ...
 	cgroupRoot string // kubelet's cgroupRoot, made in every hierarchy
 	mu         sync.Mutex
-	super      *proc // holds the mount namespace
-	containerd *proc
-	kubelet    *proc
-	proxy      *proc
+	super      *testenv.Proc // holds the mount namespace
+	containerd *testenv.Proc
+	kubelet    *testenv.Proc
+	proxy      *testenv.Proc
 	stopped    bool
 }
 
@@ -93,12 +93,12 @@ func (n *Node) start() error {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
 	var err error
-	n.super, err = start("supervisor", n.log("supervisor"), false, []string{"ip", "netns", "exec", filepath.Base(n.NetNS.Path()), "bash", filepath.Join(n.dir, "supervisor.sh")})
+	n.super, err = testenv.Spawn("supervisor", n.log("supervisor"), false, "ip", "netns", "exec", filepath.Base(n.NetNS.Path()), "bash", filepath.Join(n.dir, "supervisor.sh"))
 	if err != nil {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
 	if err := poll(time.Minute, func() error {
-		if n.super.exited() {
+		if n.super.Exited() {
 			return errors.New("supervisor exited")
 		}
 		_, err := os.Stat(filepath.Join(n.dir, "mounted"))
@@ -110,7 +110,7 @@ func (n *Node) start() error {
 		return err
 	}
 	if err := poll(time.Minute, func() error {
-		if n.containerd.exited() {
+		if n.containerd.Exited() {
 			return errors.New("containerd exited")
 		}
 		_, err := n.Exec("ctr", "--address", containerdSocket, "version")
@@ -136,9 +136,9 @@ func (n *Node) start() error {
 func (n *Node) log(name string) string { return filepath.Join(n.dir, name+".log") }
 
 // spawnIn starts a process inside the node's mount and network namespace.
-func (n *Node) spawnIn(name string, argv ...string) (*proc, error) {
-	full := append([]string{"nsenter", "-t", strconv.Itoa(n.super.cmd.Process.Pid), "-m", "-n", "--"}, argv...)
-	p, err := spawn(name, n.log(name), full...)
+func (n *Node) spawnIn(name string, argv ...string) (*testenv.Proc, error) {
+	full := append([]string{"nsenter", "-t", strconv.Itoa(n.super.Pid()), "-m", "-n", "--"}, argv...)
+	p, err := testenv.Spawn(name, n.log(name), true, full...)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", n.Name, err)
 	}
@@ -150,7 +150,7 @@ func (n *Node) spawnIn(name string, argv ...string) (*proc, error) {
 func (n *Node) Exec(args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	full := append([]string{"-t", strconv.Itoa(n.super.cmd.Process.Pid), "-m", "-n", "--"}, args...)
+	full := append([]string{"-t", strconv.Itoa(n.super.Pid()), "-m", "-n", "--"}, args...)
 	out, err := exec.CommandContext(ctx, "nsenter", full...).CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("on %s: %s: %w: %s", n.Name, strings.Join(args, " "), err, out)
@@ -181,7 +181,7 @@ func (n *Node) RestartKubelet() error {
 	n.mu.Lock()
 	old := n.kubelet
 	n.mu.Unlock()
-	old.stop()
+	old.Stop()
 	if err := n.startKubelet(); err != nil {
 		return err
 	}
@@ -196,7 +196,7 @@ func (n *Node) kubeletHealthy() error {
 	n.mu.Lock()
 	k := n.kubelet
 	n.mu.Unlock()
-	if k.exited() {
+	if k.Exited() {
 		return errors.New("kubelet exited")
 	}
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -428,15 +428,15 @@ func (n *Node) stop() {
 	n.stopped = true
 	k := n.kubelet
 	n.mu.Unlock()
-	n.proxy.stop()
-	k.stop()
+	n.proxy.Stop()
+	k.Stop()
 	ms, _ := hostCgroups()
 	killCgroups(ms, n.cgroupRoot)
-	n.containerd.stop()
-	if mnt, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", n.super.cmd.Process.Pid)); err == nil {
+	n.containerd.Stop()
+	if mnt, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", n.super.Pid())); err == nil {
 		killMountNS(mnt)
 	}
-	n.super.stop()
+	n.super.Stop()
 	removeCgroups(ms, n.cgroupRoot)
 }
 

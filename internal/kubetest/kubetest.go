@@ -25,13 +25,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/village-cni/village/internal/testenv"
 )
 
 // Version is the kube-apiserver release the tests run.
@@ -95,15 +96,8 @@ type Server struct {
 	etcdURL  string
 	etcdPeer string
 	mu       sync.Mutex
-	etcd     *proc
-	api      *proc
-}
-
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan struct{}
+	etcd     *testenv.Proc
+	api      *testenv.Proc
 }
 
 // Start starts etcd and kube-apiserver and waits until the API server is
@@ -201,51 +195,17 @@ func (s *Server) writeFiles(admin, agent string) error {
 
 // spawn starts a server process (inside NetNS when there is one), its
 // output going to a log file shown when the test fails.
-func (s *Server) spawn(name, bin string, args ...string) *proc {
+func (s *Server) spawn(name, bin string, args ...string) *testenv.Proc {
 	s.t.Helper()
 	argv := append([]string{bin}, args...)
 	if s.opts.NetNS != nil {
 		argv = append([]string{"ip", "netns", "exec", filepath.Base(s.opts.NetNS.Path())}, argv...)
 	}
-	log, err := os.OpenFile(filepath.Join(s.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	p, err := testenv.Spawn(name, filepath.Join(s.dir, name+".log"), true, argv...)
 	if err != nil {
 		s.t.Fatalf("kubetest: %v", err)
 	}
-	// A watchdog beside it: should the test process die without its
-	// cleanups (go test's -timeout panics past them), the server goes too.
-	// bash execs the server, which keeps bash's PID.
-	wd := fmt.Sprintf(`(while kill -0 %d 2>/dev/null; do sleep 2; done; kill -9 $$) & exec "$@"`, os.Getpid())
-	argv = append([]string{"bash", "-c", wd, "bash"}, argv...)
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = log, log
-	// No Pdeathsig: it fires when the forking OS thread exits, and Go
-	// ends threads that a namespace switch left locked.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		s.t.Fatalf("kubetest: starting %s: %v", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: log, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
 	return p
-}
-
-func (p *proc) stop() {
-	if p == nil {
-		return
-	}
-	select {
-	case <-p.done:
-	default:
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
-		}
-	}
-	p.log.Close()
 }
 
 func (s *Server) stopAll() {
@@ -258,8 +218,8 @@ func (s *Server) stopAll() {
 			}
 		}
 	}
-	s.api.stop()
-	s.etcd.stop()
+	s.api.Stop()
+	s.etcd.Stop()
 	s.api, s.etcd = nil, nil
 }
 
@@ -297,7 +257,7 @@ func (s *Server) waitReady() {
 	var last error
 	for time.Now().Before(deadline) {
 		select {
-		case <-s.api.done:
+		case <-s.api.Done():
 			s.t.Fatalf("kubetest: kube-apiserver exited while starting")
 		default:
 		}
@@ -370,7 +330,7 @@ func (s *Server) RestartAPIServer() {
 func (s *Server) StopAPIServer() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.api.stop()
+	s.api.Stop()
 	s.api = nil
 }
 
