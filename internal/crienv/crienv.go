@@ -133,15 +133,30 @@ func Start(o Options) (*Env, error) {
 	}
 }
 
-// config is containerd 1.6's config.toml (version 2). Notes:
+// config is this Env's config.toml: everything under Dir.
+func (e *Env) config() string {
+	d := e.Dir
+	return Config{Root: filepath.Join(d, "root"), State: filepath.Join(d, "state"), Socket: e.Socket,
+		Opt: filepath.Join(d, "opt"), Runc: filepath.Join(d, "runc"), SandboxImage: e.SandboxImage,
+		BinDir: e.BinDir, ConfDir: e.ConfDir}.TOML()
+}
+
+// Config holds the paths of one containerd's config.toml; the cluster of
+// internal/kubecluster writes the same file with a node's private paths.
+type Config struct {
+	Root, State, Socket, Opt, Runc string // containerd's root, state, socket, opt dir; runc's state root
+	BinDir, ConfDir                string // CNI plugin and conf directories
+	SandboxImage                   string // the pause image's reference
+}
+
+// TOML is containerd 1.6's config.toml (version 2). Notes:
 //   - restrict_oom_score_adj: root here may lack CAP_SYS_RESOURCE, and runc
 //     fails to lower a container's oom_score_adj without it.
 //   - the native snapshotter: plain directories, works on any file system
 //     (overlayfs on overlayfs does not).
 //   - the stream server (crictl exec) listens on the node's loopback.
-//   - runc keeps its state under Dir too, apart from any system containerd.
-func (e *Env) config() string {
-	d := e.Dir
+//   - runc keeps its state apart from any system containerd.
+func (c Config) TOML() string {
 	return fmt.Sprintf(`version = 2
 root = %q
 state = %q
@@ -180,8 +195,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = %q
     conf_dir = %q
     max_conf_num = 1
-`, filepath.Join(d, "root"), filepath.Join(d, "state"), e.Socket, e.Socket+".ttrpc",
-		filepath.Join(d, "opt"), e.SandboxImage, filepath.Join(d, "runc"), e.BinDir, e.ConfDir)
+`, c.Root, c.State, c.Socket, c.Socket+".ttrpc", c.Opt, c.SandboxImage, c.Runc, c.BinDir, c.ConfDir)
 }
 
 // inNS runs f on a thread switched into the namespace at path; processes

@@ -25,13 +25,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/village-cni/village/internal/testenv"
 )
 
 // Version is the kube-apiserver release the tests run.
@@ -65,6 +66,10 @@ type Options struct {
 	IP string
 	// Audit logs every request's metadata (read with AuditEvents).
 	Audit bool
+	// Args are extra kube-apiserver flags, given after the defaults (a flag
+	// given twice takes the later value), e.g. the endpoint reconciler or
+	// the kubelet address types a cluster with nodes needs.
+	Args []string
 }
 
 // Server is a running etcd + kube-apiserver.
@@ -78,6 +83,10 @@ type Server struct {
 	// made inside NetNS); Client a clientset on it.
 	Config *rest.Config
 	Client kubernetes.Interface
+	// SAKeyFile is the service-account signing key (PEM, PKCS#8) and
+	// CAFile the API server's self-signed certificate, which is its own CA:
+	// kube-controller-manager signs and publishes with them.
+	SAKeyFile, CAFile string
 
 	t        testing.TB
 	opts     Options
@@ -87,15 +96,8 @@ type Server struct {
 	etcdURL  string
 	etcdPeer string
 	mu       sync.Mutex
-	etcd     *proc
-	api      *proc
-}
-
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan struct{}
+	etcd     *testenv.Proc
+	api      *testenv.Proc
 }
 
 // Start starts etcd and kube-apiserver and waits until the API server is
@@ -160,7 +162,7 @@ func (s *Server) apiArgs() []string {
 		args = append(args, "--audit-policy-file="+filepath.Join(s.dir, "audit-policy.yaml"),
 			"--audit-log-path="+filepath.Join(s.dir, "audit.log"), "--audit-log-format=json")
 	}
-	return args
+	return append(args, s.opts.Args...)
 }
 
 func token(t testing.TB) string {
@@ -193,46 +195,17 @@ func (s *Server) writeFiles(admin, agent string) error {
 
 // spawn starts a server process (inside NetNS when there is one), its
 // output going to a log file shown when the test fails.
-func (s *Server) spawn(name, bin string, args ...string) *proc {
+func (s *Server) spawn(name, bin string, args ...string) *testenv.Proc {
 	s.t.Helper()
 	argv := append([]string{bin}, args...)
 	if s.opts.NetNS != nil {
 		argv = append([]string{"ip", "netns", "exec", filepath.Base(s.opts.NetNS.Path())}, argv...)
 	}
-	log, err := os.OpenFile(filepath.Join(s.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	p, err := testenv.Spawn(name, filepath.Join(s.dir, name+".log"), true, argv...)
 	if err != nil {
 		s.t.Fatalf("kubetest: %v", err)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = log, log
-	// No Pdeathsig: it fires when the forking OS thread exits, and Go
-	// ends threads that a namespace switch left locked.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		s.t.Fatalf("kubetest: starting %s: %v", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: log, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
 	return p
-}
-
-func (p *proc) stop() {
-	if p == nil {
-		return
-	}
-	select {
-	case <-p.done:
-	default:
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
-		}
-	}
-	p.log.Close()
 }
 
 func (s *Server) stopAll() {
@@ -245,8 +218,8 @@ func (s *Server) stopAll() {
 			}
 		}
 	}
-	s.api.stop()
-	s.etcd.stop()
+	s.api.Stop()
+	s.etcd.Stop()
 	s.api, s.etcd = nil, nil
 }
 
@@ -284,7 +257,7 @@ func (s *Server) waitReady() {
 	var last error
 	for time.Now().Before(deadline) {
 		select {
-		case <-s.api.done:
+		case <-s.api.Done():
 			s.t.Fatalf("kubetest: kube-apiserver exited while starting")
 		default:
 		}
@@ -303,6 +276,7 @@ func (s *Server) clients(admin, agent string) error {
 	if err != nil {
 		return fmt.Errorf("the API server's self-signed certificate: %w", err)
 	}
+	s.SAKeyFile, s.CAFile = filepath.Join(s.dir, "sa.key"), filepath.Join(s.dir, "certs", "apiserver.crt")
 	s.AdminKubeconfig = filepath.Join(s.dir, "admin.kubeconfig")
 	s.AgentKubeconfig = filepath.Join(s.dir, "village.kubeconfig")
 	for path, tok := range map[string]string{s.AdminKubeconfig: admin, s.AgentKubeconfig: agent} {
@@ -356,7 +330,7 @@ func (s *Server) RestartAPIServer() {
 func (s *Server) StopAPIServer() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.api.stop()
+	s.api.Stop()
 	s.api = nil
 }
 

@@ -1,0 +1,91 @@
+package kubecluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// VillageNamespace and VillageDaemonSet name the shipped DaemonSet.
+const (
+	VillageNamespace = "kube-system"
+	VillageDaemonSet = "village"
+	VillageSelector  = "app.kubernetes.io/name=village"
+)
+
+// installVillage applies deploy/kubernetes with kubectl. The one
+// difference from the shipped files: when Options.Backend is set, the
+// DaemonSet's init container "install" gets BACKEND=<backend> and
+// CLUSTER_CIDR=ClusterCIDR (`kubectl set env --local` over the shipped
+// daemonset.yaml, which changes those env values and nothing else); every
+// other file is applied as it is in the tree.
+func (c *Cluster) installVillage(t testing.TB) {
+	t.Helper()
+	src := filepath.Join(c.root, "deploy", "kubernetes")
+	dst := filepath.Join(c.dir, "manifests")
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatalf("kubecluster: %v", err)
+	}
+	files, err := filepath.Glob(filepath.Join(src, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("kubecluster: no manifests in %s (%v)", src, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatalf("kubecluster: %v", err)
+		}
+		if c.opts.Backend != "" && filepath.Base(f) == "daemonset.yaml" {
+			set, err := c.Kubectl("set", "env", "--local", "-f", f, "-c", "install", "-o", "yaml",
+				"BACKEND="+c.opts.Backend, "CLUSTER_CIDR="+ClusterCIDR)
+			if err != nil {
+				t.Fatalf("kubecluster: %v", err)
+			}
+			// Nothing printed: the shipped values are these already.
+			if len(set) > 0 {
+				b = set
+			}
+			if !strings.Contains(string(b), "value: "+c.opts.Backend) {
+				t.Fatalf("kubecluster: kubectl set env did not set BACKEND=%s in the DaemonSet:\n%s", c.opts.Backend, b)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dst, filepath.Base(f)), b, 0o644); err != nil {
+			t.Fatalf("kubecluster: %v", err)
+		}
+	}
+	if out, err := c.Kubectl("apply", "-f", dst); err != nil {
+		t.Fatalf("kubecluster: applying deploy/kubernetes: %v\n%s", err, out)
+	}
+}
+
+// WaitVillageReady waits until every node is Ready and the DaemonSet has
+// rolled out: one up-to-date, ready pod on every node.
+func (c *Cluster) WaitVillageReady(timeout time.Duration) error {
+	nodes := c.Nodes()
+	for _, n := range nodes {
+		if err := c.WaitNodeReady(n.Name, timeout); err != nil {
+			return err
+		}
+	}
+	return poll(timeout, func() error {
+		ds, err := c.Client().AppsV1().DaemonSets(VillageNamespace).Get(context.Background(), VillageDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		st := ds.Status
+		if st.ObservedGeneration < ds.Generation || int(st.DesiredNumberScheduled) != len(nodes) ||
+			st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberReady != st.DesiredNumberScheduled ||
+			st.NumberAvailable != st.DesiredNumberScheduled {
+			return fmt.Errorf("DaemonSet %s/%s: %d nodes, desired %d, updated %d, ready %d, available %d (generation %d, observed %d)",
+				VillageNamespace, VillageDaemonSet, len(nodes), st.DesiredNumberScheduled, st.UpdatedNumberScheduled,
+				st.NumberReady, st.NumberAvailable, ds.Generation, st.ObservedGeneration)
+		}
+		return nil
+	})
+}
