@@ -110,7 +110,7 @@ func TestFullDataDir(t *testing.T) {
 }
 
 // TestLockHeldByStuckProcess holds the store's lock from a process that
-// never lets go: ADD gives up in bounded time with code 11 (try again
+// never lets go: ADD gives up when its lock timeout fires, with code 11 (try again
 // later) naming the lock, and leaves nothing.
 func TestLockHeldByStuckProcess(t *testing.T) {
 	n := NewNode(t)
@@ -134,16 +134,11 @@ func TestLockHeldByStuckProcess(t *testing.T) {
 			t.Fatal("the stuck process never took the lock")
 		}
 	}
-	start := time.Now()
+	// The event, not a duration: the 700ms lock timeout fired.
 	e := addFails(t, n, l, n.NewPod(), "VILLAGE_IPAM_LOCK_TIMEOUT=700ms")
-	took := time.Since(start)
-	if e.Code != types.ErrTryAgainLater || !strings.Contains(e.Msg, lock) {
-		t.Fatalf("ADD with the lock held: code %d %q, want %d naming %s", e.Code, e.Msg, types.ErrTryAgainLater, lock)
+	if e.Code != types.ErrTryAgainLater || !strings.Contains(e.Msg, lock) || !strings.Contains(e.Msg, "gave up after 700ms") {
+		t.Fatalf("ADD with the lock held: code %d %q, want %d saying it gave up after 700ms naming %s", e.Code, e.Msg, types.ErrTryAgainLater, lock)
 	}
-	if took > 10*time.Second {
-		t.Fatalf("ADD with the lock held took %s with a 700ms lock timeout", took)
-	}
-	t.Logf("ADD with the lock held gave up after %s", took.Round(time.Millisecond))
 	_ = syscall.Kill(-stuck.Process.Pid, syscall.SIGKILL)
 	_ = stuck.Wait()
 	n.MustAdd(l, n.NewPod())
