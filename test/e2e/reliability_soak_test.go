@@ -261,23 +261,25 @@ func TestChurnSoak(t *testing.T) {
 	}
 }
 
+// dialIn dials from inside n (for an http.Transport).
+func dialIn(n ns.NetNS) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := n.Do(func(ns.NetNS) error {
+			var err error
+			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+}
+
 // reconcileRuns reads village_reconcile_runs_total from the agent's
 // /metrics inside n, over a connection that is closed after the answer (no
 // idle connection holds a descriptor in villaged); -1 when it cannot.
 func reconcileRuns(t *testing.T, n ns.NetNS) float64 {
 	t.Helper()
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var c net.Conn
-			err := n.Do(func(ns.NetNS) error {
-				var err error
-				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-				return err
-			})
-			return c, err
-		},
-	}}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dialIn(n)}}
 	resp, err := client.Get("http://" + metrics.DefaultAddr + "/metrics")
 	if err != nil {
 		return -1
