@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -223,8 +225,9 @@ func TestIPAMMissingFromCNIPath(t *testing.T) {
 	if got := testenv.MustIP(t, p.NS, "-o", "link"); strings.Contains(got, "eth0") {
 		t.Fatalf("ADD without IPAM left eth0: %s", got)
 	}
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("allocations: %v", left)
+	// No IPAM plugin ran: it did not even make its data directory.
+	if _, err := os.Stat(data); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("IPAM data directory %s after ADD without IPAM: %v, want none", data, err)
 	}
 }
 
@@ -257,6 +260,7 @@ exit 1
 	if got, err := os.ReadFile(verbs); err != nil || string(got) != "ADD\nDEL\n" {
 		t.Fatalf("IPAM verbs %q (%v), want the ADD and the DEL that undoes it", got, err)
 	}
+	mustExist(t, filepath.Join(data, "lateipam")) // the IPAM ADD ran here
 	if left := ipFiles(t, data); len(left) != 0 {
 		t.Fatalf("allocations after the failed ADD: %v", left)
 	}
