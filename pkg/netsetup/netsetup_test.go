@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -178,38 +177,30 @@ func TestEnsureBridgeReusesAndFixes(t *testing.T) {
 func vlanFiltering(t *testing.T, n ns.NetNS) bool {
 	t.Helper()
 	if _, err := testenv.IP(n, "link", "add", "vlprobe0", "type", "bridge", "vlan_filtering", "1"); err != nil {
-		t.Logf("kernel has no bridge VLAN filtering (%v): checking that VLAN requests fail cleanly instead", err)
+		t.Logf("kernel has no bridge VLAN filtering: %v", err)
 		return false
 	}
 	testenv.MustIP(t, n, "link", "del", "vlprobe0")
 	return true
 }
 
-func TestEnsureBridgeVlanFiltering(t *testing.T) {
+// TestVlanFilteringRejectedWithoutKernelSupport: this kernel has no bridge
+// VLAN filtering (README, Tests: not tested on this kernel), so what is
+// tested is that asking for it fails cleanly, naming the bridge and the
+// kernel option. On a kernel that has it, this test fails: replace it with
+// one that checks vlan_filtering on a new and an existing bridge.
+func TestVlanFilteringRejectedWithoutKernelSupport(t *testing.T) {
 	node := testenv.NewNS(t)
-	supported := vlanFiltering(t, node)
+	if vlanFiltering(t, node) {
+		t.Fatal("this kernel filters VLANs on bridges: test the feature itself, not its rejection")
+	}
 	var err error
 	in(t, node, func() error {
 		_, err = netsetup.EnsureBridge(netsetup.Bridge{Name: "vbr0", VlanFiltering: true})
 		return nil
 	})
-	if !supported {
-		if err == nil || !strings.Contains(err.Error(), "vbr0") || !strings.Contains(err.Error(), "CONFIG_BRIDGE_VLAN_FILTERING") {
-			t.Errorf("VLAN filtering without kernel support: error %v, want one naming the bridge and the kernel option", err)
-		}
-		return
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l := link(t, node, "vbr0"); l.LinkInfo.Data.VlanFiltering != 1 || !l.up() {
-		t.Errorf("vlan_filtering = %d up %v, want 1 and up", l.LinkInfo.Data.VlanFiltering, l.up())
-	}
-	// Turned on for an existing bridge too.
-	testenv.MustIP(t, node, "link", "add", "vbr1", "type", "bridge")
-	ensureBridge(t, node, netsetup.Bridge{Name: "vbr1", VlanFiltering: true})
-	if l := link(t, node, "vbr1"); l.LinkInfo.Data.VlanFiltering != 1 {
-		t.Errorf("existing bridge: vlan_filtering = %d, want 1", l.LinkInfo.Data.VlanFiltering)
+	if err == nil || !strings.Contains(err.Error(), "vbr0") || !strings.Contains(err.Error(), "CONFIG_BRIDGE_VLAN_FILTERING") {
+		t.Errorf("VLAN filtering without kernel support: error %v, want one naming the bridge and the kernel option", err)
 	}
 }
 
@@ -435,54 +426,26 @@ func TestEnsureVeth(t *testing.T) {
 	}
 }
 
-func TestEnsureVethVlan(t *testing.T) {
+// TestVethVlanRejectedWithoutKernelSupport: without bridge VLAN filtering
+// (this kernel; README, Tests: not tested on this kernel) a pod asking for a
+// VLAN fails naming the VLAN and the host veth, and the pair made before is
+// gone. On a kernel that filters VLANs this test fails: replace it with one
+// that checks the port's PVID and untagged flags.
+func TestVethVlanRejectedWithoutKernelSupport(t *testing.T) {
 	node := testenv.NewNS(t)
-	supported := vlanFiltering(t, node)
+	if vlanFiltering(t, node) {
+		t.Fatal("this kernel filters VLANs on bridges: test the feature itself, not its rejection")
+	}
 	e := &podEnv{node: node, podNS: testenv.NewNS(t)}
 	e.pod = openPod(t, e.podNS)
-	e.br = ensureBridge(t, node, netsetup.Bridge{Name: "vbr0", VlanFiltering: supported})
+	e.br = ensureBridge(t, node, netsetup.Bridge{Name: "vbr0"})
 	hostName := netsetup.HostVethName("c1", "eth0")
-	spec := netsetup.Veth{ContainerID: "c1", IfName: "eth0", Vlan: 100, Hairpin: true}
-	_, err := e.veth(t, spec)
-	if !supported {
-		// The pair was made before the VLAN failed: all of it must be gone.
-		if err == nil || !strings.Contains(err.Error(), "VLAN 100") || !strings.Contains(err.Error(), hostName) {
-			t.Errorf("VLAN without kernel support: error %v, want one naming VLAN 100 and %s", err, hostName)
-		}
-		if linkExists(node, hostName) || linkExists(e.podNS, "eth0") {
-			t.Error("failed EnsureVeth left its veth pair behind")
-		}
-		return
+	_, err := e.veth(t, netsetup.Veth{ContainerID: "c1", IfName: "eth0", Vlan: 100, Hairpin: true})
+	if err == nil || !strings.Contains(err.Error(), "VLAN 100") || !strings.Contains(err.Error(), hostName) {
+		t.Errorf("VLAN without kernel support: error %v, want one naming VLAN 100 and %s", err, hostName)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	vl, err := exec.Command("bridge", "-n", nsName(e.node), "-j", "vlan", "show", "dev", hostName).CombinedOutput()
-	if err != nil {
-		t.Fatalf("bridge vlan show: %v: %s", err, vl)
-	}
-	var ports []struct {
-		Vlans []struct {
-			Vlan  int      `json:"vlan"`
-			Flags []string `json:"flags"`
-		} `json:"vlans"`
-	}
-	if err := json.Unmarshal(vl, &ports); err != nil || len(ports) != 1 {
-		t.Fatalf("parsing bridge vlan show: %v: %s", err, vl)
-	}
-	found := false
-	for _, v := range ports[0].Vlans {
-		if v.Vlan == 100 {
-			found = strings.Contains(strings.Join(v.Flags, ","), "PVID") && strings.Contains(strings.Join(v.Flags, ","), "Untagged")
-		}
-	}
-	if !found {
-		t.Errorf("port not in VLAN 100 as PVID untagged: %s", vl)
-	}
-
-	// A repeat keeps the port in its VLAN.
-	if _, err := e.veth(t, spec); err != nil {
-		t.Fatalf("repeat: %v", err)
+	if linkExists(node, hostName) || linkExists(e.podNS, "eth0") {
+		t.Error("failed EnsureVeth left its veth pair behind")
 	}
 }
 

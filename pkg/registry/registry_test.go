@@ -147,8 +147,11 @@ func TestLeaseOrderSkipsNetworkSubnetFirst(t *testing.T) {
 	}
 }
 
-func next(t *testing.T, ch chan Snapshot, want func(Snapshot) bool, within time.Duration) Snapshot {
+// next returns the first snapshot from ch that want accepts; 60 s only guards
+// against a hang.
+func next(t *testing.T, ch chan Snapshot, want func(Snapshot) bool) Snapshot {
 	t.Helper()
+	const within = time.Minute
 	deadline := time.After(within)
 	var last Snapshot
 	for {
@@ -182,7 +185,7 @@ func TestFollowSeesAddChangeAndExpiry(t *testing.T) {
 	ch := make(chan Snapshot, 1)
 	done := make(chan error, 1)
 	go func() { done <- r.Follow(ctx, ch, t.Logf) }()
-	next(t, ch, func(s Snapshot) bool { return len(s.Nodes) == 0 }, 5*time.Second)
+	next(t, ch, func(s Snapshot) bool { return len(s.Nodes) == 0 })
 
 	a := Node{Name: "a", IP: "192.168.1.1", PodCIDRs: []string{"10.1.1.0/24"}, VtepMAC: "0e:76:c0:a8:01:01"}
 	ga, err := r.Register(ctx, a)
@@ -193,13 +196,13 @@ func TestFollowSeesAddChangeAndExpiry(t *testing.T) {
 	if _, err := r.Register(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	next(t, ch, func(s Snapshot) bool { return names(s) == "a,b" }, 5*time.Second)
+	next(t, ch, func(s Snapshot) bool { return names(s) == "a,b" })
 
 	a.IP = "192.168.1.11"
 	if err := ga.Update(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	next(t, ch, func(s Snapshot) bool { return len(s.Nodes) > 0 && s.Nodes[0].IP == "192.168.1.11" }, 5*time.Second)
+	next(t, ch, func(s Snapshot) bool { return len(s.Nodes) > 0 && s.Nodes[0].IP == "192.168.1.11" })
 
 	// a is refreshed, b is not: b expires.
 	stop := make(chan struct{})
@@ -218,11 +221,9 @@ func TestFollowSeesAddChangeAndExpiry(t *testing.T) {
 			}
 		}
 	})
-	began := time.Now()
-	s := next(t, ch, func(s Snapshot) bool { return names(s) == "a" }, 10*time.Second)
+	s := next(t, ch, func(s Snapshot) bool { return names(s) == "a" })
 	close(stop)
 	wg.Wait()
-	t.Logf("b's record expired %s after its last renewal (TTL 2s)", time.Since(began).Round(100*time.Millisecond))
 	if !s.Nodes[0].Equal(a) {
 		t.Fatalf("a changed: %+v", s.Nodes[0])
 	}
@@ -287,8 +288,8 @@ func TestBadRecordsAreSkippedAndNamed(t *testing.T) {
 	}
 }
 
-// Errors name the endpoints when etcd is down, and come back within the
-// operation timeout.
+// Errors name the endpoints when etcd is down, and come back because the
+// operation timeout fired (the 60 s bound only guards against a hang).
 func TestErrorsNameEndpoints(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cfg := srv.ClientConfig()
@@ -303,13 +304,16 @@ func TestErrorsNameEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Stop()
-	began := time.Now()
 	space, _ := NewSubnetSpace(cidr("10.0.0.0/16"), 24)
-	_, err = r.LeaseSubnet(context.Background(), space, "a")
-	if err == nil || !strings.Contains(err.Error(), srv.Endpoints[0]) {
-		t.Fatalf("lease with etcd down: %v, want an error naming %s", err, srv.Endpoints[0])
+	done := make(chan error, 1)
+	go func() { _, err := r.LeaseSubnet(context.Background(), space, "a"); done <- err }()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("LeaseSubnet with etcd down still running after 60s")
 	}
-	if d := time.Since(began); d > 5*time.Second {
-		t.Fatalf("took %s with a 1s timeout", d)
+	t.Logf("lease with etcd down: %v", err)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), srv.Endpoints[0]) {
+		t.Fatalf("lease with etcd down: %v, want the 1s timeout to fire (DeadlineExceeded) naming %s", err, srv.Endpoints[0])
 	}
 }

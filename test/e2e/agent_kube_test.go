@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,10 +110,15 @@ func (lab *kubeLab) node(name string) *corev1.Node {
 	return n
 }
 
+// annotate sets one annotation of Node name and fails unless the API
+// server's answer carries it (the value was applied).
 func (lab *kubeLab) annotate(name, key, value string) {
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
-	_, err := lab.kube.Client.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, patch, metav1.PatchOptions{})
+	n, err := lab.kube.Client.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, patch, metav1.PatchOptions{})
 	must(lab.t, err, "annotating Node %s", name)
+	if got := n.Annotations[key]; got != value {
+		lab.t.Fatalf("Node %s after the patch: %s=%q, want %q", name, key, got, value)
+	}
 }
 
 func TestAgentKubernetesCluster(t *testing.T) {
@@ -158,13 +164,17 @@ func (lab *kubeLab) statusClean() {
 func (lab *kubeLab) annotationRepaired(subnets []string) {
 	t := lab.t
 	n2 := lab.nodes[1]
+	// The bad value is applied (annotate checks the API server's answer),
+	// and node2's agent writes its own back: its log says so once more.
+	wrote := strings.Count(n2.log.String(), "annotated Node")
 	lab.annotate(n2.name, kuberegistry.AnnotationIP, "192.168.79.99")
-	waitFor(t, 30*time.Second, "node2's agent restores its annotation", func() (bool, string) {
+	waitFor(t, 2*time.Minute, "node2's agent restores its annotation", func() (bool, string) {
 		n := lab.node(n2.name)
-		return n.Annotations[kuberegistry.AnnotationIP] == n2.ip, fmt.Sprint(n.Annotations)
+		return n.Annotations[kuberegistry.AnnotationIP] == n2.ip && strings.Count(n2.log.String(), "annotated Node") > wrote,
+			fmt.Sprint(n.Annotations) + "\n" + n2.log.String()
 	})
 	n1 := lab.nodes[0]
-	waitFor(t, 30*time.Second, "node1 routes to node2 through node2's real address", func() (bool, string) {
+	waitFor(t, 2*time.Minute, "node1 routes to node2 through node2's real address", func() (bool, string) {
 		r := n1.routes(t)
 		for _, l := range strings.Split(r, "\n") {
 			if strings.HasPrefix(l, subnets[1]+" ") {
@@ -204,7 +214,9 @@ func (lab *kubeLab) apiServerRestart(pods []*Pod, subnets []string) {
 	t := lab.t
 	before := lab.datapath()
 	lab.kube.StopAPIServer()
-	time.Sleep(3 * time.Second) // the informers notice the broken watch
+	// The informers notice the broken watch: no agent holds a connection
+	// to the API server any more (none established, none half-closed).
+	lab.waitAPIConns(false)
 	to := podIPv4(t, pods[1])
 	must(t, testenv.Ping(pods[0].NS, to, 2), "pod on node1 -> pod on node2 with the API server down")
 	for i, n := range lab.nodes {
@@ -214,7 +226,11 @@ func (lab *kubeLab) apiServerRestart(pods []*Pod, subnets []string) {
 		}
 	}
 	lab.kube.StartAPIServer()
-	time.Sleep(2 * time.Second)
+	// Every agent is connected again and has made a reconcile pass since.
+	lab.waitAPIConns(true)
+	for _, n := range lab.nodes {
+		waitReconcileRuns(t, n.NS, reconcileRuns(t, n.NS)+1)
+	}
 	if after := lab.datapath(); after != before {
 		t.Fatalf("the datapath changed across an API server restart:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
@@ -227,6 +243,25 @@ func (lab *kubeLab) apiServerRestart(pods []*Pod, subnets []string) {
 			t.Fatalf("agent on %s exited across the API server restart: %v", n.name, err)
 		default:
 		}
+	}
+}
+
+// waitAPIConns waits until every agent's namespace holds a TCP connection
+// to the API server (connected) or none established or half-closed
+// (!connected); 120 s only guards against a hang.
+func (lab *kubeLab) waitAPIConns(connected bool) {
+	t := lab.t
+	u, err := url.Parse(lab.kube.URL)
+	must(t, err, "API server URL")
+	for _, n := range lab.nodes {
+		waitFor(t, 2*time.Minute, fmt.Sprintf("%s connected to the API server: %v", n.name, connected), func() (bool, string) {
+			out, err := exec.Command("ip", "netns", "exec", n.Name(), "ss", "-Htn", "state", "established", "state", "close-wait",
+				"dst", u.Host).CombinedOutput()
+			if err != nil {
+				return false, fmt.Sprintf("ss: %v: %s", err, out)
+			}
+			return (strings.TrimSpace(string(out)) != "") == connected, string(out)
+		})
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -564,17 +563,7 @@ func TestAgentSyncStaticPeers(t *testing.T) {
 // httpGetIn fetches url with the TCP connection made from inside n.
 func httpGetIn(t *testing.T, n ns.NetNS, url string) (string, int) {
 	t.Helper()
-	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var c net.Conn
-			err := n.Do(func(ns.NetNS) error {
-				var err error
-				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-				return err
-			})
-			return c, err
-		},
-	}}
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dialIn(n)}}
 	resp, err := client.Get(url)
 	if err != nil {
 		return err.Error(), 0

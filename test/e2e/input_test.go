@@ -90,6 +90,15 @@ func TestBadInputGivesCNIErrors(t *testing.T) {
 	if out := testenv.MustIP(t, pod.NS, "-o", "link"); strings.Contains(out, "eth0") {
 		t.Fatalf("a failed ADD left eth0: %s", out)
 	}
+	// The control: the same call with good input allocates exactly one
+	// address where the check above looked (so it did not pass on a wrong path).
+	ok := n.NewPod()
+	if out := n.Exec(testenv.Call{Bin: "village", Command: "ADD", ContainerID: ok.ID, Netns: ok.NS.Path(), IfName: "eth0", Stdin: good("1.1.0")}); out.ExitCode != 0 {
+		t.Fatalf("control ADD with good input: %s %s", out.Stdout, out.Stderr)
+	}
+	if got := ipFiles(t, data); len(got) != 1 {
+		t.Fatalf("control ADD: allocations %v under %s, want one", got, data)
+	}
 }
 
 // TestFailedAddRollsBack makes ADD fail after IPAM (the bridge name is taken
@@ -114,6 +123,10 @@ func TestFailedAddRollsBack(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "10.99.0.1/24") || !strings.Contains(err.Error(), "10.41.0.1/24") {
 		t.Fatalf("ADD with a gateway conflict: %v, want an error naming both addresses", err)
 	}
+	// IPAM ran for both networks (their directories are there), and left
+	// no allocation.
+	mustExist(t, filepath.Join(data, "rb"))
+	mustExist(t, filepath.Join(data, "rb2"))
 	if left := ipFiles(t, data); len(left) != 0 {
 		t.Fatalf("failed ADD left allocations: %v", left)
 	}

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -54,13 +53,10 @@ func TestSharedLANPoolThroughEtcd(t *testing.T) {
 	// etcd down: ADD fails fast, names the endpoint, leaves nothing;
 	// STATUS says 50; DEL reports the error and succeeds once etcd is back.
 	etcd.Stop()
-	start := time.Now()
 	_, err = nodes[1].Add(lists[1], extra)
-	if err == nil || !strings.Contains(err.Error(), "192.168.77.5:2379") {
-		t.Fatalf("ADD with etcd down: %v, want an error naming the endpoint", err)
-	}
-	if took := time.Since(start); took > 30*time.Second {
-		t.Fatalf("ADD with etcd down took %s", took)
+	t.Logf("ADD with etcd down: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "192.168.77.5:2379") || !strings.Contains(err.Error(), "unreachable after") {
+		t.Fatalf("ADD with etcd down: %v, want its etcd timeout to fire (unreachable after ...) naming the endpoint", err)
 	}
 	if out := testenv.MustIP(t, extra.NS, "-o", "link"); strings.Contains(out, "eth0") || strings.Contains(out, "net1") {
 		t.Fatalf("ADD with etcd down left interfaces: %s", out)

@@ -158,19 +158,41 @@ func (e shippedExample) newPods(t *testing.T, n *Node) []*Pod {
 	return pods
 }
 
-// nothingLeft asserts no allocation, no veth and no libcni cache entry is
-// left on the node.
-func nothingLeft(t *testing.T, n *Node, cache string) {
+// held says what a node holds before the teardown nothingLeft checks:
+// allocations and host veths (a Village network), libcni cache entries
+// (the runtime cached a result).
+type held struct{ attachments, cached bool }
+
+// nothingLeft proves do (the DELs) leaves no allocation, no host veth and
+// no libcni cache entry on the node: what h says the node holds must be
+// there before, so a wrong path or a test that made nothing fails.
+func nothingLeft(t *testing.T, n *Node, cache string, h held, do func()) {
 	t.Helper()
-	if left := ipFiles(t, filepath.Join(n.Dir, "ipam")); len(left) != 0 {
+	allocs := func() []string { return ipFiles(t, filepath.Join(n.Dir, "ipam")) }
+	veths := func() []string {
+		var out []string
+		for _, l := range strings.Split(testenv.MustIP(t, n.NS, "-o", "link", "show", "type", "veth"), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], "veth") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	entries := func() []string { return files(t, filepath.Join(cache, "results")) }
+	if h.attachments && (len(allocs()) == 0 || len(veths()) == 0) {
+		t.Fatalf("before the DELs: allocations %v, host veths %v; want both, or there is nothing to prove gone", allocs(), veths())
+	}
+	if h.cached && len(entries()) == 0 {
+		t.Fatalf("before the DELs: no libcni cache entry under %s, so nothing to prove gone (wrong path?)", cache)
+	}
+	do()
+	if left := allocs(); len(left) != 0 {
 		t.Fatalf("allocations left: %v", left)
 	}
-	for _, l := range strings.Split(testenv.MustIP(t, n.NS, "-o", "link", "show", "type", "veth"), "\n") {
-		if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(f[1], "veth") {
-			t.Fatalf("host veth left on the node: %s", l)
-		}
+	if left := veths(); len(left) != 0 {
+		t.Fatalf("host veths left on the node: %v", left)
 	}
-	if left := files(t, filepath.Join(cache, "results")); len(left) != 0 {
+	if left := entries(); len(left) != 0 {
 		t.Fatalf("libcni cache entries left: %v", left)
 	}
 }
@@ -195,9 +217,12 @@ func TestShippedConfsUnderLibcni11(t *testing.T) {
 		if out, err := o.run(t, "add", p); err == nil || !strings.Contains(out, `unsupported CNI result version "1.1.0"`) {
 			t.Fatalf("libcni 1.1.2 ADD with cniVersion 1.1.0: %v\n%s\nwant the failure containerd 1.6 shows", err, out)
 		}
-		_, err := o.run(t, "del", p)
-		must(t, err, "DEL")
-		nothingLeft(t, n, o.cache)
+		// The plugin's ADD succeeded (libcni refused its result), so the
+		// pod's allocation and veth are there for the DEL to remove.
+		nothingLeft(t, n, o.cache, held{attachments: true}, func() {
+			_, err := o.run(t, "del", p)
+			must(t, err, "DEL")
+		})
 	})
 	for _, e := range singleNodeExamples {
 		t.Run(e.file, func(t *testing.T) {
@@ -224,13 +249,14 @@ func TestShippedConfsUnderLibcni11(t *testing.T) {
 				_, err := o.run(t, "check", p)
 				must(t, err, "CHECK through libcni 1.1.2")
 			}
-			for _, p := range pods {
-				for range 2 {
-					_, err := o.run(t, "del", p)
-					must(t, err, "DEL through libcni 1.1.2")
+			nothingLeft(t, n, o.cache, held{attachments: e.village, cached: true}, func() {
+				for _, p := range pods {
+					for range 2 {
+						_, err := o.run(t, "del", p)
+						must(t, err, "DEL through libcni 1.1.2")
+					}
 				}
-			}
-			nothingLeft(t, n, o.cache)
+			})
 		})
 	}
 }
@@ -278,14 +304,15 @@ func TestShippedConfsUnderCurrentLibcni(t *testing.T) {
 				// GC keeping only pod 0 releases pod 1's addresses.
 				before := len(ipFiles(t, filepath.Join(n.Dir, "ipam")))
 				must(t, n.GC(l, pods[0]), "GC")
-				if after := len(ipFiles(t, filepath.Join(n.Dir, "ipam"))); after != before/2 {
+				if after := len(ipFiles(t, filepath.Join(n.Dir, "ipam"))); before < 2 || after != before/2 {
 					t.Fatalf("GC keeping one of two pods: %d allocations before, %d after", before, after)
 				}
 			}
-			for _, p := range pods {
-				must(t, n.Del(l, p), "DEL")
-			}
-			nothingLeft(t, n, filepath.Join(n.Dir, "cache"))
+			nothingLeft(t, n, filepath.Join(n.Dir, "cache"), held{attachments: e.village, cached: true}, func() {
+				for _, p := range pods {
+					must(t, n.Del(l, p), "DEL")
+				}
+			})
 		})
 	}
 }

@@ -560,6 +560,10 @@ func TestCrashDuringDel(t *testing.T) {
 	// How long a DEL takes here.
 	first := n.NewPod()
 	n.MustAdd(l, first)
+	// The checks at the end look where a pod's state is: prove it is there.
+	if len(ipFiles(t, data)) == 0 || len(linkNames(testenv.MustIP(t, n.NS, "-o", "link", "show", "type", "veth"))) == 0 {
+		t.Fatalf("no allocation under %s or no veth after an ADD: the checks for leftovers would look at nothing", data)
+	}
 	t0 := time.Now()
 	if err := <-del(first).done; err != nil {
 		t.Fatalf("uninterrupted DEL: %v", err)

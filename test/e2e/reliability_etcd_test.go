@@ -101,24 +101,31 @@ func TestEtcdStoppedDuringChurn(t *testing.T) {
 			}
 		}(pods[w])
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// Stop etcd once every worker could have finished two pairs with it up
+	// (the condition, not a sleep; 120 s guards against a hang).
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		mu.Lock()
+		done, failed := ok, len(bad)
+		mu.Unlock()
+		if done >= 2*workers || failed > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d ADD/DEL pairs with etcd up after 120s", done)
+		}
+	}
 	mu.Lock()
 	before := ok
 	mu.Unlock()
 	stopped.Store(true)
 	srv.Stop()
-	stopAt := time.Now()
 	wg.Wait()
-	t.Logf("%d ADD/DEL pairs with etcd up; after the stop %d ADDs and %d DELs failed, all within %s",
-		before, addFail, delFail, time.Since(stopAt).Round(time.Millisecond))
+	t.Logf("%d ADD/DEL pairs with etcd up; after the stop %d ADDs and %d DELs failed", before, addFail, delFail)
 	if len(bad) > 0 {
 		t.Fatalf("%d wrong outcomes:\n%s", len(bad), strings.Join(bad, "\n"))
 	}
 	if before == 0 {
 		t.Fatal("no ADD/DEL pair completed before etcd was stopped")
-	}
-	if time.Since(stopAt) > 60*time.Second {
-		t.Fatalf("verbs against a stopped etcd took %s", time.Since(stopAt))
 	}
 	// Nothing of the failed ADDs on the node.
 	for _, p := range pods {
@@ -199,22 +206,28 @@ func TestEtcdRestartDuringIPAMChurn(t *testing.T) {
 						break
 					}
 					delRetries.Add(1)
-					if e, err := decodeErr(out); err != nil || e.Code != types.ErrTryAgainLater || try > 30 {
+					if e, err := decodeErr(out); err != nil || e.Code != types.ErrTryAgainLater || try > 300 {
 						mu.Lock()
 						bad = append(bad, fmt.Sprintf("DEL %s (try %d): %s", id, try, out.Stdout))
 						mu.Unlock()
 						return
 					}
-					time.Sleep(200 * time.Millisecond)
+					time.Sleep(200 * time.Millisecond) // the runtime's retry pace
 				}
 				pairs.Add(1)
 			}
 		}()
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Stop etcd once every worker could have done a pair with it up, and
+	// start it again once the outage has made verbs fail (conditions, not
+	// sleeps; 120 s guards against a hang).
+	waitFor(t, 2*time.Minute, "a pair per worker with etcd up", func() (bool, string) {
+		return pairs.Load() >= workers, fmt.Sprintf("%d pairs", pairs.Load())
+	})
 	srv.Stop()
-	// Longer than the store's 5 s bound, so verbs fail rather than wait.
-	time.Sleep(7 * time.Second)
+	waitFor(t, 2*time.Minute, "verbs failing against the stopped etcd", func() (bool, string) {
+		return addFail.Load()+delRetries.Load() >= workers, fmt.Sprintf("%d failed ADDs, %d DEL retries", addFail.Load(), delRetries.Load())
+	})
 	srv.Restart()
 	restarted.Store(true)
 	wg.Wait()
@@ -323,16 +336,14 @@ func TestEtcdSlowDuringIPAMChurn(t *testing.T) {
 	t.Cleanup(func() { cli.Close() })
 	proxy := newSlowProxy(t, strings.TrimPrefix(srv.Endpoints[0], "http://"))
 	pod := testenv.NewNS(t)
-	testenv.CNIPath(t) // build first: the timings below are the verbs'
+	testenv.CNIPath(t) // build before the churn starts
 	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"eslow","ipam":{"type":"village-ipam","ranges":[[{"subnet":"10.76.0.0/27"}]],
 		"store":{"type":"etcd","endpoints":["http://%s"],"prefix":"/slow","nodeName":"node-c"}}}`, proxy.ln.Addr()))
-	run := func(cmd, id string) (testenv.Output, time.Duration) {
-		t0 := time.Now()
-		out := testenv.Exec(t, testenv.Call{Bin: testenv.Bins(t) + "/village-ipam", Command: cmd, ContainerID: id, IfName: "eth0",
+	run := func(cmd, id string) testenv.Output {
+		return testenv.Exec(t, testenv.Call{Bin: testenv.Bins(t) + "/village-ipam", Command: cmd, ContainerID: id, IfName: "eth0",
 			Netns: pod.Path(), Path: testenv.CNIPath(t), Stdin: conf})
-		return out, time.Since(t0)
 	}
-	churn := func(phase string, pairs int, wantOK bool) (failed int, longest time.Duration) {
+	churn := func(phase string, pairs int, wantOK bool) (failed int) {
 		var mu sync.Mutex
 		var bad []string
 		var wg sync.WaitGroup
@@ -343,9 +354,8 @@ func TestEtcdSlowDuringIPAMChurn(t *testing.T) {
 				for i := range pairs {
 					id := fmt.Sprintf("%s-%d-%d", phase, w, i)
 					for _, verb := range []string{"ADD", "DEL"} {
-						out, took := run(verb, id)
+						out := run(verb, id)
 						mu.Lock()
-						longest = max(longest, took)
 						if out.ExitCode != 0 {
 							failed++
 							e, err := decodeErr(out)
@@ -362,26 +372,24 @@ func TestEtcdSlowDuringIPAMChurn(t *testing.T) {
 		if len(bad) > 0 {
 			t.Fatalf("%d wrong outcomes:\n%s", len(bad), strings.Join(bad, "\n"))
 		}
-		return failed, longest
+		return failed
 	}
-	_, fast := churn("warm", 1, true)
+	churn("warm", 1, true)
 	proxy.delay.Store(int64(100 * time.Millisecond))
-	_, slow := churn("slow", 3, true)
+	churn("slow", 3, true)
 	proxy.delay.Store(int64(6 * time.Second))
-	failed, stuck := churn("stuck", 1, false)
+	// The store's bound is the event: verbs fail with code 11 (checked in
+	// churn) rather than hang; no duration is asserted.
+	failed := churn("stuck", 1, false)
 	if failed == 0 {
 		t.Fatal("no verb failed with etcd 6 s per exchange: the store's bound was not exercised")
 	}
-	if stuck > 30*time.Second {
-		t.Fatalf("a verb took %s against a stuck etcd", stuck)
-	}
 	proxy.delay.Store(0)
-	t.Logf("longest verb: %s fast, %s at 100 ms per exchange, %s at 6 s (%d of 8 verbs failed with code 11)", fast.Round(time.Millisecond),
-		slow.Round(time.Millisecond), stuck.Round(time.Millisecond), failed)
+	t.Logf("%d of 8 verbs failed with code 11 at 6 s per exchange", failed)
 	// The runtime retries DEL for every pod whose ADD or DEL failed.
 	for w := range 4 {
 		id := fmt.Sprintf("stuck-%d-0", w)
-		if out, _ := run("DEL", id); out.ExitCode != 0 {
+		if out := run("DEL", id); out.ExitCode != 0 {
 			t.Fatalf("DEL %s once etcd is fast again: %s", id, out.Stdout)
 		}
 	}
@@ -391,7 +399,7 @@ func TestEtcdSlowDuringIPAMChurn(t *testing.T) {
 	seen := map[string]bool{}
 	addr := regexp.MustCompile(`"address":\s*"([^"]+)"`)
 	for i := range 29 {
-		out, _ := run("ADD", fmt.Sprintf("fill-%d", i))
+		out := run("ADD", fmt.Sprintf("fill-%d", i))
 		if out.ExitCode != 0 {
 			t.Fatalf("fill %d: %s", i, out.Stdout)
 		}

@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,7 +112,7 @@ func TestFullDataDir(t *testing.T) {
 }
 
 // TestLockHeldByStuckProcess holds the store's lock from a process that
-// never lets go: ADD gives up in bounded time with code 11 (try again
+// never lets go: ADD gives up when its lock timeout fires, with code 11 (try again
 // later) naming the lock, and leaves nothing.
 func TestLockHeldByStuckProcess(t *testing.T) {
 	n := NewNode(t)
@@ -134,16 +136,11 @@ func TestLockHeldByStuckProcess(t *testing.T) {
 			t.Fatal("the stuck process never took the lock")
 		}
 	}
-	start := time.Now()
+	// The event, not a duration: the 700ms lock timeout fired.
 	e := addFails(t, n, l, n.NewPod(), "VILLAGE_IPAM_LOCK_TIMEOUT=700ms")
-	took := time.Since(start)
-	if e.Code != types.ErrTryAgainLater || !strings.Contains(e.Msg, lock) {
-		t.Fatalf("ADD with the lock held: code %d %q, want %d naming %s", e.Code, e.Msg, types.ErrTryAgainLater, lock)
+	if e.Code != types.ErrTryAgainLater || !strings.Contains(e.Msg, lock) || !strings.Contains(e.Msg, "gave up after 700ms") {
+		t.Fatalf("ADD with the lock held: code %d %q, want %d saying it gave up after 700ms naming %s", e.Code, e.Msg, types.ErrTryAgainLater, lock)
 	}
-	if took > 10*time.Second {
-		t.Fatalf("ADD with the lock held took %s with a 700ms lock timeout", took)
-	}
-	t.Logf("ADD with the lock held gave up after %s", took.Round(time.Millisecond))
 	_ = syscall.Kill(-stuck.Process.Pid, syscall.SIGKILL)
 	_ = stuck.Wait()
 	n.MustAdd(l, n.NewPod())
@@ -228,8 +225,9 @@ func TestIPAMMissingFromCNIPath(t *testing.T) {
 	if got := testenv.MustIP(t, p.NS, "-o", "link"); strings.Contains(got, "eth0") {
 		t.Fatalf("ADD without IPAM left eth0: %s", got)
 	}
-	if left := ipFiles(t, data); len(left) != 0 {
-		t.Fatalf("allocations: %v", left)
+	// No IPAM plugin ran: it did not even make its data directory.
+	if _, err := os.Stat(data); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("IPAM data directory %s after ADD without IPAM: %v, want none", data, err)
 	}
 }
 
@@ -262,6 +260,7 @@ exit 1
 	if got, err := os.ReadFile(verbs); err != nil || string(got) != "ADD\nDEL\n" {
 		t.Fatalf("IPAM verbs %q (%v), want the ADD and the DEL that undoes it", got, err)
 	}
+	mustExist(t, filepath.Join(data, "lateipam")) // the IPAM ADD ran here
 	if left := ipFiles(t, data); len(left) != 0 {
 		t.Fatalf("allocations after the failed ADD: %v", left)
 	}

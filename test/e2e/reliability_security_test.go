@@ -171,13 +171,18 @@ func everythingTagged(t *testing.T, backend string) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	for _, p := range pods {
-		must(t, n.Del(l, p), "DEL")
+	// Both ranges hold allocations before the DELs and none after.
+	lanBefore := ipFiles(t, filepath.Join(n.Dir, "lan"))
+	if len(lanBefore) == 0 {
+		t.Fatalf("no LAN allocation under %s before the DELs: nothing to prove gone", filepath.Join(n.Dir, "lan"))
 	}
-	for _, dir := range []string{"pods", "lan"} {
-		if left := ipFiles(t, filepath.Join(n.Dir, dir)); len(left) != 0 {
-			t.Fatalf("allocations left in %s: %v", dir, left)
+	noneLeft(t, filepath.Join(n.Dir, "pods"), "DEL of every pod", func() {
+		for _, p := range pods {
+			must(t, n.Del(l, p), "DEL")
 		}
+	})
+	if left := ipFiles(t, filepath.Join(n.Dir, "lan")); len(left) != 0 {
+		t.Fatalf("LAN allocations left: %v (of %v)", left, lanBefore)
 	}
 	if out := testenv.MustIP(t, n.NS, "-o", "link", "show", "type", "veth"); strings.Count(out, "\n") != 1 { // lan0 only
 		t.Fatalf("veths left after DEL: %s", out)

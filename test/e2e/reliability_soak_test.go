@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,7 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/metrics"
 )
 
 // soakCycles is the number of ADD/DEL pairs TestChurnSoak runs. The default
@@ -254,6 +261,51 @@ func TestChurnSoak(t *testing.T) {
 	}
 }
 
+// dialIn dials from inside n (for an http.Transport).
+func dialIn(n ns.NetNS) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := n.Do(func(ns.NetNS) error {
+			var err error
+			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+}
+
+// reconcileRuns reads village_reconcile_runs_total from the agent's
+// /metrics inside n, over a connection that is closed after the answer (no
+// idle connection holds a descriptor in villaged); -1 when it cannot.
+func reconcileRuns(t *testing.T, n ns.NetNS) float64 {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dialIn(n)}}
+	resp, err := client.Get("http://" + metrics.DefaultAddr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "village_reconcile_runs_total "); ok {
+			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
+
+// waitReconcileRuns waits until the agent in n has made at least min
+// reconcile passes; 120 s only guards against a hang.
+func waitReconcileRuns(t *testing.T, n ns.NetNS, min float64) {
+	t.Helper()
+	waitFor(t, 2*time.Minute, fmt.Sprintf("%v reconcile passes", min), func() (bool, string) {
+		got := reconcileRuns(t, n)
+		return got >= min, fmt.Sprintf("village_reconcile_runs_total %v", got)
+	})
+}
+
 // fdCount is the number of open file descriptors of process pid.
 func fdCount(t *testing.T, pid int) int {
 	t.Helper()
@@ -274,7 +326,9 @@ func TestAgentFDsUnderChurn(t *testing.T) {
 	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || strings.TrimSpace(string(comm)) != "villaged" {
 		t.Fatalf("process %d is %q (%v), not villaged", pid, comm, err)
 	}
-	time.Sleep(time.Second) // let the agent settle after its first passes
+	// Count once the agent has made its first passes (the first list's
+	// sweep and one more), read from its metrics: the event, not a sleep.
+	waitReconcileRuns(t, n.NS, 2)
 	before := fdCount(t, pid)
 	cycles := soakCycles(t)
 	const workers = 4
@@ -304,8 +358,8 @@ func TestAgentFDsUnderChurn(t *testing.T) {
 	if f := failed.Load(); f != 0 {
 		t.Fatalf("%d verbs failed during the churn; first: %v", f, firstErr.Load())
 	}
-	// The agent's periodic pass runs meanwhile; give it one more.
-	time.Sleep(2 * time.Second)
+	// The agent's periodic pass runs meanwhile; wait for one more.
+	waitReconcileRuns(t, n.NS, reconcileRuns(t, n.NS)+1)
 	after := fdCount(t, pid)
 	t.Logf("villaged on %s: %d descriptors before %d ADD/DEL pairs, %d after", n.name, before, cycles, after)
 	if after > before+2 {

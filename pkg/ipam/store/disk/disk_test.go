@@ -97,29 +97,109 @@ func TestBadNames(t *testing.T) {
 	}
 }
 
+// TestLockTimeout holds the lock from outside, sees Claim wait for it in the
+// kernel (a blocked flock in /proc/locks), and then sees the timeout fire with
+// ErrBusy naming the lock. No duration is asserted: the 60 s bound only
+// guards against a hang.
 func TestLockTimeout(t *testing.T) {
 	root := t.TempDir()
 	d := open(t, root)
 	lockPath := filepath.Join(root, "net1", "lock")
-	f, err := os.Open(lockPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := holdLock(t, lockPath)
 	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	_, err = d.Claim(ctx, store.Claim{IP: netip.MustParseAddr("10.0.0.2"), Owner: ownerA})
-	if !errors.Is(err, store.ErrBusy) || !strings.Contains(err.Error(), lockPath) {
-		t.Fatalf("err = %v, want ErrBusy naming %s", err, lockPath)
-	}
-	if el := time.Since(start); el < 250*time.Millisecond || el > 3*time.Second {
-		t.Fatalf("waited %s, want about 300ms", el)
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Claim(ctx, store.Claim{IP: netip.MustParseAddr("10.0.0.2"), Owner: ownerA})
+		done <- err
+	}()
+	err := waitClaim(t, done)
+	if !errors.Is(err, store.ErrBusy) || !strings.Contains(err.Error(), lockPath) || !strings.Contains(err.Error(), "gave up after 300ms") {
+		t.Fatalf("err = %v, want ErrBusy after 300ms naming %s", err, lockPath)
 	}
 	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 	if !claim(t, d, "10.0.0.2", ownerA, 0) {
 		t.Fatal("claim after the lock was freed failed")
+	}
+}
+
+// TestLockHandedOver proves Claim waits for a held lock rather than failing:
+// it is blocked in flock (seen in /proc/locks) and succeeds once the holder
+// lets go.
+func TestLockHandedOver(t *testing.T) {
+	root := t.TempDir()
+	d, err := New(Options{DataDir: root, Network: "net1", LockTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	f := holdLock(t, filepath.Join(root, "net1", "lock"))
+	defer f.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Claim(ctx, store.Claim{IP: netip.MustParseAddr("10.0.0.2"), Owner: ownerA})
+		done <- err
+	}()
+	waitForFlockWaiter(t, f, done)
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitClaim(t, done); err != nil {
+		t.Fatalf("Claim after the holder let go: %v", err)
+	}
+}
+
+func holdLock(t *testing.T, lockPath string) *os.File {
+	t.Helper()
+	f, err := os.Open(lockPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	return f
+}
+
+// waitClaim returns the Claim's result; 60 s is a hang guard, not a timing.
+func waitClaim(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("Claim still waiting after 60s")
+		return nil
+	}
+}
+
+// waitForFlockWaiter polls /proc/locks until a blocked flock waits on f's
+// inode (a line with "->"), i.e. the Claim really waits in the kernel.
+func waitForFlockWaiter(t *testing.T, f *os.File, done <-chan error) {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	ino := fmt.Sprintf(":%d ", st.Ino)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		locks, err := os.ReadFile("/proc/locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(locks)) {
+			if strings.Contains(line, "->") && strings.Contains(line, "FLOCK") && strings.Contains(line, ino) {
+				return
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Claim returned before waiting for the lock: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no flock waiter on the lock after 60s:\n%s", locks)
+		}
 	}
 }
 
