@@ -10,6 +10,7 @@ import (
 
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
 )
@@ -149,6 +150,7 @@ type status struct {
 	device       []string            // what is wrong with the device
 	stale        []string            // owned objects nothing wants
 	masq         string              // the masquerade line ("" without masquerade)
+	bridgeNF     string              // whether bridged pod traffic reaches netfilter
 	orphans      []string
 	foreign      []string
 	clean        bool
@@ -217,6 +219,12 @@ func (v *view) status(ctx context.Context) (*status, error) {
 			st.masq = "masquerade: ok"
 		}
 	}
+	if err := netsetup.BridgeNetfilterLoaded(); err != nil {
+		st.clean = false
+		st.bridgeNF = "bridge netfilter: MISSING: " + err.Error()
+	} else {
+		st.bridgeNF = "bridge netfilter: ok (br_netfilter loaded; Village's bridges pass bridged IPv4 and IPv6 to iptables/nftables)"
+	}
 	if st.orphans, st.foreign, err = c.Orphans(v.self.PodCIDRs); err != nil {
 		return nil, err
 	}
@@ -255,6 +263,7 @@ func (st *status) print(w io.Writer) {
 	if st.masq != "" {
 		fmt.Fprintln(w, st.masq)
 	}
+	fmt.Fprintln(w, st.bridgeNF)
 	for _, o := range st.orphans {
 		fmt.Fprintf(w, "orphan: %s\n", o)
 	}

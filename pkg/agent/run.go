@@ -50,6 +50,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	defer r.Close()
 	a := &agent{c: c, opts: opts, r: r, health: newHealth()}
+	if err := netsetup.BridgeNetfilterLoaded(); err != nil {
+		opts.logf("warning: %v", err)
+	}
 
 	src, err := c.openSource()
 	if err != nil {

@@ -32,24 +32,25 @@ type Bridge struct {
 }
 
 // EnsureBridge returns the bridge named b.Name, creating it (up, with the
-// requested MTU) when it is missing. An existing link of another kind is an
+// requested MTU, passing what it forwards to iptables and ip6tables) when it
+// is missing. An existing link of another kind is an
 // error: Village never reuses or deletes a link it did not make.
 func EnsureBridge(b Bridge) (*netlink.Bridge, error) {
-	l, err := netlinksafe.LinkByName(b.Name)
+	l, err := lookupBridge(b.Name)
 	if err != nil && !isNotFound(err) {
 		return nil, fmt.Errorf("failed to look up bridge %q: %w", b.Name, err)
 	}
-	if l == nil {
+	if l.link == nil {
 		return createBridge(b)
 	}
-	br, ok := l.(*netlink.Bridge)
+	br, ok := l.link.(*netlink.Bridge)
 	if !ok {
-		return nil, fmt.Errorf("%q already exists but is a %s, not a bridge: rename the bridge in the config or remove that link", b.Name, l.Type())
+		return nil, fmt.Errorf("%q already exists but is a %s, not a bridge: rename the bridge in the config or remove that link", b.Name, l.link.Type())
 	}
 	if err := pinBridgeMAC(br); err != nil {
 		return nil, err
 	}
-	return br, fixBridge(br, b)
+	return br, fixBridge(br, l.nfOn, b)
 }
 
 // BridgeMAC is the MAC Village gives a bridge it creates: derived from the
@@ -124,19 +125,26 @@ func createBridge(b Bridge) (*netlink.Bridge, error) {
 	}
 	// Re-read: parallel ADDs race to create the bridge, and the kernel
 	// fills in the index and MAC.
-	l, err := netlinksafe.LinkByName(b.Name)
+	l, err := lookupBridge(b.Name)
 	if err != nil {
 		return nil, fmt.Errorf("failed to read back bridge %q: %w", b.Name, err)
 	}
-	got, ok := l.(*netlink.Bridge)
+	got, ok := l.link.(*netlink.Bridge)
 	if !ok {
-		return nil, fmt.Errorf("%q was created by someone else as a %s, not a bridge", b.Name, l.Type())
+		return nil, fmt.Errorf("%q was created by someone else as a %s, not a bridge", b.Name, l.link.Type())
 	}
-	return got, fixBridge(got, b)
+	return got, fixBridge(got, l.nfOn, b)
 }
 
-// fixBridge brings an existing bridge to the spec, touching only what differs.
-func fixBridge(br *netlink.Bridge, b Bridge) error {
+// fixBridge brings an existing bridge to the spec, touching only what
+// differs. nfOn says the bridge already sends what it forwards through
+// netfilter (see brnf.go); Village's bridges always do.
+func fixBridge(br *netlink.Bridge, nfOn bool, b Bridge) error {
+	if !nfOn {
+		if err := setBridgeNfCalls(br); err != nil {
+			return err
+		}
+	}
 	if b.MTU > 0 && br.MTU != b.MTU {
 		if err := netlink.LinkSetMTU(br, b.MTU); err != nil {
 			return fmt.Errorf("failed to set MTU %d on bridge %q: %w", b.MTU, b.Name, err)
