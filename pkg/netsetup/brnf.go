@@ -107,12 +107,18 @@ const BridgeNetfilterPath = "/proc/sys/net/bridge"
 // and a pod reaching a Service whose endpoint shares its bridge times out.
 // The error explains what is missing and how to load it.
 func BridgeNetfilterLoaded() error {
-	_, err := os.Stat(BridgeNetfilterPath)
+	return BridgeNetfilterLoadedAt(BridgeNetfilterPath)
+}
+
+// BridgeNetfilterLoadedAt is BridgeNetfilterLoaded with the sysctl
+// directory given (tests point it at a directory that is missing).
+func BridgeNetfilterLoadedAt(dir string) error {
+	_, err := os.Stat(dir)
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, os.ErrNotExist) {
-		return errors.New("br_netfilter is not loaded (" + BridgeNetfilterPath + " is missing): bridged pod traffic bypasses iptables/nftables, so a Service whose endpoint is on the same node is unreachable; run `modprobe br_netfilter` on the host (and list it in /etc/modules-load.d)")
+		return errors.New("br_netfilter is not loaded (" + dir + " is missing): bridged pod traffic bypasses iptables/nftables, so a Service whose endpoint is on the same node is unreachable; run `modprobe br_netfilter` on the host (and list it in /etc/modules-load.d)")
 	}
-	return fmt.Errorf("failed to check for br_netfilter (%s): %w", BridgeNetfilterPath, err)
+	return fmt.Errorf("failed to check for br_netfilter (%s): %w", dir, err)
 }
