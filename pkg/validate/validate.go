@@ -1,6 +1,6 @@
 // Package validate holds the naming and range rules every Village parser
 // shares, so that a value one parser accepts the others accept too: Linux
-// link names, interface MACs, MTUs, Kubernetes node names, CNI network names
+// link names, interface MACs, MTUs, Kubernetes node and namespace names, CNI network names
 // and container IDs, and log levels. Each rule returns an error that names the value and says
 // what is wanted; callers add which field it came from. It imports the
 // standard library only (it is linked into every plugin binary).
@@ -18,7 +18,8 @@ import (
 const MaxLinkName = 15
 
 // LinkName checks a Linux link name as the kernel's dev_valid_name does: 1 to
-// 15 bytes, not "." or "..", no '/', ':' or whitespace. It also refuses NUL
+// 15 bytes, not "." or "..", no '/', ':' or whitespace (the kernel's
+// isspace, which counts the byte 0xa0 too). It also refuses NUL
 // and other control bytes: the kernel would cut the name at NUL ("eth0\x00x"
 // would silently mean eth0), and a control byte in a name breaks the store's
 // files and the logs that record it.
@@ -33,7 +34,7 @@ func LinkName(name string) error {
 		switch c := name[i]; {
 		case c == '/' || c == ':':
 			return fmt.Errorf("interface name %q: must not contain %q", name, c)
-		case c <= ' ' || c == 0x7f:
+		case c <= ' ' || c == 0x7f || c == 0xa0:
 			return fmt.Errorf("interface name %q: must not contain whitespace or control characters", name)
 		}
 	}
@@ -83,6 +84,16 @@ func NodeName(name string) error {
 		if !dns1123Label(label) {
 			return fmt.Errorf("node name %q: must be a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', each dot-separated part starting and ending with a letter or digit), as a Kubernetes Node name is", name)
 		}
+	}
+	return nil
+}
+
+// NamespaceName checks a Kubernetes namespace name: a DNS-1123 label, 1 to
+// 63 lower-case letters, digits and '-', starting and ending with a letter
+// or digit.
+func NamespaceName(name string) error {
+	if len(name) > 63 || !dns1123Label(name) {
+		return fmt.Errorf("namespace %q: must be a DNS-1123 label (lower-case letters, digits and '-', at most 63, starting and ending with a letter or digit)", name)
 	}
 	return nil
 }

@@ -13,7 +13,7 @@ func TestLinkName(t *testing.T) {
 	for name, ok := range map[string]bool{
 		"eth0": true, "village0": true, "a": true, "123456789012345": true, "net-1_x.y": true, "é": true,
 		"": false, "1234567890123456": false, ".": false, "..": false, "...": true,
-		"a/b": false, "eth0:1": false, "a b": false, "a\tb": false, "a\nb": false, "eth0\x00x": false, "a\x7f": false, "a\x01": false,
+		"a/b": false, "eth0:1": false, "a b": false, "a\tb": false, "a\nb": false, "eth0\x00x": false, "a\x7f": false, "a\x01": false, "a\xa0": false, "a\u00a0": false,
 	} {
 		if err := LinkName(name); (err == nil) != ok {
 			t.Errorf("LinkName(%q) = %v, want ok %v", name, err, ok)
@@ -55,6 +55,31 @@ func TestNodeName(t *testing.T) {
 			t.Errorf("NodeName(%q) = %v, want ok %v", name, err, ok)
 		}
 	}
+}
+
+func TestNamespaceName(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"kube-system": true, "a": true, "0a": true, strings.Repeat("a", 63): true,
+		"": false, strings.Repeat("a", 64): false, "a.b": false, "A": false, "-a": false, "a-": false, "a_b": false,
+	} {
+		if err := NamespaceName(name); (err == nil) != ok {
+			t.Errorf("NamespaceName(%q) = %v, want ok %v", name, err, ok)
+		}
+	}
+}
+
+var dns1123LabelPattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+func FuzzNamespaceName(f *testing.F) {
+	for _, s := range []string{"kube-system", "", "a.b", "-a", strings.Repeat("a", 64)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		want := len(name) <= 63 && dns1123LabelPattern.MatchString(name)
+		if got := NamespaceName(name) == nil; got != want {
+			t.Fatalf("NamespaceName(%q) ok = %v, want %v", name, got, want)
+		}
+	})
 }
 
 func TestNetworkName(t *testing.T) {
@@ -99,12 +124,13 @@ func TestLogLevel(t *testing.T) {
 // contract; `go test` runs their seed corpus.
 
 func FuzzLinkName(f *testing.F) {
-	for _, s := range []string{"eth0", "", ".", "..", "a/b", "a:b", "a b", "a\x00", "1234567890123456", "\xff\xfe"} {
+	for _, s := range []string{"eth0", "", ".", "..", "a/b", "a:b", "a b", "a\x00", "1234567890123456", "\xff\xfe", "a\xa0"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
 		want := len(name) >= 1 && len(name) <= 15 && name != "." && name != ".." &&
-			!strings.ContainsAny(name, "/:") && !strings.ContainsFunc(name, func(r rune) bool { return r < 0x21 || r == 0x7f })
+			!strings.ContainsAny(name, "/:") && !strings.ContainsFunc(name, func(r rune) bool { return r < 0x21 || r == 0x7f }) &&
+			!strings.Contains(name, "\xa0")
 		if got := LinkName(name) == nil; got != want {
 			t.Fatalf("LinkName(%q) ok = %v, want %v", name, got, want)
 		}
