@@ -124,7 +124,7 @@ func TestParseErrors(t *testing.T) {
 		{"disk with endpoints", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","store":{"endpoints":["http://a:1"]}}}`, "", "ipam.store.endpoints", "only used"},
 		{"kubernetes with endpoints", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","store":{"type":"kubernetes","endpoints":["http://a:1"]}}}`, "", "ipam.store", "not etcd's"},
 		{"bad nodeName", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","store":{"type":"etcd","endpoints":["http://e:2379"],"nodeName":"Node_1"}}}`, "", "ipam.store.nodeName", "DNS-1123 subdomain"},
-		{"long name", `{"name":"`+strings.Repeat("n", 201)+`","ipam":{"subnet":"10.0.0.0/24"}}`, "", "name", "200"},
+		{"long name", `{"name":"` + strings.Repeat("n", 201) + `","ipam":{"subnet":"10.0.0.0/24"}}`, "", "name", "200"},
 		{"kubernetes bad namespace", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","store":{"type":"kubernetes","namespace":"Kube_System"}}}`, "", "ipam.store.namespace", "DNS-1123 label"},
 		{"disk with kubeconfig", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","store":{"kubeconfig":"/k"}}}`, "", "ipam.store", "only used with store type"},
 		{"etcd with namespace", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","store":{"type":"etcd","endpoints":["http://a:1"],"namespace":"x"}}}`, "", "ipam.store", "only used with store type"},
