@@ -26,11 +26,25 @@ type listed struct {
 // goList runs `go list -json` on the module's packages (non-test code only).
 func goList(t *testing.T, root string) []listed {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,Deps", "./...")
+	pkgs := goListArgs(t, root, "-json=ImportPath,Imports,Deps", "./...")
+	for i := range pkgs {
+		pkgs[i].ImportPath = strings.TrimPrefix(pkgs[i].ImportPath, module)
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("go list listed only %d packages", len(pkgs))
+	}
+	return pkgs
+}
+
+// goListArgs runs `go list` with args (which ask for JSON) in root and
+// decodes the packages it lists.
+func goListArgs(t *testing.T, root string, args ...string) []listed {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
 	cmd.Dir = root
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list -json ./...: %v", err)
+		t.Fatalf("go list %v: %v", args, err)
 	}
 	var pkgs []listed
 	dec := json.NewDecoder(strings.NewReader(string(out)))
@@ -39,11 +53,7 @@ func goList(t *testing.T, root string) []listed {
 		if err := dec.Decode(&p); err != nil {
 			t.Fatalf("decoding go list output: %v", err)
 		}
-		p.ImportPath = strings.TrimPrefix(p.ImportPath, module)
 		pkgs = append(pkgs, p)
-	}
-	if len(pkgs) < 20 {
-		t.Fatalf("go list listed only %d packages", len(pkgs))
 	}
 	return pkgs
 }
@@ -151,21 +161,7 @@ func TestVillagedDoesNotLinkPluginVerbs(t *testing.T) {
 	)
 	forbidden := []string{module + "pkg/village", module + "pkg/ipam/plugin", module + "pkg/loopback",
 		module + "pkg/cnilog", "github.com/containernetworking/cni/pkg/skel"}
-	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Imports", "./cmd/villaged")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list -deps ./cmd/villaged: %v", err)
-	}
-	var deps []listed
-	dec := json.NewDecoder(strings.NewReader(string(out)))
-	for dec.More() {
-		var p listed
-		if err := dec.Decode(&p); err != nil {
-			t.Fatalf("decoding go list output: %v", err)
-		}
-		deps = append(deps, p)
-	}
+	deps := goListArgs(t, root, "-deps", "-json=ImportPath,Imports", "./cmd/villaged")
 	seen := map[string]bool{}
 	for _, p := range deps {
 		seen[p.ImportPath] = true
