@@ -11,6 +11,13 @@ import (
 	"net/netip"
 )
 
+// IPNet is p as a *net.IPNet, its address kept as is (10.1.2.3/24 stays
+// 10.1.2.3/24, what a CNI result's address and netlink want): the one
+// conversion from the netip form the allocator and ranges use.
+func IPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
 // Network is the network of an address with its mask (10.1.2.3/24 ->
 // 10.1.2.0/24).
 func Network(a *net.IPNet) *net.IPNet {

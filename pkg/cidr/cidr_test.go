@@ -89,3 +89,17 @@ func TestLastHost(t *testing.T) {
 		}
 	}
 }
+
+func TestIPNet(t *testing.T) {
+	for _, s := range []string{"10.1.2.3/24", "10.0.0.0/8", "192.0.2.1/32", "2001:db8::5/64", "::/0", "0.0.0.0/0"} {
+		p := netip.MustParsePrefix(s)
+		got := cidr.IPNet(p)
+		if got.String() != s {
+			t.Errorf("IPNet(%s) = %s", s, got)
+		}
+		ones, bits := got.Mask.Size()
+		if ones != p.Bits() || bits != p.Addr().BitLen() || len(got.IP) != p.Addr().BitLen()/8 {
+			t.Errorf("IPNet(%s): mask %d/%d, IP length %d", s, ones, bits, len(got.IP))
+		}
+	}
+}

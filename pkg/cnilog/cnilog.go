@@ -7,7 +7,7 @@
 //	skel.PluginMainFuncs(cnilog.Wrap("village", village.Funcs()), version.All, about)
 //
 // and a network config that sets "logFile" (an absolute path) and optionally
-// "logLevel" (debug, info, warn, error; default info) gets one JSON line per
+// "logLevel" (debug, info, warn or warning, error; default info) gets one JSON line per
 // verb appended to that file:
 //
 //	{"time":"…","level":"INFO","msg":"ADD ok","plugin":"village","network":"village",
@@ -37,6 +37,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // rawConf holds the logging keys of a plugin config. They are read from the
@@ -54,21 +56,6 @@ type rawConf struct {
 }
 
 var logFileKey = []byte(`"logFile"`)
-
-// ParseLevel maps a logLevel value to a slog level; "" is info.
-func ParseLevel(s string) (slog.Level, error) {
-	switch strings.ToLower(s) {
-	case "", "info":
-		return slog.LevelInfo, nil
-	case "debug":
-		return slog.LevelDebug, nil
-	case "warn", "warning":
-		return slog.LevelWarn, nil
-	case "error":
-		return slog.LevelError, nil
-	}
-	return slog.LevelInfo, fmt.Errorf("invalid logLevel %q: one of debug, info, warn, error", s)
-}
 
 // Wrap returns funcs with every verb logged when the config asks for it. name
 // is the plugin's name as it appears in the log ("village", "village-ipam").
@@ -117,7 +104,9 @@ func open(plugin string, stdin []byte) (*slog.Logger, func()) {
 	if file == "" {
 		return nil, nil
 	}
-	lvl, err := ParseLevel(level)
+	// The shared rule: the config parsers accept exactly the levels that
+	// are logged here.
+	lvl, err := validate.LogLevel(level)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v; logging at info\n", plugin, err)
 	}

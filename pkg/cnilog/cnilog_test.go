@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -150,13 +151,33 @@ func TestIPAMSectionFallback(t *testing.T) {
 	}
 }
 
-func TestParseLevel(t *testing.T) {
-	for _, s := range []string{"", "debug", "INFO", "warn", "error"} {
-		if _, err := ParseLevel(s); err != nil {
-			t.Errorf("%q: %v", s, err)
+// TestLevelSpellings logs at each spelling of a level the config parsers
+// accept (pkg/validate's set): warn and warning keep failures and drop
+// successes; an unknown level logs at info and says so on stderr.
+func TestLevelSpellings(t *testing.T) {
+	dir := t.TempDir()
+	funcs := Wrap("village", skel.CNIFuncs{
+		Add: func(*skel.CmdArgs) error { return nil },
+		Del: func(*skel.CmdArgs) error { return errors.New("boom") },
+	})
+	for i, level := range []string{"warn", "warning", "WARNING", "Error"} {
+		log := filepath.Join(dir, fmt.Sprintf("%d.log", i))
+		args := &skel.CmdArgs{ContainerID: "c0ffee", StdinData: conf(log, level)}
+		_ = funcs.Add(args)
+		_ = funcs.Del(args)
+		if got := lines(t, log); len(got) != 1 || got[0]["msg"] != "DEL failed" {
+			t.Errorf("logLevel %q: lines %v, want only the DEL failure", level, got)
 		}
 	}
-	if _, err := ParseLevel("loud"); err == nil {
-		t.Error("loud accepted")
+	var note bytes.Buffer
+	stderr = &note
+	t.Cleanup(func() { stderr = os.Stderr })
+	log := filepath.Join(dir, "loud.log")
+	_ = funcs.Add(&skel.CmdArgs{ContainerID: "c0ffee", StdinData: conf(log, "loud")})
+	if got := lines(t, log); len(got) != 1 || got[0]["msg"] != "ADD ok" {
+		t.Errorf("logLevel loud: lines %v, want the ADD at info", got)
+	}
+	if !strings.Contains(note.String(), `logLevel "loud"`) {
+		t.Errorf("stderr %q does not name the bad level", note.String())
 	}
 }

@@ -144,7 +144,7 @@ func ensureShimLink(master netlink.Link) (netlink.Link, error) {
 }
 
 func ensureShimRoute(shim netlink.Link, p netip.Prefix, masterAddrs []netlink.Addr, have []netlink.Route, metric int) error {
-	dst := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+	dst := cidr.IPNet(p)
 	src, subnet := sourceFor(p.Addr(), masterAddrs)
 	if subnet != nil {
 		if ones, _ := subnet.Mask.Size(); ones >= p.Bits() {

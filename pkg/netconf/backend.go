@@ -7,10 +7,10 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/cni/pkg/utils"
 
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/overlay"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // Backend is the `backend` section: how pod traffic reaches other nodes.
@@ -64,12 +64,11 @@ type Registry struct {
 	ReclaimAfter int `json:"reclaimAfter,omitempty"`
 }
 
-// Backend types: the overlay's modes.
+// Backend types the code tests for (the overlay's modes; the others are
+// overlay.ModeVXLAN and overlay.ModeAuto).
 const (
 	BackendNone   = string(overlay.ModeNone)
-	BackendVXLAN  = string(overlay.ModeVXLAN)
 	BackendHostGW = string(overlay.ModeHostGW)
-	BackendAuto   = string(overlay.ModeAuto)
 )
 
 // Registry types.
@@ -103,12 +102,8 @@ func ParseBackend(raw json.RawMessage) (*Backend, error) {
 		b.Type = BackendNone
 	}
 	if b.Underlay != "" {
-		if err := utils.ValidateInterfaceName(b.Underlay); err != nil {
-			return nil, Error("invalid \"backend.underlay\" %q: %s", b.Underlay, err.Msg)
-		}
-		// The kernel cuts a link name at NUL (see "bridge").
-		if strings.IndexByte(b.Underlay, 0) >= 0 {
-			return nil, Error("invalid \"backend.underlay\" %q: interface name contains a NUL byte", b.Underlay)
+		if err := validate.LinkName(b.Underlay); err != nil {
+			return nil, Error("invalid \"backend.underlay\": %v", err)
 		}
 	}
 	// Type, VNI and port: what the reconciler accepts (one set of limits).

@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/overlay"
 )
 
 // FuzzParseBackend feeds arbitrary bytes to the backend section parser:
@@ -44,7 +45,7 @@ func FuzzParseBackend(f *testing.F) {
 			return
 		}
 		switch b.Type {
-		case netconf.BackendNone, netconf.BackendVXLAN, netconf.BackendHostGW, netconf.BackendAuto:
+		case string(overlay.ModeNone), string(overlay.ModeVXLAN), string(overlay.ModeHostGW), string(overlay.ModeAuto):
 		default:
 			t.Fatalf("accepted backend type %q", b.Type)
 		}

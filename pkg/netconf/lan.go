@@ -4,14 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/vishvananda/netlink"
 
 	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // LAN is the `macvlan` section of a village config: the pod's LAN
@@ -48,18 +47,6 @@ func invalidLAN(format string, a ...any) *types.Error {
 	return types.NewError(types.ErrInvalidNetworkConfig, "invalid \"macvlan\": "+fmt.Sprintf(format, a...), "")
 }
 
-// validLinkName is utils.ValidateInterfaceName plus NUL, at which the
-// kernel would silently cut the name ("eth0\x00x" would mean eth0).
-func validLinkName(name string) *types.Error {
-	if err := utils.ValidateInterfaceName(name); err != nil {
-		return err
-	}
-	if strings.IndexByte(name, 0) >= 0 {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "interface name contains a NUL byte", name)
-	}
-	return nil
-}
-
 // ParseLAN validates a raw macvlan section. A nil/empty section returns nil.
 // That ifName differs from CNI_IFNAME is checked by the plugin's ADD, which
 // knows CNI_IFNAME.
@@ -74,12 +61,12 @@ func ParseLAN(raw json.RawMessage) (*LAN, error) {
 	if c.IfName == "" {
 		c.IfName = DefaultLANIfName
 	}
-	if err := validLinkName(c.IfName); err != nil {
-		return nil, invalidLAN("\"ifName\" %q: %s", c.IfName, err.Msg)
+	if err := validate.LinkName(c.IfName); err != nil {
+		return nil, invalidLAN("\"ifName\": %v", err)
 	}
 	if c.Master != "" {
-		if err := validLinkName(c.Master); err != nil {
-			return nil, invalidLAN("\"master\" %q: %s", c.Master, err.Msg)
+		if err := validate.LinkName(c.Master); err != nil {
+			return nil, invalidLAN("\"master\": %v", err)
 		}
 	}
 	if c.Mode == "" {
@@ -90,13 +77,13 @@ func ParseLAN(raw json.RawMessage) (*LAN, error) {
 		return nil, invalidLAN("\"mode\" %q: one of bridge, private, vepa, passthru", c.Mode)
 	}
 	c.LinkMode = mode
-	if c.MTU < 0 || (c.MTU > 0 && c.MTU < 68) || c.MTU > 65535 {
-		return nil, invalidLAN("\"mtu\" %d: 0 (the master's) or 68-65535", c.MTU)
+	if err := validate.MTU(c.MTU); err != nil {
+		return nil, invalidLAN("\"mtu\": %v (0 is the master's)", err)
 	}
 	if c.MAC != "" {
-		hw, err := net.ParseMAC(c.MAC)
-		if err != nil || len(hw) != 6 || hw[0]&1 == 1 {
-			return nil, invalidLAN("\"mac\" %q: want a unicast 6-byte MAC", c.MAC)
+		hw, err := validate.MAC(c.MAC)
+		if err != nil {
+			return nil, invalidLAN("\"mac\": %v", err)
 		}
 		c.HWAddr = hw
 	}

@@ -12,11 +12,11 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/masq"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // DefaultBridge is the bridge used when the config names none.
@@ -153,28 +153,17 @@ func Parse(stdin []byte, envArgs string) (*NetConf, error) {
 }
 
 func (c *NetConf) validate(envArgs string) *types.Error {
-	if c.Name == "" {
-		return types.NewError(types.ErrInvalidNetworkConfig, "missing network name", "")
-	}
-	if err := utils.ValidateNetworkName(c.Name); err != nil {
-		return err
+	if err := validate.NetworkName(c.Name); err != nil {
+		return Error("invalid \"name\": %v", err)
 	}
 	if c.Bridge == "" {
 		c.Bridge = DefaultBridge
 	}
-	if err := utils.ValidateInterfaceName(c.Bridge); err != nil {
-		return Error("invalid \"bridge\" %q: %s", c.Bridge, err.Msg)
+	if err := validate.LinkName(c.Bridge); err != nil {
+		return Error("invalid \"bridge\": %v", err)
 	}
-	// The kernel cuts a link name at NUL, so "village0\x00x" would silently
-	// be the bridge "village0".
-	if strings.IndexByte(c.Bridge, 0) >= 0 {
-		return Error("invalid \"bridge\" %q: interface name contains a NUL byte", c.Bridge)
-	}
-	if c.MTU < 0 || c.MTU > 65535 {
-		return Error("invalid \"mtu\" %d: must be 0 (automatic) or 68-65535", c.MTU)
-	}
-	if c.MTU != 0 && c.MTU < 68 {
-		return Error("invalid \"mtu\" %d: must be 0 (automatic) or 68-65535", c.MTU)
+	if err := validate.MTU(c.MTU); err != nil {
+		return Error("invalid \"mtu\": %v", err)
 	}
 	if c.Vlan < 0 || c.Vlan > 4094 {
 		return Error("invalid \"vlan\" %d: must be 0 (none) or 1-4094", c.Vlan)
@@ -259,10 +248,8 @@ func (c *NetConf) validateLog() *types.Error {
 	if c.LogFile != "" && !strings.HasPrefix(c.LogFile, "/") {
 		return Error("invalid \"logFile\" %q: must be an absolute path", c.LogFile)
 	}
-	switch strings.ToLower(c.LogLevel) {
-	case "", "debug", "info", "warn", "error":
-	default:
-		return Error("invalid \"logLevel\" %q: one of debug, info, warn, error", c.LogLevel)
+	if _, err := validate.LogLevel(c.LogLevel); err != nil {
+		return Error("invalid \"logLevel\": %v", err)
 	}
 	return nil
 }
@@ -286,12 +273,9 @@ func (c *NetConf) parseMAC(envArgs string) *types.Error {
 	if mac == "" {
 		return nil
 	}
-	hw, err := net.ParseMAC(mac)
-	if err != nil || len(hw) != 6 {
-		return Error("invalid %s %q: want a 6-byte MAC like 0a:58:0a:f4:01:05", from, mac)
-	}
-	if hw[0]&1 == 1 {
-		return Error("invalid %s %q: a multicast MAC cannot be an interface address", from, mac)
+	hw, err := validate.MAC(mac)
+	if err != nil {
+		return Error("invalid %s: %v", from, err)
 	}
 	c.MAC = hw
 	return nil

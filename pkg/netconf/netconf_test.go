@@ -10,6 +10,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // conf builds a minimal valid `village` config with extra top-level keys
@@ -132,9 +133,9 @@ func TestMTUAndVlanBounds(t *testing.T) {
 		mustParse(t, conf(ok), "")
 	}
 	for _, tc := range []struct{ extra, want string }{
-		{`"mtu":-1`, `"mtu" -1`},
-		{`"mtu":67`, `"mtu" 67`},
-		{`"mtu":65536`, `"mtu" 65536`},
+		{`"mtu":-1`, `"mtu": MTU -1`},
+		{`"mtu":67`, `"mtu": MTU 67`},
+		{`"mtu":65536`, `"mtu": MTU 65536`},
 		{`"vlan":-1`, `"vlan" -1`},
 		{`"vlan":4095`, `"vlan" 4095`},
 		{`"vlan":5000`, `"vlan" 5000`},
@@ -257,12 +258,37 @@ func TestIPAMType(t *testing.T) {
 
 func TestLogSettings(t *testing.T) {
 	mustParse(t, conf(`"logFile":"/var/log/village.log","logLevel":"DEBUG"`), "")
-	for _, lvl := range []string{"debug", "info", "warn", "error", ""} {
+	for _, lvl := range []string{"debug", "info", "warn", "warning", "WARNING", "error", ""} {
 		mustParse(t, conf(`"logLevel":"`+lvl+`"`), "")
+	}
+	// One accepted set: the config parser takes exactly the levels the log
+	// (pkg/cnilog, which reads the same key at every verb) takes.
+	for _, lvl := range []string{"debug", "info", "warn", "warning", "error", "", "trace", "fatal", "Warn", "err"} {
+		_, logErr := validate.LogLevel(lvl)
+		_, confErr := netconf.Parse(conf(`"logLevel":"`+lvl+`"`), "")
+		if (logErr == nil) != (confErr == nil) {
+			t.Errorf("logLevel %q: cnilog says %v, netconf says %v", lvl, logErr, confErr)
+		}
 	}
 	wantErr(t, conf(`"logFile":"village.log"`), "", types.ErrInvalidNetworkConfig, "logFile", "village.log", "absolute")
 	wantErr(t, conf(`"logFile":"../x.log"`), "", types.ErrInvalidNetworkConfig, "logFile")
 	wantErr(t, conf(`"logLevel":"trace"`), "", types.ErrInvalidNetworkConfig, "logLevel", "trace")
+}
+
+// TestNames pins the shared rules (pkg/validate) as this parser applies
+// them: a CNI network name of at most 200 bytes (the IPAM block's and the
+// stores' bound), and link names as the kernel takes them, NUL and control
+// bytes refused.
+func TestNames(t *testing.T) {
+	long := strings.Repeat("n", 200)
+	mustParse(t, []byte(`{"cniVersion":"1.1.0","name":"`+long+`","type":"village"}`), "")
+	wantErr(t, []byte(`{"cniVersion":"1.1.0","name":"`+long+`x","type":"village"}`), "", types.ErrInvalidNetworkConfig, "name", "200")
+	wantErr(t, []byte(`{"cniVersion":"1.1.0","name":"-net","type":"village"}`), "", types.ErrInvalidNetworkConfig, "name")
+	for _, bad := range []string{`village\u0000x`, `vil\u0001lage`, `a:b`, `a/b`, `a b`, `..`, `0123456789abcdef`} {
+		wantErr(t, conf(`"bridge":"`+bad+`"`), "", types.ErrInvalidNetworkConfig, "bridge")
+		wantErr(t, conf(`"backend":{"underlay":"`+bad+`"}`), "", types.ErrInvalidNetworkConfig, "underlay")
+	}
+	mustParse(t, conf(`"bridge":"0123456789abcde"`), "")
 }
 
 func TestDecodeErrors(t *testing.T) {

@@ -44,6 +44,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/village-cni/village/pkg/etcdclient"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // DefaultTimeout bounds one etcd operation when Config.Timeout is 0.
@@ -86,7 +87,7 @@ func (n Node) Validate() error {
 		}
 	}
 	if n.VtepMAC != "" {
-		if _, err := net.ParseMAC(n.VtepMAC); err != nil {
+		if _, err := validate.MAC(n.VtepMAC); err != nil {
 			return fmt.Errorf("node %q: vtepMAC %q: %w", n.Name, n.VtepMAC, err)
 		}
 	}
@@ -98,22 +99,9 @@ func (n Node) Equal(o Node) bool {
 	return n.Name == o.Name && n.IP == o.IP && n.VtepMAC == o.VtepMAC && slices.Equal(n.PodCIDRs, o.PodCIDRs)
 }
 
-// ValidateName checks a node name: non-empty, at most 253 bytes, no '/',
-// space or control character (it is a key component and a file name).
-func ValidateName(name string) error {
-	if name == "" || len(name) > 253 {
-		return fmt.Errorf("node name %q: want 1-253 characters", name)
-	}
-	for _, c := range name {
-		if c == '/' || c <= ' ' || c == 0x7f {
-			return fmt.Errorf("node name %q: no '/', spaces or control characters", name)
-		}
-	}
-	if name == "." || name == ".." {
-		return fmt.Errorf("node name %q is not allowed", name)
-	}
-	return nil
-}
+// ValidateName checks a node name: a Kubernetes Node name (a DNS-1123
+// subdomain, at most 253 bytes), which is also one safe key component.
+func ValidateName(name string) error { return validate.NodeName(name) }
 
 // Registry reads and writes one network's node records and subnet leases.
 // It holds no state besides its configuration and is safe for concurrent use.

@@ -18,6 +18,7 @@ import (
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netsetup"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // Add is the CNI ADD verb.
@@ -33,6 +34,11 @@ func Add(args *skel.CmdArgs) (err error) {
 	}
 	if !a.conf.HasIPAM {
 		return netconf.Error("\"ipam\" with a \"type\" is required: village needs addresses for the pod")
+	}
+	// skel checked CNI_IFNAME with CNI's rule; the shared rule also refuses
+	// the control bytes the IPAM store would refuse after the links exist.
+	if err := validate.LinkName(args.IfName); err != nil {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("invalid CNI_IFNAME: %v", err), "")
 	}
 	if a.pod, err = netsetup.OpenPodCNI(args.Netns); err != nil {
 		return err

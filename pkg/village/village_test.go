@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 )
@@ -86,5 +87,18 @@ func TestCheckBrNetfilter(t *testing.T) {
 	if !errors.As(err, &te) || te.Code != types.ErrPluginNotAvailable ||
 		!strings.Contains(te.Msg, "br_netfilter is not loaded") || !strings.Contains(te.Msg, missing) || !strings.Contains(te.Msg, "modprobe br_netfilter") {
 		t.Fatalf("with %s missing: %#v, want code 50 naming the module, the path and the fix", missing, err)
+	}
+}
+
+// TestAddRefusesIfNameWithControlBytes: a CNI_IFNAME the IPAM store would
+// refuse (a control byte; CNI's own check lets it through) fails the ADD
+// with code 4 before the pod namespace is opened or an IPAM plugin reads
+// its input.
+func TestAddRefusesIfNameWithControlBytes(t *testing.T) {
+	conf := []byte(`{"cniVersion":"1.1.0","name":"net1","type":"village","ipam":{"type":"village-ipam-does-not-exist"}}`)
+	err := Add(&skel.CmdArgs{ContainerID: "c1", IfName: "eth\x010", Netns: "/nonexistent", StdinData: conf})
+	var te *types.Error
+	if !errors.As(err, &te) || te.Code != types.ErrInvalidEnvironmentVariables || !strings.Contains(te.Msg, "CNI_IFNAME") {
+		t.Fatalf("Add = %v, want code %d naming CNI_IFNAME", err, types.ErrInvalidEnvironmentVariables)
 	}
 }

@@ -26,11 +26,25 @@ type listed struct {
 // goList runs `go list -json` on the module's packages (non-test code only).
 func goList(t *testing.T, root string) []listed {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,Deps", "./...")
+	pkgs := goListArgs(t, root, "-json=ImportPath,Imports,Deps", "./...")
+	for i := range pkgs {
+		pkgs[i].ImportPath = strings.TrimPrefix(pkgs[i].ImportPath, module)
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("go list listed only %d packages", len(pkgs))
+	}
+	return pkgs
+}
+
+// goListArgs runs `go list` with args (which ask for JSON) in root and
+// decodes the packages it lists.
+func goListArgs(t *testing.T, root string, args ...string) []listed {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
 	cmd.Dir = root
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list -json ./...: %v", err)
+		t.Fatalf("go list %v: %v", args, err)
 	}
 	var pkgs []listed
 	dec := json.NewDecoder(strings.NewReader(string(out)))
@@ -39,11 +53,7 @@ func goList(t *testing.T, root string) []listed {
 		if err := dec.Decode(&p); err != nil {
 			t.Fatalf("decoding go list output: %v", err)
 		}
-		p.ImportPath = strings.TrimPrefix(p.ImportPath, module)
 		pkgs = append(pkgs, p)
-	}
-	if len(pkgs) < 20 {
-		t.Fatalf("go list listed only %d packages", len(pkgs))
 	}
 	return pkgs
 }
@@ -130,28 +140,46 @@ func TestPackageMap(t *testing.T) {
 	}
 }
 
-// TestAgentDoesNotLinkPluginVerbs: villaged shares types with the plugin
-// through netconf and overlay, never through the plugin's verb package or
-// the CNI skeleton.
-func TestAgentDoesNotLinkPluginVerbs(t *testing.T) {
+// TestVillagedDoesNotLinkPluginVerbs states the rule for the villaged
+// binary, all its packages at once (`go list -deps ./cmd/villaged`): it
+// shares types with the plugins through netconf and overlay, and links none
+// of the plugins' verb packages nor the CNI skeleton. It does link libcni,
+// on purpose: `villaged install` parses the rendered conflist and lists the
+// config directory with the parser a runtime uses (libcni.ConfListFromBytes,
+// libcni.ConfFiles), so it refuses what runtimes would refuse. libcni brings
+// cni/pkg/invoke along; nothing else in the binary may import invoke (no
+// plugin is exec'd by villaged), and among Village's packages only
+// pkg/install imports libcni.
+func TestVillagedDoesNotLinkPluginVerbs(t *testing.T) {
 	root, err := testenv.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	forbidden := []string{module + "pkg/village", "github.com/containernetworking/cni/pkg/skel", "github.com/containernetworking/cni/pkg/invoke"}
-	for _, p := range goList(t, root) {
-		if p.ImportPath != "pkg/agent" {
-			continue
+	const (
+		libcni = "github.com/containernetworking/cni/libcni"
+		invoke = "github.com/containernetworking/cni/pkg/invoke"
+	)
+	forbidden := []string{module + "pkg/village", module + "pkg/ipam/plugin", module + "pkg/loopback",
+		module + "pkg/cnilog", "github.com/containernetworking/cni/pkg/skel"}
+	deps := goListArgs(t, root, "-deps", "-json=ImportPath,Imports", "./cmd/villaged")
+	seen := map[string]bool{}
+	for _, p := range deps {
+		seen[p.ImportPath] = true
+		if slices.Contains(forbidden, p.ImportPath) {
+			t.Errorf("cmd/villaged links %s", p.ImportPath)
 		}
-		if len(p.Deps) < 10 {
-			t.Fatalf("pkg/agent lists only %v", p.Deps)
+		if slices.Contains(p.Imports, invoke) && p.ImportPath != libcni {
+			t.Errorf("%s imports %s: villaged execs no plugin (only libcni may bring it)", p.ImportPath, invoke)
 		}
-		for _, d := range p.Deps {
-			if slices.Contains(forbidden, d) {
-				t.Errorf("pkg/agent links %s", d)
-			}
+		if rest, ok := strings.CutPrefix(p.ImportPath, module); ok && slices.Contains(p.Imports, libcni) && rest != "pkg/install" {
+			t.Errorf("%s imports libcni: in villaged only pkg/install parses conflists", rest)
 		}
-		return
 	}
-	t.Fatal("go list did not list pkg/agent")
+	// Prove the listing is the binary's: its main, the agent, and the
+	// libcni path this rule allows.
+	for _, want := range []string{module + "cmd/villaged", module + "pkg/agent", module + "pkg/install", libcni} {
+		if !seen[want] {
+			t.Errorf("go list -deps ./cmd/villaged does not list %s (of %d packages)", want, len(deps))
+		}
+	}
 }

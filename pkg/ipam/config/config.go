@@ -30,6 +30,7 @@ import (
 	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // MaxConfigSize bounds the configuration Parse reads (the main plugin's
@@ -379,24 +380,12 @@ func parseAttachments(valid, old json.RawMessage) ([]Attachment, error) {
 	return list, nil
 }
 
-// validateName checks the network name the way the CNI spec defines it; it
-// becomes a directory name, so it must be one safe path component.
+// validateName checks the network name with the shared rule (the CNI
+// pattern, at most 200 bytes): it becomes a directory name and a key
+// component, so it must be one safe path component.
 func validateName(name string) error {
-	if name == "" {
-		return fieldErr("name", "missing network name")
-	}
-	if len(name) > 200 {
-		return fieldErr("name", "network name longer than 200 characters")
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if i > 0 {
-			ok = ok || c == '_' || c == '.' || c == '-'
-		}
-		if !ok {
-			return fieldErr("name", "network name %q must start with a letter or digit and contain only letters, digits, '_', '.' and '-'", name)
-		}
+	if err := validate.NetworkName(name); err != nil {
+		return &Error{Field: "name", Err: err}
 	}
 	return nil
 }
@@ -651,20 +640,6 @@ func parseRange(field string, rr rawRange) (Range, error) {
 	return r, nil
 }
 
-// dnsLabel reports whether s is an RFC 1123 label (a namespace name).
-func dnsLabel(s string) bool {
-	if s == "" || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 func parseStore(s *StoreConfig) (StoreConfig, error) {
 	if s == nil {
 		return StoreConfig{Type: StoreDisk}, nil
@@ -704,11 +679,20 @@ func parseStore(s *StoreConfig) (StoreConfig, error) {
 		if len(out.Endpoints) > 0 || out.CAFile != "" || out.CertFile != "" || out.KeyFile != "" || out.Prefix != "" {
 			return out, fieldErr("ipam.store", "type %q takes \"kubeconfig\" and \"namespace\", not etcd's endpoints, prefix or certificates", StoreKubernetes)
 		}
-		if out.Namespace != "" && !dnsLabel(out.Namespace) {
-			return out, fieldErr("ipam.store.namespace", "%q is not a namespace name (lowercase letters, digits and '-', at most 63)", out.Namespace)
+		if out.Namespace != "" {
+			if err := validate.NamespaceName(out.Namespace); err != nil {
+				return out, &Error{Field: "ipam.store.namespace", Err: err}
+			}
 		}
 	default:
 		return out, fieldErr("ipam.store.type", "unknown store type %q; use %q, %q or %q", out.Type, StoreDisk, StoreEtcd, StoreKubernetes)
+	}
+	// Recorded with the allocations of the etcd and kubernetes stores and
+	// matched against the registry's and the Node's names: a Node name.
+	if out.NodeName != "" {
+		if err := validate.NodeName(out.NodeName); err != nil {
+			return out, &Error{Field: "ipam.store.nodeName", Err: err}
+		}
 	}
 	return out, nil
 }

@@ -19,6 +19,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/ipam/allocator"
 	"github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
@@ -161,7 +162,7 @@ func Add(args *skel.CmdArgs) error {
 		return storeError(err)
 	}
 	for _, a := range assigned {
-		result.IPs = append(result.IPs, &current.IPConfig{Address: ipNet(a.Prefix()), Gateway: net.IP(a.Range.Gateway.AsSlice())})
+		result.IPs = append(result.IPs, &current.IPConfig{Address: *cidr.IPNet(a.Prefix()), Gateway: net.IP(a.Range.Gateway.AsSlice())})
 	}
 	if err := types.PrintResult(result, inv.cfg.CNIVersion); err != nil {
 		if _, rerr := inv.alloc.Release(ctx, inv.owner); rerr != nil {
@@ -170,10 +171,6 @@ func Add(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("printing the result: %v", err), "")
 	}
 	return nil
-}
-
-func ipNet(p netip.Prefix) net.IPNet {
-	return net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // Del releases every address the attachment holds in this network; nothing

@@ -14,7 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"unicode"
+
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // DefaultDataDir is where the disk store keeps its files when ipam.dataDir is
@@ -87,47 +88,11 @@ var ErrBusy = errors.New("store busy")
 // ValidateOwner checks that a container ID and interface name are safe to
 // record: the container ID as the CNI spec defines it
 // (^[A-Za-z0-9][A-Za-z0-9_.-]*$), the interface name as Linux accepts it
-// (1-15 bytes, not "." or "..", no '/', ':', whitespace or control bytes).
+// (1-15 bytes, not "." or "..", no '/', ':', whitespace or control bytes):
+// pkg/validate's rules.
 func ValidateOwner(o Owner) error {
-	if err := ValidateContainerID(o.ContainerID); err != nil {
+	if err := validate.ContainerID(o.ContainerID); err != nil {
 		return err
 	}
-	return ValidateIfName(o.IfName)
-}
-
-// ValidateContainerID checks a container ID (see ValidateOwner).
-func ValidateContainerID(id string) error {
-	if id == "" {
-		return errors.New("empty container ID")
-	}
-	if len(id) > 1024 {
-		return fmt.Errorf("container ID %.20q... is longer than 1024 bytes", id)
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if i > 0 {
-			ok = ok || c == '_' || c == '.' || c == '-'
-		}
-		if !ok {
-			return fmt.Errorf("container ID %q: must start with a letter or digit and contain only letters, digits, '_', '.' and '-'", id)
-		}
-	}
-	return nil
-}
-
-// ValidateIfName checks an interface name (see ValidateOwner).
-func ValidateIfName(name string) error {
-	if name == "" || len(name) > 15 {
-		return fmt.Errorf("interface name %q: must be 1 to 15 bytes long", name)
-	}
-	if name == "." || name == ".." {
-		return fmt.Errorf("interface name %q is not allowed", name)
-	}
-	for _, r := range name {
-		if r == '/' || r == ':' || unicode.IsSpace(r) || unicode.IsControl(r) || r == unicode.ReplacementChar {
-			return fmt.Errorf("interface name %q: must not contain '/', ':', whitespace or control characters", name)
-		}
-	}
-	return nil
+	return validate.LinkName(o.IfName)
 }

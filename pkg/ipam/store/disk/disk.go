@@ -50,6 +50,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/village-cni/village/pkg/ipam/store"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 const (
@@ -101,7 +102,7 @@ var _ store.Store = (*Disk)(nil)
 
 // New opens (creating when needed, 0700) the directory of opts.Network.
 func New(opts Options) (*Disk, error) {
-	if err := validateNetwork(opts.Network); err != nil {
+	if err := validate.NetworkName(opts.Network); err != nil {
 		return nil, err
 	}
 	root := opts.DataDir
@@ -203,13 +204,6 @@ func (d *Disk) linkPrepared(o store.Owner, path string) (bool, error) {
 		delete(d.prepared, o)
 		return false, nil
 	}
-}
-
-func validateNetwork(name string) error {
-	if err := store.ValidateContainerID(name); err != nil || len(name) > 200 {
-		return fmt.Errorf("network name %q cannot name a store directory: it must start with a letter or digit, contain only letters, digits, '_', '.' and '-', and be at most 200 bytes", name)
-	}
-	return nil
 }
 
 // Lock takes the in-process mutex and the flock on <dir>/lock, waiting at
@@ -524,7 +518,7 @@ func (d *Disk) readRecord(name string) entry {
 func parseRecord(b []byte) (store.Owner, bool) {
 	id, ifname, two := strings.Cut(strings.TrimSpace(string(b)), lineBreak)
 	o := store.Owner{ContainerID: id, IfName: ifname}
-	if store.ValidateContainerID(id) != nil || (two && store.ValidateIfName(ifname) != nil) {
+	if validate.ContainerID(id) != nil || (two && validate.LinkName(ifname) != nil) {
 		return store.Owner{}, false
 	}
 	return o, true

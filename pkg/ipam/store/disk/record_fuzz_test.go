@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/village-cni/village/pkg/ipam/store"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // FuzzParseRecord fuzzes the reservation file format ("<id>\r\n<ifname>",
@@ -28,10 +29,10 @@ func FuzzParseRecord(f *testing.F) {
 			}
 			return
 		}
-		if store.ValidateContainerID(o.ContainerID) != nil {
+		if validate.ContainerID(o.ContainerID) != nil {
 			t.Fatalf("record %q accepted with container ID %q", b, o.ContainerID)
 		}
-		if o.IfName != "" && store.ValidateIfName(o.IfName) != nil {
+		if o.IfName != "" && validate.LinkName(o.IfName) != nil {
 			t.Fatalf("record %q accepted with ifname %q", b, o.IfName)
 		}
 		if o.IfName != "" {

@@ -49,6 +49,7 @@ import (
 
 	"github.com/village-cni/village/pkg/etcdclient"
 	"github.com/village-cni/village/pkg/ipam/store"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // DefaultOpTimeout bounds each store operation when Options.OpTimeout is 0.
@@ -96,8 +97,8 @@ type record struct {
 // New validates opts and makes the client. It does not contact etcd: the
 // first operation does, within its timeout. Close the store when done.
 func New(opts Options) (*Store, error) {
-	if err := ValidateNetwork(opts.Network); err != nil {
-		return nil, err
+	if err := validate.NetworkName(opts.Network); err != nil {
+		return nil, fmt.Errorf("etcd store: %w", err)
 	}
 	prefix, err := CleanPrefix(opts.Prefix)
 	if err != nil {
@@ -109,8 +110,8 @@ func New(opts Options) (*Store, error) {
 			return nil, fmt.Errorf("etcd store: no node name given and the host name is unknown (%v); set ipam.store.nodeName", err)
 		}
 	}
-	if err := ValidateNodeName(node); err != nil {
-		return nil, err
+	if err := validate.NodeName(node); err != nil {
+		return nil, fmt.Errorf("etcd store: %w; set ipam.store.nodeName", err)
 	}
 	s := &Store{
 		cfg: etcdclient.Config{
@@ -139,22 +140,6 @@ func (s *Store) Node() string { return s.node }
 
 // Base is the key prefix of the network, "<prefix>/ipam/<network>/".
 func (s *Store) Base() string { return s.base }
-
-// ValidateNetwork checks a network name the way the disk store does.
-func ValidateNetwork(name string) error {
-	if err := store.ValidateContainerID(name); err != nil || len(name) > 200 {
-		return fmt.Errorf("network name %q cannot be part of an etcd key: it must start with a letter or digit, contain only letters, digits, '_', '.' and '-', and be at most 200 bytes", name)
-	}
-	return nil
-}
-
-// ValidateNodeName checks a node name (a host name fits).
-func ValidateNodeName(name string) error {
-	if err := store.ValidateContainerID(name); err != nil || len(name) > 253 {
-		return fmt.Errorf("node name %q: it must start with a letter or digit, contain only letters, digits, '_', '.' and '-', and be at most 253 bytes; set ipam.store.nodeName", name)
-	}
-	return nil
-}
 
 // CleanPrefix validates a key prefix and returns it without a trailing '/'
 // ("" for "/"); an empty prefix is store.DefaultEtcdPrefix. A prefix is
