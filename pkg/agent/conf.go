@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/etcdclient"
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
@@ -20,6 +21,7 @@ import (
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // DefaultPeriod is how often run repairs when nothing else happened.
@@ -116,7 +118,7 @@ func Load(opts Options) (*Conf, error) {
 		}
 	}
 	if len(subnets) > 0 {
-		c.PodCIDRs = toIPNets(subnets)
+		c.PodCIDRs = cidr.IPNets(subnets)
 	}
 	c.DataDir = ip.DataDir
 	c.SubnetFile = ip.SubnetFile
@@ -132,7 +134,7 @@ func Load(opts Options) (*Conf, error) {
 			return nil, fmt.Errorf("no --node-name and no host name: %w", err)
 		}
 	}
-	if err := registry.ValidateName(c.Node); err != nil {
+	if err := validate.NodeName(c.Node); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -4,16 +4,17 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"slices"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // underlayAddr is this node's address toward the other nodes: the first
@@ -76,9 +77,9 @@ func overlayNode(n registry.Node) (overlay.Node, error) {
 		o.PodCIDRs = append(o.PodCIDRs, sn)
 	}
 	if n.VtepMAC != "" {
-		mac, err := net.ParseMAC(n.VtepMAC)
+		mac, err := validate.MAC(n.VtepMAC)
 		if err != nil {
-			return o, fmt.Errorf("node %q: vtepMAC %q: %w", n.Name, n.VtepMAC, err)
+			return o, fmt.Errorf("node %q: vtepMAC: %w", n.Name, err)
 		}
 		o.VtepMAC = mac
 	}
@@ -126,14 +127,6 @@ func (c *Conf) newReconciler() (*overlay.Reconciler, error) {
 	return r, nil
 }
 
-func toIPNets(ps []netip.Prefix) []*net.IPNet {
-	out := make([]*net.IPNet, 0, len(ps))
-	for _, p := range ps {
-		out = append(out, &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())})
-	}
-	return out
-}
-
 // publishedCIDRs reads the subnet file run published, nil when absent.
 func (c *Conf) publishedCIDRs() ([]*net.IPNet, error) {
 	ps, err := subnetfile.Read(c.SubnetFile)
@@ -143,7 +136,7 @@ func (c *Conf) publishedCIDRs() ([]*net.IPNet, error) {
 	if err != nil {
 		return nil, err
 	}
-	return toIPNets(ps), nil
+	return cidr.IPNets(ps), nil
 }
 
 // publish writes the leased subnets to c.SubnetFile (see subnetfile.Write),

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/kuberegistry"
 	"github.com/village-cni/village/pkg/metrics"
 	"github.com/village-cni/village/pkg/netconf"
@@ -74,13 +75,13 @@ func (s *etcdSource) podCIDRs(ctx context.Context, lease bool) ([]*net.IPNet, er
 		if err != nil {
 			return nil, err
 		}
-		return toIPNets([]netip.Prefix{p}), nil
+		return cidr.IPNets([]netip.Prefix{p}), nil
 	}
 	p, ok, err := s.reg.HeldSubnet(ctx, sp, s.c.Node)
 	if err != nil || !ok {
 		return nil, err
 	}
-	return toIPNets([]netip.Prefix{p}), nil
+	return cidr.IPNets([]netip.Prefix{p}), nil
 }
 
 func (s *etcdSource) follow(ctx context.Context, first registry.Node, records <-chan registry.Node, out chan registry.Snapshot, m *metrics.Metrics, logf func(string, ...any)) {
@@ -112,7 +113,7 @@ func (s kubeSource) podCIDRs(ctx context.Context, lease bool) ([]*net.IPNet, err
 		}
 		return nil, err
 	}
-	return toIPNets(ps), nil
+	return cidr.IPNets(ps), nil
 }
 
 func (s kubeSource) follow(ctx context.Context, first registry.Node, records <-chan registry.Node, out chan registry.Snapshot, _ *metrics.Metrics, logf func(string, ...any)) {

@@ -18,6 +18,15 @@ func IPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
+// IPNets is IPNet of every prefix, in order.
+func IPNets(ps []netip.Prefix) []*net.IPNet {
+	out := make([]*net.IPNet, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, IPNet(p))
+	}
+	return out
+}
+
 // Network is the network of an address with its mask (10.1.2.3/24 ->
 // 10.1.2.0/24).
 func Network(a *net.IPNet) *net.IPNet {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // Reclaiming what departed nodes hold.
@@ -96,7 +98,7 @@ func (r *Registry) Departures(ctx context.Context, others []string, now time.Tim
 		out = append(out, Departure{Node: name, Since: since, rev: kv.ModRevision})
 	}
 	for _, name := range slices.Compact(slices.Sorted(slices.Values(holders))) {
-		if alive[name] || marked[name] || ValidateName(name) != nil {
+		if alive[name] || marked[name] || validate.NodeName(name) != nil {
 			continue
 		}
 		d, ok, err := r.mark(ctx, name, now)

@@ -75,7 +75,7 @@ type Node struct {
 // Validate checks that the record can be used: a name that is one key
 // component, an IP address, pod subnets and a MAC when one is given.
 func (n Node) Validate() error {
-	if err := ValidateName(n.Name); err != nil {
+	if err := validate.NodeName(n.Name); err != nil {
 		return err
 	}
 	if net.ParseIP(n.IP) == nil {
@@ -98,10 +98,6 @@ func (n Node) Validate() error {
 func (n Node) Equal(o Node) bool {
 	return n.Name == o.Name && n.IP == o.IP && n.VtepMAC == o.VtepMAC && slices.Equal(n.PodCIDRs, o.PodCIDRs)
 }
-
-// ValidateName checks a node name: a Kubernetes Node name (a DNS-1123
-// subdomain, at most 253 bytes), which is also one safe key component.
-func ValidateName(name string) error { return validate.NodeName(name) }
 
 // Registry reads and writes one network's node records and subnet leases.
 // It holds no state besides its configuration and is safe for concurrent use.

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // ErrExhausted is returned when every subnet of the cluster range is held.
@@ -120,7 +122,7 @@ func held(leases map[netip.Prefix]string, space SubnetSpace, node string) (netip
 // restarts of the node and of its agent. Like flannel, the first subnet of
 // the range (holding the cluster's network address) is handed out last.
 func (r *Registry) LeaseSubnet(ctx context.Context, space SubnetSpace, node string) (netip.Prefix, error) {
-	if err := ValidateName(node); err != nil {
+	if err := validate.NodeName(node); err != nil {
 		return netip.Prefix{}, err
 	}
 	leases, err := r.Subnets(ctx)
