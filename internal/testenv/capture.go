@@ -122,12 +122,22 @@ func (c *Capture) Stop() string {
 		return c.result
 	}
 	seq := markerSeq.Add(1) % 1000
-	length := 60 + int(seq) // the length tcpdump prints for this marker
-	header := fmt.Sprintf("ethertype Unknown (0x%x), length %d:", markerType, length)
+	length := 60 + int(seq)
+	// The length tcpdump prints for this marker: the frame's on an
+	// Ethernet interface; on "any" the cooked header (16 bytes for SLL,
+	// 20 for SLL2) stands in for the 14-byte Ethernet one.
+	headers := []string{}
+	for _, l := range []int{length, length + 2, length + 6} {
+		headers = append(headers, fmt.Sprintf("ethertype Unknown (0x%x), length %d:", markerType, l))
+	}
+	if c.iface != "any" {
+		headers = headers[:1]
+	}
+	header := ""
 	if err := c.sendMarker(length); err != nil {
 		c.t.Errorf("capture on %s: %v", c.iface, err)
 	} else {
-		c.waitFor(header)
+		header = c.waitFor(headers)
 	}
 	_ = c.cmd.Process.Signal(os.Interrupt)
 	<-c.copied
@@ -138,27 +148,29 @@ func (c *Capture) Stop() string {
 	if !strings.Contains("\n"+counts, "\n0 packets dropped by kernel") {
 		c.t.Errorf("capture on %s is not complete: %s", c.iface, counts)
 	}
-	if i := strings.Index(out, header); i >= 0 {
+	if i := strings.Index(out, header); header != "" && i >= 0 {
 		out = out[:strings.LastIndex(out[:i], "\n")+1]
 	}
 	c.result = withoutMarkers(out)
 	return c.result
 }
 
-// waitFor polls tcpdump's output until it contains s; 60 s only guards
-// against a hang.
-func (c *Capture) waitFor(s string) {
+// waitFor polls tcpdump's output until it contains one of ss and returns
+// it; 60 s only guards against a hang.
+func (c *Capture) waitFor(ss []string) string {
 	c.t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
 		c.mu.Lock()
-		seen := strings.Contains(c.out.String(), s)
+		out := c.out.String()
 		c.mu.Unlock()
-		if seen {
-			return
+		for _, s := range ss {
+			if strings.Contains(out, s) {
+				return s
+			}
 		}
 		if time.Now().After(deadline) {
 			c.t.Errorf("capture on %s: tcpdump printed no marker frame in 60s", c.iface)
-			return
+			return ""
 		}
 	}
 }
@@ -168,7 +180,7 @@ func (c *Capture) waitFor(s string) {
 // bridge does not forward it back, a peer drops it).
 func (c *Capture) sendMarker(length int) error {
 	return c.n.Do(func(ns.NetNS) error {
-		ifc, err := net.InterfaceByName(c.iface)
+		ifc, err := markerInterface(c.iface)
 		if err != nil {
 			return fmt.Errorf("marker frame: %w", err)
 		}
@@ -189,6 +201,24 @@ func (c *Capture) sendMarker(length int) error {
 		}
 		return nil
 	})
+}
+
+// markerInterface is the interface the marker leaves by: the captured one,
+// or for "any" the first interface that is up and has an Ethernet address.
+func markerInterface(name string) (*net.Interface, error) {
+	if name != "any" {
+		return net.InterfaceByName(name)
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	for i := range ifs {
+		if ifs[i].Flags&net.FlagUp != 0 && ifs[i].Flags&net.FlagLoopback == 0 && len(ifs[i].HardwareAddr) == 6 {
+			return &ifs[i], nil
+		}
+	}
+	return nil, fmt.Errorf("no interface is up with an Ethernet address to send it by")
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
