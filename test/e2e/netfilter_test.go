@@ -150,7 +150,7 @@ func checkReportsOnly(t *testing.T, n *Node, l *libcni.NetworkConfigList, p *Pod
 func netfilterState(t *testing.T, node ns.NetNS) string {
 	t.Helper()
 	var b strings.Builder
-	for _, cmd := range [][]string{{"nft", "list", "ruleset"}, {"iptables-legacy-save"}, {"ip6tables-legacy-save"}, {"iptables-nft-save"}, {"ip6tables-nft-save"}} {
+	for _, cmd := range [][]string{{"nft", "--stateless", "list", "ruleset"}, {"iptables-legacy-save"}, {"ip6tables-legacy-save"}, {"iptables-nft-save"}, {"ip6tables-nft-save"}} {
 		fmt.Fprintf(&b, "== %s\n", strings.Join(cmd, " "))
 		for _, line := range strings.Split(inNS(t, node, cmd...), "\n") {
 			if strings.HasPrefix(line, "#") {
