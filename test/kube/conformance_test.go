@@ -47,7 +47,7 @@ var conformanceFocus = map[string]string{
 // conformanceSkips are the tests of the focus that do not run, each with
 // its reason.
 var conformanceSkips = []struct{ pattern, reason string }{
-	{`\[Feature:SCTPConnectivity\]`, "SCTP: Village's tests and this CI kernel cover TCP and UDP only (no sctp module loaded)"},
+	{`\[Feature:SCTPConnectivity\]`, "SCTP: not loaded in this kernel (no /proc/net/sctp), and Village's own tests cover TCP and UDP only"},
 	{`\[sig-network\] DNS `, "the DNS tests' probe pods run dig (bind-tools in the upstream agnhost) and the glibc-dns-testing image, neither of which is built locally; Service-name lookups of the other tests go through the cluster DNS (testdata/coredns.yaml)"},
 }
 
