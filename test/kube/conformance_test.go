@@ -161,20 +161,21 @@ func runE2E(t *testing.T, c *kubecluster.Cluster, r e2eRun) junitResult {
 	runErr := c.RunInLAN(cmd)
 	res, perr := parseJUnit(reportDir, r.focus)
 	if perr != nil || res.total() == 0 {
-		tail, _ := os.ReadFile(logPath)
-		if len(tail) > 20000 {
-			tail = tail[len(tail)-20000:]
-		}
-		t.Fatalf("e2e.test (%v) left no usable report (%v, %d tests):\n%s", runErr, perr, res.total(), tail)
+		t.Fatalf("e2e.test (%v) left no usable report (%v, %d tests):\n%s", runErr, perr, res.total(), fileTail(logPath))
 	}
 	if runErr != nil && len(res.failed) == 0 {
-		tail, _ := os.ReadFile(logPath)
-		if len(tail) > 20000 {
-			tail = tail[len(tail)-20000:]
-		}
-		t.Fatalf("e2e.test failed (%v) with no failed test in its report:\n%s", runErr, tail)
+		t.Fatalf("e2e.test failed (%v) with no failed test in its report:\n%s", runErr, fileTail(logPath))
 	}
 	return res
+}
+
+// fileTail is the last 20000 bytes of a log.
+func fileTail(p string) []byte {
+	b, _ := os.ReadFile(p)
+	if len(b) > 20000 {
+		b = b[len(b)-20000:]
+	}
+	return b
 }
 
 // junitResult counts the tests of the focus.
