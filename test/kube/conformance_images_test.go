@@ -10,6 +10,7 @@ import (
 
 	"github.com/village-cni/village/internal/crienv"
 	"github.com/village-cni/village/internal/kubecluster"
+	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/ociimage"
 	"github.com/village-cni/village/internal/testenv"
 )
@@ -96,7 +97,8 @@ func busyboxFiles(omit ...string) ([]ociimage.File, error) {
 // agnhost-2 link the entrypoint tests use), dash as /bin/sh, busybox's
 // applets except nc and sh (so `nc` in a test's shell command is
 // netcat-openbsd: the tests pass -u, -w, -z as OpenBSD's nc reads them),
-// curl with its libraries, /uploads for netexec, /tmp.
+// curl with its libraries, /uploads for netexec, porter's test
+// certificate, /tmp.
 func agnhostFiles(kubeDir string) ([]ociimage.File, error) {
 	files, err := hostFiles(filepath.Join(kubeDir, "agnhost") + "=/agnhost")
 	if err != nil {
@@ -127,6 +129,18 @@ func agnhostFiles(kubeDir string) ([]ociimage.File, error) {
 		ociimage.File{Path: "/uploads", Dir: true},
 		ociimage.File{Path: "/tmp", Dir: true, Mode: 0o777},
 	)
+	// porter's TLS ports serve the test certificate of the agnhost
+	// source (relative names, resolved in the image's working directory /).
+	modCache, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		return nil, fmt.Errorf("go env GOMODCACHE: %w", err)
+	}
+	porter := filepath.Join(strings.TrimSpace(string(modCache)), "k8s.io", "kubernetes@"+kubetest.Version, "test", "images", "agnhost", "porter")
+	certs, err := hostFiles(filepath.Join(porter, "localhost.crt")+"=/localhost.crt", filepath.Join(porter, "localhost.key")+"=/localhost.key")
+	if err != nil {
+		return nil, fmt.Errorf("%w (scripts/kube.sh downloads the k8s.io/kubernetes module into the module cache)", err)
+	}
+	files = append(files, certs...)
 	// libc's resolver and getent read these; curl resolves Service names.
 	etc, err := hostFiles("/etc/protocols", "/etc/services")
 	if err != nil {
