@@ -25,7 +25,8 @@ import (
 // internal/kubecluster, once per kube-proxy mode. VILLAGE_CONFORMANCE picks
 // the set: "granular" (default) runs the Networking Granular Checks (pods
 // and Services); "full" adds every [sig-network] [Conformance] test.
-// VILLAGE_CONFORMANCE_PROCS is the number of Ginkgo processes (default 3).
+// VILLAGE_CONFORMANCE_PROCS is the number of Ginkgo processes (default 3);
+// VILLAGE_CONFORMANCE_FOCUS, a regular expression, replaces the set's focus.
 
 // conformanceNodes is the cluster's worker count, told to e2e.test with
 // --num-nodes: without it the skeleton provider skips the Granular Checks
@@ -59,6 +60,14 @@ func TestConformance(t *testing.T) {
 	focus, ok := conformanceFocus[set]
 	if !ok {
 		t.Fatalf("VILLAGE_CONFORMANCE=%q: want granular or full", set)
+	}
+	// VILLAGE_CONFORMANCE_FOCUS replaces the set's focus (re-running one
+	// failed test, for example); the skip list still applies.
+	if f := os.Getenv("VILLAGE_CONFORMANCE_FOCUS"); f != "" {
+		if _, err := regexp.Compile(f); err != nil {
+			t.Fatalf("VILLAGE_CONFORMANCE_FOCUS=%q: %v", f, err)
+		}
+		focus = f
 	}
 	procs := 3
 	if p := os.Getenv("VILLAGE_CONFORMANCE_PROCS"); p != "" {
