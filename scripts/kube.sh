@@ -7,11 +7,14 @@
 # compile of the common packages; e2e.test is a test binary (`go test -c`)
 # and follows it, reusing the same build cache. CoreDNS (cluster DNS for the
 # Services conformance tests) is built from its own module into the same
-# directory.
+# directory. ginkgo is the Ginkgo CLI at the version k8s.io/kubernetes'
+# go.mod requires: e2e.test is a compiled Ginkgo suite, and only the CLI runs
+# it in parallel processes (scripts/conformance.sh, test/kube's conformance
+# run).
 #
 # Usage: scripts/kube.sh [component...]   (default: all of them)
 # Components: kube-apiserver kube-controller-manager kube-scheduler kubelet
-#             kube-proxy kubectl e2e.test agnhost coredns
+#             kube-proxy kubectl e2e.test agnhost coredns ginkgo
 # Prints the cache directory. Skips everything already there.
 #
 # The module's go.mod points the k8s.io/* staging modules at ./staging, which
@@ -25,7 +28,7 @@ COREDNS_VERSION="${COREDNS_VERSION:-v1.14.7}"
 CACHE="${VILLAGE_CACHE:-/var/cache/village}"
 OUT="$CACHE/kubernetes-$VERSION"
 
-all=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl e2e.test agnhost coredns)
+all=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl e2e.test agnhost coredns ginkgo)
 want=("$@")
 [ "${#want[@]}" -gt 0 ] || want=("${all[@]}")
 
@@ -39,18 +42,19 @@ declare -A pkg=(
   [agnhost]=./test/images/agnhost
 )
 
-missing=() e2e=0 dns=0
+missing=() e2e=0 dns=0 gk=0
 for c in "${want[@]}"; do
   case "$c" in
     e2e.test) [ -x "$OUT/e2e.test" ] || e2e=1 ;;
     coredns) [ -x "$OUT/coredns" ] || dns=1 ;;
+    ginkgo) [ -x "$OUT/ginkgo" ] || gk=1 ;;
     *)
       [ -n "${pkg[$c]:-}" ] || { echo "kube.sh: unknown component $c (one of: ${all[*]})" >&2; exit 2; }
       [ -x "$OUT/$c" ] || missing+=("$c")
       ;;
   esac
 done
-if [ "${#missing[@]}" -eq 0 ] && [ "$e2e" = 0 ] && [ "$dns" = 0 ]; then
+if [ "${#missing[@]}" -eq 0 ] && [ "$e2e" = 0 ] && [ "$dns" = 0 ] && [ "$gk" = 0 ]; then
   echo "$OUT"
   exit 0
 fi
@@ -71,8 +75,8 @@ modsrc() {
   chmod -R u+w "$4"
 }
 
-if [ "${#missing[@]}" -gt 0 ] || [ "$e2e" = 1 ]; then
-  echo "kube.sh: building ${missing[*]} $([ "$e2e" = 1 ] && echo e2e.test) $VERSION (slow, once) into $OUT" >&2
+if [ "${#missing[@]}" -gt 0 ] || [ "$e2e" = 1 ] || [ "$gk" = 1 ]; then
+  echo "kube.sh: building ${missing[*]} $([ "$e2e" = 1 ] && echo e2e.test) $([ "$gk" = 1 ] && echo ginkgo) $VERSION (slow, once) into $OUT" >&2
   src="$work/kubernetes"
   modsrc k8s k8s.io/kubernetes "$VERSION" "$src"
   staging="v0.${VERSION#v1.}"   # v1.37.2 -> v0.37.2
@@ -88,6 +92,10 @@ if [ "${#missing[@]}" -gt 0 ] || [ "$e2e" = 1 ]; then
     fi
     if [ "$e2e" = 1 ]; then
       nice -n 10 go test -c -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$VERSION" -o "$work/bin/e2e.test" ./test/e2e
+    fi
+    if [ "$gk" = 1 ]; then
+      # The CLI's package at the Ginkgo version this go.mod requires.
+      nice -n 10 go build -trimpath -ldflags "-s -w" -o "$work/bin/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
     fi
   )
   for f in "$work/bin"/*; do

@@ -101,7 +101,7 @@ func Village(o VillageOptions) (Image, error) {
 	for _, n := range names {
 		img.Files = append(img.Files, File{Path: "/usr/sbin/" + n, Link: iptablesTools[n]})
 	}
-	libs, err := sharedLibs(elfs)
+	libs, err := SharedLibs(elfs)
 	if err != nil {
 		return Image{}, err
 	}
@@ -126,7 +126,7 @@ func Village(o VillageOptions) (Image, error) {
 		}
 		img.Files = append(img.Files, f)
 	}
-	extLibs, err := sharedLibs(exts)
+	extLibs, err := SharedLibs(exts)
 	if err != nil {
 		return Image{}, err
 	}
@@ -149,9 +149,9 @@ func Village(o VillageOptions) (Image, error) {
 	return img, nil
 }
 
-// sharedLibs lists the libraries (and the loader) the ELF files link, as ldd
+// SharedLibs lists the libraries (and the loader) the ELF files link, as ldd
 // resolves them on this machine, without duplicates, sorted.
-func sharedLibs(elfs []string) ([]string, error) {
+func SharedLibs(elfs []string) ([]string, error) {
 	set := map[string]bool{}
 	for _, e := range elfs {
 		out, err := exec.Command("ldd", e).Output()
