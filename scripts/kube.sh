@@ -54,7 +54,11 @@ for c in "${want[@]}"; do
       ;;
   esac
 done
-if [ "${#missing[@]}" -eq 0 ] && [ "$e2e" = 0 ] && [ "$dns" = 0 ] && [ "$gk" = 0 ]; then
+# agnhost's porter serves TLS with the test certificate beside its source;
+# the conformance image takes it from here.
+certs=0
+[[ " ${want[*]} " == *" agnhost "* ]] && [ ! -f "$OUT/porter/localhost.key" ] && certs=1
+if [ "${#missing[@]}" -eq 0 ] && [ "$e2e" = 0 ] && [ "$dns" = 0 ] && [ "$gk" = 0 ] && [ "$certs" = 0 ]; then
   echo "$OUT"
   exit 0
 fi
@@ -102,6 +106,14 @@ if [ "${#missing[@]}" -gt 0 ] || [ "$e2e" = 1 ] || [ "$gk" = 1 ]; then
     install -m 0755 "$f" "$OUT/.$(basename "$f").tmp"
     mv "$OUT/.$(basename "$f").tmp" "$OUT/$(basename "$f")"
   done
+fi
+
+if [ "$certs" = 1 ]; then
+  mkdir -p "$work/fetch-certs"
+  dir="$(cd "$work/fetch-certs" && go mod init fetch >/dev/null 2>&1 && go mod download -json "k8s.io/kubernetes@$VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [ -f "$dir/test/images/agnhost/porter/localhost.key" ] || { echo "kube.sh: no porter certificate in k8s.io/kubernetes@$VERSION" >&2; exit 1; }
+  mkdir -p "$OUT/porter"
+  install -m 0644 "$dir/test/images/agnhost/porter/localhost.crt" "$dir/test/images/agnhost/porter/localhost.key" "$OUT/porter/"
 fi
 
 if [ "$dns" = 1 ]; then

@@ -10,7 +10,6 @@ import (
 
 	"github.com/village-cni/village/internal/crienv"
 	"github.com/village-cni/village/internal/kubecluster"
-	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/ociimage"
 	"github.com/village-cni/village/internal/testenv"
 )
@@ -131,14 +130,10 @@ func agnhostFiles(kubeDir string) ([]ociimage.File, error) {
 	)
 	// porter's TLS ports serve the test certificate of the agnhost
 	// source (relative names, resolved in the image's working directory /).
-	modCache, err := exec.Command("go", "env", "GOMODCACHE").Output()
-	if err != nil {
-		return nil, fmt.Errorf("go env GOMODCACHE: %w", err)
-	}
-	porter := filepath.Join(strings.TrimSpace(string(modCache)), "k8s.io", "kubernetes@"+kubetest.Version, "test", "images", "agnhost", "porter")
+	porter := filepath.Join(kubecluster.KubeDir(), "porter")
 	certs, err := hostFiles(filepath.Join(porter, "localhost.crt")+"=/localhost.crt", filepath.Join(porter, "localhost.key")+"=/localhost.key")
 	if err != nil {
-		return nil, fmt.Errorf("%w (scripts/kube.sh downloads the k8s.io/kubernetes module into the module cache)", err)
+		return nil, fmt.Errorf("%w (scripts/kube.sh copies porter's certificate there from the k8s.io/kubernetes module)", err)
 	}
 	files = append(files, certs...)
 	// libc's resolver and getent read these; curl resolves Service names.
