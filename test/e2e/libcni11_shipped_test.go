@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/village-cni/village/internal/etcdtest"
 	"github.com/village-cni/village/internal/kubetest"
@@ -72,7 +74,17 @@ func kubePaths(t *testing.T, host ns.NetNS, text string) string {
 		Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}}}
 	_, err := kube.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{})
 	must(t, err, "creating Node node1")
-	return strings.Replace(text, "/etc/village/kubeconfig", kube.AgentKubeconfig, 1)
+	return replaceOnce(t, text, "/etc/village/kubeconfig", kube.AgentKubeconfig)
+}
+
+// replaceOnce replaces the one old in text, failing when text has none (a
+// path the test means to move must be there).
+func replaceOnce(t *testing.T, text, old, new string) string {
+	t.Helper()
+	if strings.Count(text, old) != 1 {
+		t.Fatalf("want exactly one %q in:\n%s", old, text)
+	}
+	return strings.Replace(text, old, new, 1)
 }
 
 // withIPAMDir sets dataDir in every village-ipam block of text (both
@@ -129,66 +141,152 @@ func TestShippedServiceConfsUnderLibcni11(t *testing.T) {
 	for _, e := range nets {
 		t.Run(e.file, func(t *testing.T) {
 			etcd = nil
-			lan := NewLAN(t)
-			host := testenv.NewNS(t)
-			lan.Attach(t, host, "eth0", shippedServiceIP+"/24")
-			n := NewNode(t)
-			lan.Attach(t, n.NS, "eth0", "192.168.50.11/24")
-			testenv.MustIP(t, n.NS, "route", "add", "default", "via", "192.168.50.1")
+			n, host := shippedNode(t)
 			b, err := os.ReadFile(filepath.Join(confDir(t), e.file))
 			must(t, err, "read %s", e.file)
 			text := e.store(t, host, withIPAMDir(string(b), filepath.Join(n.Dir, "ipam")))
 			conf := filepath.Join(n.Dir, e.file)
 			must(t, os.WriteFile(conf, []byte(text), 0o600), "write %s", conf)
-			runDir := filepath.Join(n.Dir, "run")
-			// village-ipam (run by libcni 1.1.2, which passes its
-			// environment on) reads the lease from villaged's run dir.
-			t.Setenv("VILLAGE_RUN_DIR", runDir)
-			if e.lease {
-				log, _ := runVillaged(t, n, conf, "node1", "200ms")
-				waitFor(t, 60*time.Second, "villaged leases the subnet", func() (bool, string) {
-					b, err := os.ReadFile(filepath.Join(runDir, "village", "subnet"))
-					return err == nil && strings.Contains(string(b), "/24"), log.String()
-				})
-			}
-			o := &oldRuntime{n: n, conf: conf, cache: filepath.Join(n.Dir, "cache-1.1")}
-			p := n.NewPod()
-			out, err := o.run(t, "add", p)
-			must(t, err, "ADD through libcni 1.1.2")
-			r := &current.Result{}
-			must(t, json.Unmarshal([]byte(out), r), "decode libcni 1.1.2's result %s", out)
-			pod := inRange(t, r, "eth0", e.want)
-			if pod.Gateway == nil {
-				t.Fatalf("no gateway for %s: %s", pod.Address.String(), out)
-			}
-			must(t, testenv.Ping(p.NS, pod.Gateway.String(), 2), "pod %s -> its gateway %s", pod.Address.String(), pod.Gateway)
-			var lanIP string
-			if e.lanWant != "" {
-				l := inRange(t, r, "net1", e.lanWant)
-				lanIP = l.Address.IP.String()
-				// The LAN address answers from the LAN host.
-				must(t, testenv.Ping(host, lanIP, 2), "LAN host -> pod's macvlan %s", lanIP)
-			}
-			_, err = o.run(t, "check", p)
-			must(t, err, "CHECK through libcni 1.1.2")
-			var cli *clientv3.Client
-			if lanIP != "" {
-				cli = etcd.ClientIn(t, host)
-				if k := etcdAllocation(t, cli, lanIP, p.ID); len(k) == 0 {
-					t.Fatalf("before DEL: no etcd key names the LAN address %s", lanIP)
-				}
-			}
-			nothingLeft(t, n, o.cache, held{attachments: true, cached: true}, func() {
-				for range 2 {
-					_, err := o.run(t, "del", p)
-					must(t, err, "DEL through libcni 1.1.2")
-				}
-			})
-			if cli != nil {
-				if k := etcdAllocation(t, cli, lanIP, p.ID); len(k) != 0 {
-					t.Fatalf("after DEL: etcd still holds the LAN address %s: %v", lanIP, k)
-				}
-			}
+			e.addCheckDel(t, n, host, conf, etcd)
 		})
 	}
+}
+
+// shippedNode is a node with eth0 192.168.50.11/24 (default route via
+// .1) on a LAN whose host namespace has 192.168.50.5.
+func shippedNode(t *testing.T) (*Node, ns.NetNS) {
+	lan := NewLAN(t)
+	host := testenv.NewNS(t)
+	lan.Attach(t, host, "eth0", shippedServiceIP+"/24")
+	n := NewNode(t)
+	lan.Attach(t, n.NS, "eth0", "192.168.50.11/24")
+	testenv.MustIP(t, n.NS, "route", "add", "default", "via", "192.168.50.1")
+	return n, host
+}
+
+// addCheckDel runs conf on n through libcni 1.1.2 (after villaged leased
+// the subnet, when e.lease): one pod's ADD, its addresses and gateway,
+// CHECK, DEL twice and nothing left (etcd's allocation too, when etcd
+// holds the LAN pool).
+func (e shippedNet) addCheckDel(t *testing.T, n *Node, host ns.NetNS, conf string, etcd *etcdtest.Server) {
+	t.Helper()
+	runDir := filepath.Join(n.Dir, "run")
+	// village-ipam (run by libcni 1.1.2, which passes its environment
+	// on) reads the lease from villaged's run dir.
+	t.Setenv("VILLAGE_RUN_DIR", runDir)
+	if e.lease {
+		log, _ := runVillaged(t, n, conf, "node1", "200ms")
+		waitFor(t, 60*time.Second, "villaged leases the subnet", func() (bool, string) {
+			b, err := os.ReadFile(filepath.Join(runDir, "village", "subnet"))
+			return err == nil && strings.Contains(string(b), "/24"), log.String()
+		})
+	}
+	o := &oldRuntime{n: n, conf: conf, cache: filepath.Join(n.Dir, "cache-1.1")}
+	p := n.NewPod()
+	out, err := o.run(t, "add", p)
+	must(t, err, "ADD through libcni 1.1.2")
+	r := &current.Result{}
+	must(t, json.Unmarshal([]byte(out), r), "decode libcni 1.1.2's result %s", out)
+	pod := inRange(t, r, "eth0", e.want)
+	if pod.Gateway == nil {
+		t.Fatalf("no gateway for %s: %s", pod.Address.String(), out)
+	}
+	must(t, testenv.Ping(p.NS, pod.Gateway.String(), 2), "pod %s -> its gateway %s", pod.Address.String(), pod.Gateway)
+	var lanIP string
+	if e.lanWant != "" {
+		l := inRange(t, r, "net1", e.lanWant)
+		lanIP = l.Address.IP.String()
+		// The LAN address answers from the LAN host.
+		must(t, testenv.Ping(host, lanIP, 2), "LAN host -> pod's macvlan %s", lanIP)
+	}
+	_, err = o.run(t, "check", p)
+	must(t, err, "CHECK through libcni 1.1.2")
+	var cli *clientv3.Client
+	if lanIP != "" {
+		cli = etcd.ClientIn(t, host)
+		if k := etcdAllocation(t, cli, lanIP, p.ID); len(k) == 0 {
+			t.Fatalf("before DEL: no etcd allocation of the LAN address %s", lanIP)
+		}
+	}
+	nothingLeft(t, n, o.cache, held{attachments: true, cached: true}, func() {
+		for range 2 {
+			_, err := o.run(t, "del", p)
+			must(t, err, "DEL through libcni 1.1.2")
+		}
+	})
+	if cli != nil {
+		if k := etcdAllocation(t, cli, lanIP, p.ID); len(k) != 0 {
+			t.Fatalf("after DEL: etcd still holds the LAN address %s: %v", lanIP, k)
+		}
+	}
+}
+
+// installed runs the real `villaged install` inside n with template tmpl
+// ("" for the built-in one) into directories under n.Dir, and returns the
+// conflist it wrote.
+func installed(t *testing.T, n *Node, tmpl string) string {
+	t.Helper()
+	args := []string{"install", "--cni-bin-dir", filepath.Join(n.Dir, "opt-cni-bin"), "--cni-conf-dir", filepath.Join(n.Dir, "net.d"),
+		"--state-dir", filepath.Join(n.Dir, "state"), "--bin-source", testenv.Bins(t), "--node-name", "node1"}
+	if tmpl != "" {
+		args = append(args, "--conf", tmpl)
+	}
+	cmd := exec.Command("ip", append([]string{"netns", "exec", n.Name(), filepath.Join(testenv.Bins(t), "villaged")}, args...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("villaged install: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(filepath.Join(n.Dir, "net.d", "10-village.conflist"))
+	must(t, err, "reading the installed conflist")
+	return string(b)
+}
+
+// configMapTemplate is the conflist template of
+// deploy/kubernetes/configmap.yaml, written to a file under dir.
+func configMapTemplate(t *testing.T, dir string) string {
+	root, err := testenv.ModuleRoot()
+	must(t, err, "module root")
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "configmap.yaml"))
+	must(t, err, "reading configmap.yaml")
+	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(b, nil, nil)
+	must(t, err, "decoding configmap.yaml")
+	cm, ok := obj.(*corev1.ConfigMap)
+	if !ok {
+		t.Fatalf("configmap.yaml holds a %T", obj)
+	}
+	tmpl, ok := cm.Data["10-village.conflist.tmpl"]
+	if !ok {
+		t.Fatalf("configmap.yaml has no 10-village.conflist.tmpl: %v", cm.Data)
+	}
+	p := filepath.Join(dir, "10-village.conflist.tmpl")
+	must(t, os.WriteFile(p, []byte(tmpl), 0o600), "write %s", p)
+	return p
+}
+
+// TestInstalledConfsUnderLibcni11 renders the built-in `villaged install`
+// template and the DaemonSet's ConfigMap template with the real villaged
+// install on a node, and runs what it wrote through libcni 1.1.2. The
+// built-in one is a single-node bridge (10.244.1.0/24 by default); the
+// ConfigMap's takes the subnet from the Node's podCIDR through villaged run
+// against a kube-apiserver. Changed after rendering, paths only: the IPAM
+// dataDir, the log file, and the ConfigMap's empty kubeconfig (in-cluster
+// in the DaemonSet) becomes the agent's kubeconfig file.
+func TestInstalledConfsUnderLibcni11(t *testing.T) {
+	t.Run("built-in template", func(t *testing.T) {
+		n, host := shippedNode(t)
+		text := withIPAMDir(installed(t, n, ""), filepath.Join(n.Dir, "ipam"))
+		conf := filepath.Join(n.Dir, "10-village.conflist")
+		must(t, os.WriteFile(conf, []byte(text), 0o600), "write %s", conf)
+		shippedNet{want: "10.244.1.0/24"}.addCheckDel(t, n, host, conf, nil)
+	})
+	t.Run("configmap.yaml", func(t *testing.T) {
+		n, host := shippedNode(t)
+		text := installed(t, n, configMapTemplate(t, n.Dir))
+		text = withIPAMDir(text, filepath.Join(n.Dir, "ipam"))
+		text = replaceOnce(t, text, "/var/log/village/cni.log", filepath.Join(n.Dir, "cni.log"))
+		text = replaceOnce(t, text, `"kubeconfig": ""`, `"kubeconfig": "/etc/village/kubeconfig"`)
+		text = kubePaths(t, host, text)
+		conf := filepath.Join(n.Dir, "10-village.conflist")
+		must(t, os.WriteFile(conf, []byte(text), 0o600), "write %s", conf)
+		shippedNet{lease: true, want: "10.244.1.0/24"}.addCheckDel(t, n, host, conf, nil)
+	})
 }
