@@ -174,11 +174,17 @@ func (e shippedNet) addCheckDel(t *testing.T, n *Node, host ns.NetNS, conf strin
 	// village-ipam (run by libcni 1.1.2, which passes its environment
 	// on) reads the lease from villaged's run dir.
 	t.Setenv("VILLAGE_RUN_DIR", runDir)
+	leased := ""
 	if e.lease {
 		log, _ := runVillaged(t, n, conf, "node1", "200ms")
 		waitFor(t, 60*time.Second, "villaged leases the subnet", func() (bool, string) {
 			b, err := os.ReadFile(filepath.Join(runDir, "village", "subnet"))
-			return err == nil && strings.Contains(string(b), "/24"), log.String()
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.HasSuffix(line, "/24") && !strings.HasPrefix(line, "#") {
+					leased = line
+				}
+			}
+			return err == nil && leased != "", log.String()
 		})
 	}
 	o := &oldRuntime{n: n, conf: conf, cache: filepath.Join(n.Dir, "cache-1.1")}
@@ -188,6 +194,9 @@ func (e shippedNet) addCheckDel(t *testing.T, n *Node, host ns.NetNS, conf strin
 	r := &current.Result{}
 	must(t, json.Unmarshal([]byte(out), r), "decode libcni 1.1.2's result %s", out)
 	pod := inRange(t, r, "eth0", e.want)
+	if leased != "" {
+		inRange(t, r, "eth0", leased) // the subnet villaged leased
+	}
 	if pod.Gateway == nil {
 		t.Fatalf("no gateway for %s: %s", pod.Address.String(), out)
 	}
