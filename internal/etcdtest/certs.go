@@ -35,8 +35,10 @@ type issuer struct {
 }
 
 // GenerateCerts writes a CA, a server and a client certificate (and an
-// unrelated CA with its own client certificate) into a t.TempDir().
-func GenerateCerts(t testing.TB) *Certs {
+// unrelated CA with its own client certificate) into a t.TempDir(). The
+// server certificate names 127.0.0.1, localhost and every address in ips
+// (a server StartTLSIn puts on a namespace LAN).
+func GenerateCerts(t testing.TB, ips ...net.IP) *Certs {
 	t.Helper()
 	dir := t.TempDir()
 	write := func(name, typ string, der []byte) string {
@@ -82,7 +84,7 @@ func GenerateCerts(t testing.TB) *Certs {
 		return &x509.Certificate{
 			KeyUsage:    x509.KeyUsageDigitalSignature,
 			ExtKeyUsage: usage,
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+			IPAddresses: append([]net.IP{net.IPv4(127, 0, 0, 1)}, ips...),
 			DNSNames:    []string{"localhost"},
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -27,11 +28,29 @@ import (
 // clients use gRPC. Restart starts it again in n.
 func StartIn(t testing.TB, n ns.NetNS, ip string) *Server {
 	t.Helper()
-	if net.ParseIP(ip) == nil {
+	return startIn(t, n, ip, false)
+}
+
+// StartTLSIn is StartIn serving https on ip:2379 with client certificates
+// required, like StartTLS; the server certificate names ip, the files are
+// in s.TLS.
+func StartTLSIn(t testing.TB, n ns.NetNS, ip string) *Server {
+	t.Helper()
+	return startIn(t, n, ip, true)
+}
+
+func startIn(t testing.TB, n ns.NetNS, ip string, withTLS bool) *Server {
+	t.Helper()
+	addr := net.ParseIP(ip)
+	if addr == nil {
 		t.Fatalf("etcdtest: %q is not an IP address", ip)
 	}
 	s := &Server{t: t, Dir: t.TempDir(), level: zap.NewAtomicLevelAt(zap.ErrorLevel)}
-	s.clientURL = url.URL{Scheme: "http", Host: net.JoinHostPort(ip, "2379")}
+	scheme := "http"
+	if withTLS {
+		s.TLS, scheme = GenerateCerts(t, addr), "https"
+	}
+	s.clientURL = url.URL{Scheme: scheme, Host: net.JoinHostPort(ip, "2379")}
 	s.peerURL = url.URL{Scheme: "http", Host: net.JoinHostPort(ip, "2380")}
 	s.netns = n
 	if err := s.run(); err != nil {
@@ -57,12 +76,21 @@ func (s *Server) ClientIn(t testing.TB, n ns.NetNS) *clientv3.Client {
 		})
 		return c, err
 	}
-	cli, err := clientv3.New(clientv3.Config{
+	cfg := clientv3.Config{
 		Endpoints:   s.Endpoints,
 		DialTimeout: 5 * time.Second,
 		DialOptions: []grpc.DialOption{grpc.WithContextDialer(dial)},
 		Logger:      zap.NewNop(),
-	})
+	}
+	if s.TLS != nil { // StartTLSIn: the client certificate and the CA
+		info := transport.TLSInfo{CertFile: s.TLS.ClientCertFile, KeyFile: s.TLS.ClientKeyFile, TrustedCAFile: s.TLS.CAFile}
+		tc, err := info.ClientConfig()
+		if err != nil {
+			t.Fatalf("etcdtest: TLS client config of %v: %v", s.Endpoints, err)
+		}
+		cfg.TLS = tc
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		t.Fatalf("etcdtest: client of %v from %s: %v", s.Endpoints, n.Path(), err)
 	}
