@@ -181,7 +181,8 @@ func TestBridgeDeletedByHand(t *testing.T) {
 }
 
 // TestMasqueradeChainFlushedByHand empties, then deletes, the network's
-// masquerade chain of the iptables backend: CHECK names the chain each time.
+// masquerade chain of the iptables backend: CHECK names the chain each time,
+// and only the next ADD restores it.
 func TestMasqueradeChainFlushedByHand(t *testing.T) {
 	n := NewNode(t)
 	l := simpleListWith(t, "mflush", "mflush0", "10.68.0.0/24", filepath.Join(n.Dir, "ipam"), `"ipMasqBackend":"iptables",`)
@@ -193,7 +194,11 @@ func TestMasqueradeChainFlushedByHand(t *testing.T) {
 	if err := n.Check(l, p); err == nil || !strings.Contains(err.Error(), chain) {
 		t.Fatalf("CHECK with %s flushed: %v, want an error naming the chain", chain, err)
 	}
-	// CHECK put the rules back: empty the chain again, then delete it.
+	// CHECK repairs nothing; the next ADD puts the rules back (CHECK passes
+	// again), then the chain is deleted.
+	p2 := n.NewPod()
+	n.MustAdd(l, p2)
+	must(t, n.Check(l, p), "CHECK after the next ADD repaired the rules")
 	inNS(t, n.NS, "iptables", "-w", "-t", "nat", "-F", "POSTROUTING")
 	inNS(t, n.NS, "iptables", "-w", "-t", "nat", "-F", chain)
 	inNS(t, n.NS, "iptables", "-w", "-t", "nat", "-X", chain)
@@ -201,6 +206,7 @@ func TestMasqueradeChainFlushedByHand(t *testing.T) {
 		t.Fatalf("CHECK with %s deleted: %v, want an error naming the chain", chain, err)
 	}
 	must(t, n.Del(l, p), "DEL with the rules gone")
+	must(t, n.Del(l, p2), "DEL of the second pod")
 }
 
 // TestIPAMMissingFromCNIPath runs village with a CNI_PATH that holds village
