@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/village-cni/village/internal/kubecluster"
 	"github.com/village-cni/village/internal/testenv"
@@ -125,7 +127,15 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 	}); err != nil {
 		b.Fatal(err)
 	}
-	w, err := cs.CoreV1().Pods(name).Watch(ctx, metav1.ListOptions{})
+	// The cluster's client has a 15 s request timeout, which ends a
+	// watch: this one has none.
+	wcfg := rest.CopyConfig(c.API().Config)
+	wcfg.Timeout = 0
+	wcs, err := kubernetes.NewForConfig(wcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := wcs.CoreV1().Pods(name).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
