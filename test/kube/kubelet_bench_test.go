@@ -144,24 +144,46 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 	ready := map[string]time.Time{}
 	apiLat := map[string]time.Duration{}
 	readyCh := make(chan string, count*2)
+	stop := make(chan struct{})
+	defer close(stop)
 	go func() {
-		for ev := range w.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok || ev.Type == watch.Deleted || !podReady(p) {
+		// The watch may end (it did under the harness's client); open it
+		// again from the last resourceVersion seen until the suite ends.
+		rv := ""
+		for {
+			for ev := range w.ResultChan() {
+				p, ok := ev.Object.(*corev1.Pod)
+				if !ok {
+					continue
+				}
+				rv = p.ResourceVersion
+				if ev.Type == watch.Deleted || !podReady(p) {
+					continue
+				}
+				now := time.Now()
+				mu.Lock()
+				if _, seen := ready[p.Name]; !seen {
+					ready[p.Name] = now
+					for _, cd := range p.Status.Conditions {
+						if cd.Type == corev1.PodReady {
+							apiLat[p.Name] = cd.LastTransitionTime.Sub(p.CreationTimestamp.Time)
+						}
+					}
+					readyCh <- p.Name
+				}
+				mu.Unlock()
+			}
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			nw, err := wcs.CoreV1().Pods(name).Watch(ctx, metav1.ListOptions{ResourceVersion: rv})
+			if err != nil {
+				time.Sleep(100 * time.Millisecond) // retry pacing of a failed re-watch, not synchronisation
 				continue
 			}
-			now := time.Now()
-			mu.Lock()
-			if _, seen := ready[p.Name]; !seen {
-				ready[p.Name] = now
-				for _, cd := range p.Status.Conditions {
-					if cd.Type == corev1.PodReady {
-						apiLat[p.Name] = cd.LastTransitionTime.Sub(p.CreationTimestamp.Time)
-					}
-				}
-				readyCh <- p.Name
-			}
-			mu.Unlock()
+			w = nw
 		}
 	}()
 	create := func(i int) {
@@ -201,7 +223,6 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 		}
 	}
 	wall := time.Since(start)
-	w.Stop()
 	var obs, api []time.Duration
 	mu.Lock()
 	for p, t := range ready {
