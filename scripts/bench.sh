@@ -14,11 +14,17 @@
 #   sudo ./scripts/bench.sh -only latency   # one section (latency,backends,burst,scale,memory,overlay,throughput,runtime)
 #   sudo ./scripts/bench.sh -v              # also every sample series
 #   sudo ./scripts/bench.sh -only kube      # only the kubernetes registry at scale (below)
+#   sudo ./scripts/bench.sh -only kubelet   # only pod start under a real kubelet (below)
 #
 # The kube section (also run after the others when no -only is given) is
 # BenchmarkAgentKubeScale in test/e2e: one villaged watching a real
 # kube-apiserver (scripts/kube-apiserver.sh) while 1,000 Node objects are
 # created, then idle, then 100 of them changed at once.
+#
+# The kubelet section (only with -only kubelet: ~20 minutes) is
+# BenchmarkKubeletPodStart in test/kube: one internal/kubecluster node, the CNI
+# swapped between Village's DaemonSet and the reference bridge + host-local
+# (A B A B), 30 pods one at a time and 109 at once, creation to Ready.
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -36,6 +42,14 @@ kube_bench() {
   VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
     go test -run '^$' -bench '^BenchmarkAgentKubeScale$' -benchtime 1x -timeout 30m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
 }
+kubelet_bench() {
+  VILLAGE_KUBE_DIR="${VILLAGE_KUBE_DIR:-/var/cache/village/kubernetes-v1.37.2}" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
+    go test -run '^$' -bench '^BenchmarkKubeletPodStart$' -benchtime 1x -timeout 90m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL'
+}
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "kubelet" ]; then
+  kubelet_bench
+  exit
+fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "kube" ]; then
   kube_bench
   exit

@@ -1,0 +1,286 @@
+package kube_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/village-cni/village/internal/kubecluster"
+	"github.com/village-cni/village/internal/testenv"
+)
+
+// BenchmarkKubeletPodStart times pod creation to Ready under a real
+// kubelet on one node of one cluster, with the CNI swapped between
+// suites (A B A B): Village from its shipped DaemonSet, then the
+// reference bridge + host-local with a conflist for the node's podCIDR.
+// Same node, same containerd, same kubelet: only the plugin differs.
+// Times are the client's observed times (Create call start to the watch
+// event showing PodReady=True); the API's creationTimestamp ->
+// PodReady lastTransitionTime (second resolution) is printed too.
+func BenchmarkKubeletPodStart(b *testing.B) {
+	c := kubecluster.Start(b, kubecluster.Options{Nodes: 1})
+	n := c.Nodes()[0]
+	refDir := os.Getenv("VILLAGE_REF_BIN_DIR")
+	if refDir == "" {
+		root, err := testenv.ModuleRoot()
+		if err != nil {
+			b.Fatal(err)
+		}
+		refDir = filepath.Join(root, "bin", "ref")
+	}
+	rounds := 2
+	// maxPods 110 counts Village's DaemonSet pod: 109 in both suites.
+	burst := 109
+	for range b.N {
+		for r := range rounds {
+			for _, suite := range []string{"village", "ref"} {
+				switchCNI(b, c, n, suite, refDir)
+				runSuite(b, c, n, fmt.Sprintf("%s-serial-%d", suite, r), 30, false)
+				runSuite(b, c, n, fmt.Sprintf("%s-burst-%d", suite, r), burst, true)
+			}
+		}
+	}
+}
+
+// switchCNI leaves exactly one CNI configured on the node.
+func switchCNI(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, suite, refDir string) {
+	b.Helper()
+	ctx := context.Background()
+	ds := c.Client().AppsV1().DaemonSets(kubecluster.VillageNamespace)
+	if suite == "ref" {
+		if out, err := c.Kubectl("-n", kubecluster.VillageNamespace, "delete", "daemonset", "village", "--wait=true", "--ignore-not-found"); err != nil {
+			b.Fatalf("delete village: %v\n%s", err, out)
+		}
+		if err := kubecluster.Poll(3*time.Minute, func() error {
+			l, err := c.Client().CoreV1().Pods(kubecluster.VillageNamespace).List(ctx, metav1.ListOptions{LabelSelector: kubecluster.VillageSelector})
+			if err != nil {
+				return err
+			}
+			if len(l.Items) > 0 {
+				return fmt.Errorf("%d village pods remain", len(l.Items))
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+		node, err := c.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		conf := map[string]any{
+			"cniVersion": "1.0.0", "name": "refbridge",
+			"plugins": []any{map[string]any{
+				"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
+				"ipam": map[string]any{"type": "host-local", "ranges": [][]map[string]string{{{"subnet": node.Spec.PodCIDR}}},
+					"routes": []map[string]string{{"dst": "0.0.0.0/0"}}},
+			}},
+		}
+		js, _ := json.Marshal(conf)
+		script := fmt.Sprintf("rm -f /etc/cni/net.d/*village*; cp %s/bridge %s/host-local %s/loopback /opt/cni/bin/ && printf '%%s' '%s' > /etc/cni/net.d/10-refbridge.conflist",
+			refDir, refDir, refDir, js)
+		if out, err := n.Exec("sh", "-c", script); err != nil {
+			b.Fatalf("install reference: %v\n%s", err, out)
+		}
+	} else {
+		if out, err := n.Exec("sh", "-c", "rm -f /etc/cni/net.d/10-refbridge.conflist"); err != nil {
+			b.Fatalf("remove reference: %v\n%s", err, out)
+		}
+		if _, err := ds.Get(ctx, "village", metav1.GetOptions{}); err != nil {
+			root, _ := testenv.ModuleRoot()
+			if out, err := c.Kubectl("apply", "-f", filepath.Join(root, "deploy", "kubernetes", "daemonset.yaml")); err != nil {
+				b.Fatalf("apply village: %v\n%s", err, out)
+			}
+		}
+		if err := c.WaitVillageReady(5 * time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := c.WaitNodeReady(n.Name, 3*time.Minute); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name string, count int, parallel bool) {
+	b.Helper()
+	ctx := context.Background()
+	cs := c.Client()
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	if err := kubecluster.Poll(wait, func() error {
+		_, err := cs.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	// The cluster's client has a 15 s request timeout, which ends a
+	// watch: this one has none.
+	wcfg := rest.CopyConfig(c.API().Config)
+	wcfg.Timeout = 0
+	wcs, err := kubernetes.NewForConfig(wcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := wcs.CoreV1().Pods(name).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var mu sync.Mutex
+	created := map[string]time.Time{}
+	ready := map[string]time.Time{}
+	apiLat := map[string]time.Duration{}
+	readyCh := make(chan string, count*2)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		// The watch may end (it did under the harness's client); open it
+		// again from the last resourceVersion seen until the suite ends.
+		rv := ""
+		for {
+			for ev := range w.ResultChan() {
+				p, ok := ev.Object.(*corev1.Pod)
+				if !ok {
+					continue
+				}
+				rv = p.ResourceVersion
+				if ev.Type == watch.Deleted || !podReady(p) {
+					continue
+				}
+				now := time.Now()
+				mu.Lock()
+				if _, seen := ready[p.Name]; !seen {
+					ready[p.Name] = now
+					for _, cd := range p.Status.Conditions {
+						if cd.Type == corev1.PodReady {
+							apiLat[p.Name] = cd.LastTransitionTime.Sub(p.CreationTimestamp.Time)
+						}
+					}
+					readyCh <- p.Name
+				}
+				mu.Unlock()
+			}
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			nw, err := wcs.CoreV1().Pods(name).Watch(ctx, metav1.ListOptions{ResourceVersion: rv})
+			if err != nil {
+				time.Sleep(100 * time.Millisecond) // retry pacing of a failed re-watch, not synchronisation
+				continue
+			}
+			w = nw
+		}
+	}()
+	create := func(i int) {
+		p := podSpec(fmt.Sprintf("p%03d", i), n.Name, corev1.RestartPolicyAlways)
+		mu.Lock()
+		created[p.Name] = time.Now()
+		mu.Unlock()
+		if _, err := cs.CoreV1().Pods(name).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			b.Errorf("pod %s: %v", p.Name, err)
+		}
+	}
+	logBefore := cniLogLines(n)
+	deadline := time.After(15 * time.Minute)
+	start := time.Now()
+	if parallel {
+		var wg sync.WaitGroup
+		for i := range count {
+			wg.Add(1)
+			go func() { defer wg.Done(); create(i) }()
+		}
+		wg.Wait()
+		for range count {
+			select {
+			case <-readyCh:
+			case <-deadline:
+				b.Fatalf("%s: not all pods Ready", name)
+			}
+		}
+	} else {
+		for i := range count {
+			create(i)
+			select {
+			case <-readyCh:
+			case <-deadline:
+				b.Fatalf("%s: pod %d not Ready", name, i)
+			}
+		}
+	}
+	wall := time.Since(start)
+	var obs, api []time.Duration
+	mu.Lock()
+	for p, t := range ready {
+		obs = append(obs, t.Sub(created[p]))
+		api = append(api, apiLat[p])
+	}
+	mu.Unlock()
+	evs, err := cs.CoreV1().Events(name).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("reason", "FailedCreatePodSandBox").String()})
+	failed := 0
+	if err == nil {
+		for _, e := range evs.Items {
+			failed += int(e.Count)
+		}
+	}
+	// The plugin's own share: Village's logFile duration_ms of the ADDs
+	// this suite caused (in-process, so without the exec of the binary);
+	// the reference plugins log nothing.
+	var adds []time.Duration
+	logAfter := cniLogLines(n)
+	for _, l := range logAfter[min(len(logBefore), len(logAfter)):] {
+		var e struct {
+			Msg        string  `json:"msg"`
+			DurationMS float64 `json:"duration_ms"`
+		}
+		if json.Unmarshal([]byte(l), &e) == nil && strings.HasPrefix(e.Msg, "ADD") {
+			adds = append(adds, time.Duration(e.DurationMS*float64(time.Millisecond)))
+		}
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Printf("FIGURE kubelet %s pods=%d observed p50=%v p99=%v max=%v wall=%v api(1s res) p50=%v p99=%v max=%v failedSandbox=%d pluginADD n=%d p50=%v p99=%v max=%v load=%s\n",
+		name, count, pct(obs, 50), pct(obs, 99), pct(obs, 100), wall.Round(time.Millisecond),
+		pct(api, 50), pct(api, 99), pct(api, 100), failed, len(adds), pct(adds, 50), pct(adds, 99), pct(adds, 100), strings.TrimSpace(string(load)))
+	if out, err := c.Kubectl("delete", "namespace", name, "--wait=true", "--timeout=10m"); err != nil {
+		b.Fatalf("delete %s: %v\n%s", name, err, out)
+	}
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := (len(s)*p + 99) / 100
+	if i < 1 {
+		i = 1
+	}
+	if i > len(s) {
+		i = len(s)
+	}
+	return s[i-1].Round(time.Millisecond)
+}
+
+// cniLogLines is Village's CNI log on the node (none: nil).
+func cniLogLines(n *kubecluster.Node) []string {
+	out, err := n.Exec("sh", "-c", "cat /var/log/village/cni.log 2>/dev/null || true")
+	if err != nil || len(out) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+}
