@@ -244,6 +244,21 @@ func TestDaemonSet(t *testing.T) {
 	if host, ro := hostMount(t, spec, agent, "/run/village"); host != "/run/village" || ro {
 		t.Errorf("agent publishes leased subnets in /run/village: host %s readOnly %v", host, ro)
 	}
+	// Liveness on /healthz, readiness ("this node can network pods") on
+	// /readyz, both on the agent's loopback metrics address.
+	for _, p := range []struct {
+		name, path string
+		probe      *corev1.Probe
+	}{{"livenessProbe", "/healthz", agent.LivenessProbe}, {"readinessProbe", "/readyz", agent.ReadinessProbe}} {
+		if p.probe == nil || p.probe.HTTPGet == nil {
+			t.Errorf("agent %s: want an httpGet probe of %s", p.name, p.path)
+			continue
+		}
+		g := p.probe.HTTPGet
+		if g.Path != p.path || g.Host != "127.0.0.1" || g.Port.IntValue() != 9696 {
+			t.Errorf("agent %s: %s:%s%s, want 127.0.0.1:9696%s", p.name, g.Host, g.Port.String(), g.Path, p.path)
+		}
+	}
 	// The kubernetes registry: in-cluster credentials of the ServiceAccount.
 	reg := renderVillage(t, cm).Overlay.Registry
 	if reg == nil || reg.Type != netconf.RegistryKubernetes || reg.Kubeconfig != "" {
