@@ -46,7 +46,7 @@ func (a *agent) probes() metrics.Probes {
 			if err := a.health.get(); err != nil {
 				return err
 			}
-			if _, err := os.Stat(a.c.File); err != nil {
+			if _, err := os.Stat(a.confPath()); err != nil {
 				return fmt.Errorf("conflist: %w", err)
 			}
 			return nil

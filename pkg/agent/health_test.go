@@ -36,3 +36,35 @@ func TestProbes(t *testing.T) {
 		t.Errorf("liveness without the conflist: %v", err)
 	}
 }
+
+// TestPublishConf: the staged conflist is copied into the config directory
+// under its own name, once; a second call with the same bytes changes
+// nothing, and readiness looks at the published copy.
+func TestPublishConf(t *testing.T) {
+	stage, confDir := t.TempDir(), t.TempDir()
+	staged := filepath.Join(stage, "10-village.conflist")
+	if err := os.WriteFile(staged, []byte(`{"name":"village"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := &agent{c: &Conf{File: staged}, opts: Options{PublishConfDir: confDir}, health: newHealth("node1")}
+	a.health.set(nil)
+	if err := a.probes().Ready(); err == nil {
+		t.Error("ready before the conflist is published")
+	}
+	for i, want := range []bool{true, false} {
+		published, err := a.c.publishConf(confDir)
+		if err != nil || published != want {
+			t.Fatalf("publish %d: published %v, %v; want %v", i, published, err, want)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(confDir, "10-village.conflist"))
+	if err != nil || string(b) != `{"name":"village"}` {
+		t.Fatalf("published conflist: %q %v", b, err)
+	}
+	if entries, _ := os.ReadDir(confDir); len(entries) != 1 {
+		t.Errorf("config directory holds %d files, want the conflist only", len(entries))
+	}
+	if err := a.probes().Ready(); err != nil {
+		t.Errorf("not ready with the published conflist: %v", err)
+	}
+}

@@ -108,6 +108,17 @@ func Run(ctx context.Context, opts Options) error {
 		opts.logf("node %s holds pod subnet %s (published in %s%s)", c.Node, cidrList(cidrs), c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
 	}
 	a.self = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}
+	if opts.PublishConfDir != "" {
+		if err := retry(ctx, opts, "publishing the conflist in "+opts.PublishConfDir, func() error {
+			published, err := c.publishConf(opts.PublishConfDir)
+			if published {
+				opts.logf("conflist published as %s: the node can network pods", a.confPath())
+			}
+			return err
+		}); err != nil {
+			return nil
+		}
+	}
 	a.health.set(fmt.Errorf("node %s holds pod subnet %s; first reconcile pending", c.Node, cidrList(cidrs)))
 
 	ctx, cancel := context.WithCancel(ctx)
