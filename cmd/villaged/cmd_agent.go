@@ -56,7 +56,8 @@ func cmdRun(args []string, _, stderr io.Writer) error {
 	var opts agent.Options
 	fs := agentFlags("run", stderr, &opts)
 	fs.DurationVar(&opts.Period, "period", agent.DefaultPeriod, "time between repair passes when nothing happens")
-	fs.StringVar(&opts.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "where to serve /metrics and /healthz (\"off\" for nowhere)")
+	fs.StringVar(&opts.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "where to serve /metrics, /healthz and /readyz (\"off\" for nowhere)")
+	fs.StringVar(&opts.PublishConfDir, "publish-conf-dir", "", "CNI config directory to copy the --conf conflist into once the node holds its pod subnet (with `villaged install --stage-dir`)")
 	if err := parseAgentFlags(fs, args, &opts); err != nil {
 		return err
 	}

@@ -38,6 +38,7 @@ func runInstall(args []string, stdout, stderr io.Writer) error {
 	var withVillaged bool
 	fs.StringVar(&o.BinDir, "cni-bin-dir", install.DefaultBinDir, "CNI binary directory")
 	fs.StringVar(&o.ConfDir, "cni-conf-dir", install.DefaultConfDir, "CNI config directory")
+	fs.StringVar(&o.StageDir, "stage-dir", "", "write the conflist here instead of the CNI config directory; `villaged run --publish-conf-dir` moves it there once the node holds its pod subnet")
 	fs.StringVar(&o.StateDir, "state-dir", install.DefaultStateDir, "where the install manifest (install.json) and backups of replaced files live")
 	fs.StringVar(&tmpl, "conf", "", "conflist `TEMPLATE` with ${NAME} / ${NAME:-default} placeholders (default: the built-in single-node conflist)")
 	fs.StringVar(&o.ConfName, "conf-name", install.DefaultConfName, "file name of the conflist in the config directory")

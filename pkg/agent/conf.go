@@ -43,6 +43,11 @@ type Options struct {
 	// MetricsAddr is where run serves /metrics and /healthz; "" turns
 	// them off.
 	MetricsAddr string
+	// PublishConfDir, when set, is the CNI config directory run copies its
+	// conflist (--conf, staged by `villaged install --stage-dir`) into once
+	// the node holds its pod subnet, so the runtime sees the network only
+	// when Village can address a pod. The copy stays when run exits.
+	PublishConfDir string
 	// Logf receives what run does; nil discards.
 	Logf func(format string, args ...any)
 }

@@ -2,19 +2,25 @@ package agent
 
 import (
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/village-cni/village/pkg/ipam/store/disk"
+	"github.com/village-cni/village/pkg/metrics"
 )
 
-// health is what /healthz reports: the loop writes it, the HTTP server
-// reads it, so it is the one piece of agent state behind a lock.
+// health is what /readyz reports (why this node cannot network pods yet, nil
+// when it can): the agent writes it, the HTTP server reads it, so it is the
+// one piece of agent state behind a lock. It starts as "no pod subnet yet"
+// and becomes the last reconcile's outcome once the loop runs.
 type health struct {
 	mu  sync.Mutex
 	err error
 }
 
-func newHealth() *health { return &health{err: fmt.Errorf("starting")} }
+func newHealth(node string) *health {
+	return &health{err: fmt.Errorf("node %s holds no pod subnet yet", node)}
+}
 
 func (h *health) set(err error) {
 	h.mu.Lock()
@@ -26,6 +32,26 @@ func (h *health) get() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.err
+}
+
+// probes are the agent's answers to the kubelet. Liveness: the process
+// serves, so its goroutines (the start's retries, then the loop) run; a
+// node that waits for its subnet or a failing reconcile is not a reason to
+// restart it. Readiness: this node can network pods: the subnet is held,
+// the loop's last reconcile succeeded and the conflist is in place.
+func (a *agent) probes() metrics.Probes {
+	return metrics.Probes{
+		Live: func() error { return nil },
+		Ready: func() error {
+			if err := a.health.get(); err != nil {
+				return err
+			}
+			if _, err := os.Stat(a.confPath()); err != nil {
+				return fmt.Errorf("conflist: %w", err)
+			}
+			return nil
+		},
+	}
 }
 
 // countAllocations reports the disk store's allocations per pod subnet. It

@@ -49,7 +49,22 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer r.Close()
-	a := &agent{c: c, opts: opts, r: r, health: newHealth()}
+	a := &agent{c: c, opts: opts, r: r, health: newHealth(c.Node)}
+
+	// Health from the first second: the probes answer while the agent still
+	// waits for its underlay address or pod subnet (/readyz says which). The
+	// server stops last, after the loop's goroutines.
+	mctx, mcancel := context.WithCancel(ctx)
+	var mwg sync.WaitGroup
+	defer func() { mcancel(); mwg.Wait() }()
+	if opts.MetricsAddr != "" {
+		a.m = metrics.New()
+		mwg.Go(func() {
+			if err := a.m.Serve(mctx, opts.MetricsAddr, a.probes()); err != nil && mctx.Err() == nil {
+				opts.logf("metrics: %v", err)
+			}
+		})
+	}
 	if err := netsetup.BridgeNetfilterLoaded(); err != nil {
 		opts.logf("warning: %v", err)
 	}
@@ -93,19 +108,22 @@ func Run(ctx context.Context, opts Options) error {
 		opts.logf("node %s holds pod subnet %s (published in %s%s)", c.Node, cidrList(cidrs), c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
 	}
 	a.self = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}
+	if opts.PublishConfDir != "" {
+		if err := retry(ctx, opts, "publishing the conflist in "+opts.PublishConfDir, func() error {
+			published, err := c.publishConf(opts.PublishConfDir)
+			if published {
+				opts.logf("conflist published as %s: the node can network pods", a.confPath())
+			}
+			return err
+		}); err != nil {
+			return nil
+		}
+	}
+	a.health.set(fmt.Errorf("node %s holds pod subnet %s; first reconcile pending", c.Node, cidrList(cidrs)))
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }() // every goroutine is gone when Run returns
-
-	if opts.MetricsAddr != "" {
-		a.m = metrics.New()
-		wg.Go(func() {
-			if err := a.m.Serve(ctx, opts.MetricsAddr, a.health.get); err != nil && ctx.Err() == nil {
-				opts.logf("metrics: %v", err)
-			}
-		})
-	}
 
 	kernel := make(chan struct{}, 1)
 	wg.Go(func() { watchKernel(ctx, kernel, opts.logf) })

@@ -51,8 +51,14 @@ var Companions = []string{"portmap"}
 
 // Options say where to install from and to.
 type Options struct {
-	BinDir   string // CNI binary directory; DefaultBinDir when empty
-	ConfDir  string // CNI config directory; DefaultConfDir when empty
+	BinDir  string // CNI binary directory; DefaultBinDir when empty
+	ConfDir string // CNI config directory; DefaultConfDir when empty
+	// StageDir, when set, receives the conflist instead of ConfDir: the
+	// agent (`villaged run --publish-conf-dir`) moves it into ConfDir once it
+	// holds the node's pod subnet, so the runtime does not report the
+	// network ready before Village can address a pod. A conflist an earlier
+	// install (or the agent) left in ConfDir stays.
+	StageDir string
 	StateDir string // where the manifest and backups live; DefaultStateDir when empty
 	// BinSource is the directory holding the binaries to install.
 	BinSource string
@@ -208,7 +214,11 @@ func Install(o Options) (*Report, error) {
 		}
 		bins[name] = b
 	}
-	for _, dir := range []string{o.BinDir, o.ConfDir} {
+	dirs := []string{o.BinDir, o.ConfDir}
+	if o.StageDir != "" {
+		dirs = append(dirs, o.StageDir)
+	}
+	for _, dir := range dirs {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("create %s: %w", dir, err)
 		}
@@ -232,9 +242,18 @@ func Install(o Options) (*Report, error) {
 		}
 	}
 	confPath := filepath.Join(o.ConfDir, o.ConfName)
+	if o.StageDir != "" {
+		want[confPath] = true // the published copy of an earlier install stays
+		confPath = filepath.Join(o.StageDir, o.ConfName)
+	}
 	want[confPath] = true
 	if err := o.place(m, r, confPath, "conflist", conf, 0o644); err != nil {
 		return r, err
+	}
+	if o.StageDir != "" {
+		if err := o.recordPublished(m, conf); err != nil {
+			return r, err
+		}
 	}
 	// What an earlier install wrote and this one does not (another conflist
 	// name, a binary no longer asked for) goes, as uninstall would take it.
@@ -281,6 +300,23 @@ func (o *Options) placeCompanion(m *Manifest, r *Report, want map[string]bool, n
 	}
 	want[path] = true
 	return o.place(m, r, path, "binary", data, 0o755)
+}
+
+// recordPublished lists the copy the agent publishes of the staged conflist
+// (ConfDir/ConfName, with the staged content) in the manifest, so uninstall
+// takes it away first, as it does a conflist install wrote itself.
+func (o *Options) recordPublished(m *Manifest, conf []byte) error {
+	pub := filepath.Join(o.ConfDir, o.ConfName)
+	rec := m.record(pub)
+	if rec == nil {
+		m.Files = append(m.Files, FileRecord{Path: pub, Kind: "conflist"})
+		rec = &m.Files[len(m.Files)-1]
+	}
+	if sum := digest(conf); rec.SHA256 != sum {
+		rec.SHA256 = sum
+		return m.save(o.StateDir)
+	}
+	return nil
 }
 
 func (o *Options) place(m *Manifest, r *Report, path, kind string, data []byte, mode os.FileMode) error {

@@ -411,3 +411,46 @@ func TestInstallCompanionPortmap(t *testing.T) {
 		})
 	}
 }
+
+// TestInstallStaged: with StageDir the conflist goes to the staging
+// directory, none to the config directory; the manifest lists the copy the
+// agent publishes there, so uninstall removes the published copy and the
+// staged one.
+func TestInstallStaged(t *testing.T) {
+	s := newSandbox(t)
+	o := s.opts()
+	o.StageDir = filepath.Join(s.state, "staged")
+	r := mustInstall(t, o)
+	staged, pub := filepath.Join(o.StageDir, DefaultConfName), filepath.Join(s.conf, DefaultConfName)
+	if a := actions(r); a[staged] != Created {
+		t.Errorf("staged conflist: %s", a[staged])
+	}
+	if _, err := os.Stat(pub); err == nil {
+		t.Fatalf("install wrote %s although it stages", pub)
+	}
+	conf := read(t, staged)
+	if !strings.Contains(conf, `"subnet": "10.244.1.0/24"`) {
+		t.Errorf("staged conflist:\n%s", conf)
+	}
+	if r2 := mustInstall(t, o); r2.Changed() {
+		t.Errorf("second staged install changed something:\n%s", r2)
+	}
+	// What the agent does once it holds the subnet.
+	must(t, os.WriteFile(pub, []byte(conf), 0o644))
+	u, err := Uninstall(UninstallOptions{StateDir: s.state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := map[string]bool{}
+	for _, c := range u.Changes {
+		if c.Action == Removed {
+			removed[c.Path] = true
+		}
+	}
+	if !removed[pub] || !removed[staged] {
+		t.Errorf("uninstall removed %v, want %s and %s", removed, pub, staged)
+	}
+	if left := listDir(t, s.conf); len(left) != 0 {
+		t.Errorf("conf dir after uninstall: %v", left)
+	}
+}

@@ -1,6 +1,6 @@
 // Package metrics holds the Prometheus metrics of the Village agent
-// (`villaged run`) and the small HTTP server that exposes them with a health
-// endpoint.
+// (`villaged run`) and the small HTTP server that exposes them with liveness
+// (/healthz) and readiness (/readyz) endpoints.
 //
 // Everything lives in the Metrics value's own registry, never in the
 // client_golang global one, so tests and several agents in one process do
@@ -8,7 +8,7 @@
 // so the agent can call them unconditionally:
 //
 //	m := metrics.New()
-//	go m.Serve(ctx, metrics.DefaultAddr, agent.Healthy)
+//	go m.Serve(ctx, metrics.DefaultAddr, metrics.Probes{Live: alive, Ready: ready})
 //	...
 //	start := time.Now()
 //	rep, err := reconcile(ctx)

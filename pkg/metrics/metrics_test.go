@@ -53,7 +53,7 @@ func TestCollectorsAndExposition(t *testing.T) {
 		}
 	}
 
-	srv := httptest.NewServer(m.Handler(nil))
+	srv := httptest.NewServer(m.Handler(Probes{}))
 	defer srv.Close()
 	code, body := get(t, srv.URL+"/metrics")
 	if code != 200 {
@@ -119,14 +119,18 @@ func TestTwoInstancesDoNotCollide(t *testing.T) {
 
 func TestServeHealthAndShutdown(t *testing.T) {
 	m := New()
-	var sick atomic.Value
+	var sick, unready atomic.Value
 	sick.Store("")
-	health := func() error {
-		if s := sick.Load().(string); s != "" {
-			return errors.New(s)
+	unready.Store("no pod subnet held yet")
+	check := func(v *atomic.Value) func() error {
+		return func() error {
+			if s := v.Load().(string); s != "" {
+				return errors.New(s)
+			}
+			return nil
 		}
-		return nil
 	}
+	probes := Probes{Live: check(&sick), Ready: check(&unready)}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -134,10 +138,18 @@ func TestServeHealthAndShutdown(t *testing.T) {
 	url := "http://" + ln.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- m.ServeListener(ctx, ln, health) }()
+	go func() { done <- m.ServeListener(ctx, ln, probes) }()
 
 	if code, body := get(t, url+"/healthz"); code != 200 || strings.TrimSpace(body) != "ok" {
 		t.Errorf("/healthz healthy: %d %q", code, body)
+	}
+	// Alive but not ready: the two probes answer independently.
+	if code, body := get(t, url+"/readyz"); code != 503 || !strings.Contains(body, "no pod subnet held yet") {
+		t.Errorf("/readyz not ready: %d %q", code, body)
+	}
+	unready.Store("")
+	if code, body := get(t, url+"/readyz"); code != 200 || strings.TrimSpace(body) != "ok" {
+		t.Errorf("/readyz ready: %d %q", code, body)
 	}
 	sick.Store("etcd https://10.0.0.1:2379: context deadline exceeded")
 	if code, body := get(t, url+"/healthz"); code != 503 || !strings.Contains(body, "etcd https://10.0.0.1:2379") {
@@ -170,7 +182,7 @@ func TestServeDefaultAddrAndListenError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	err = New().Serve(context.Background(), ln.Addr().String(), nil)
+	err = New().Serve(context.Background(), ln.Addr().String(), Probes{})
 	if err == nil || !strings.Contains(err.Error(), ln.Addr().String()) {
 		t.Fatalf("Serve on a busy port: %v", err)
 	}

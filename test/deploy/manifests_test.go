@@ -132,7 +132,7 @@ func hostMount(t *testing.T, spec *corev1.PodSpec, c *corev1.Container, mountPat
 				if v.HostPath == nil {
 					t.Fatalf("%s: %s is mounted from volume %s, which is not a hostPath", c.Name, mountPath, v.Name)
 				}
-				return v.HostPath.Path, m.ReadOnly
+				return filepath.Join(v.HostPath.Path, m.SubPath), m.ReadOnly
 			}
 		}
 		t.Fatalf("%s: mount %s names a missing volume %s", c.Name, mountPath, m.Name)
@@ -234,15 +234,43 @@ func TestDaemonSet(t *testing.T) {
 	if len(agent.Command) < 2 || agent.Command[0] != "villaged" || agent.Command[1] != "run" {
 		t.Fatalf("agent command %v, want villaged run ...", agent.Command)
 	}
-	confPath := flagMap(agent.Command[2:])["--conf"]
-	if confPath != filepath.Join("/etc/cni/net.d", install.DefaultConfName) {
-		t.Errorf("agent --conf %q, want the file install writes: /etc/cni/net.d/%s", confPath, install.DefaultConfName)
+	// install stages the conflist; the agent publishes it in the runtime's
+	// config directory once the node holds its pod subnet.
+	stage := args["--stage-dir"]
+	if stage == "" || strings.HasPrefix(stage, "/etc/cni/net.d") {
+		t.Errorf("install --stage-dir %q, want a directory outside /etc/cni/net.d", stage)
 	}
-	if host, _ := hostMount(t, spec, agent, "/etc/cni/net.d"); host != "/etc/cni/net.d" {
-		t.Errorf("agent reads /etc/cni/net.d from host %s", host)
+	agentArgs := flagMap(agent.Command[2:])
+	confPath := agentArgs["--conf"]
+	if confPath != filepath.Join(stage, install.DefaultConfName) {
+		t.Errorf("agent --conf %q, want the file install stages: %s/%s", confPath, stage, install.DefaultConfName)
+	}
+	if host, _ := hostMount(t, spec, agent, filepath.Dir(confPath)); host != filepath.Join("/var/lib/village", "staged") {
+		t.Errorf("agent reads the staged conflist from host %s", host)
+	}
+	if agentArgs["--publish-conf-dir"] != "/etc/cni/net.d" {
+		t.Errorf("agent --publish-conf-dir %q, want /etc/cni/net.d", agentArgs["--publish-conf-dir"])
+	}
+	if host, ro := hostMount(t, spec, agent, "/etc/cni/net.d"); host != "/etc/cni/net.d" || ro {
+		t.Errorf("agent publishes into /etc/cni/net.d: host %s readOnly %v", host, ro)
 	}
 	if host, ro := hostMount(t, spec, agent, "/run/village"); host != "/run/village" || ro {
 		t.Errorf("agent publishes leased subnets in /run/village: host %s readOnly %v", host, ro)
+	}
+	// Liveness on /healthz, readiness ("this node can network pods") on
+	// /readyz, both on the agent's loopback metrics address.
+	for _, p := range []struct {
+		name, path string
+		probe      *corev1.Probe
+	}{{"livenessProbe", "/healthz", agent.LivenessProbe}, {"readinessProbe", "/readyz", agent.ReadinessProbe}} {
+		if p.probe == nil || p.probe.HTTPGet == nil {
+			t.Errorf("agent %s: want an httpGet probe of %s", p.name, p.path)
+			continue
+		}
+		g := p.probe.HTTPGet
+		if g.Path != p.path || g.Host != "127.0.0.1" || g.Port.IntValue() != 9696 {
+			t.Errorf("agent %s: %s:%s%s, want 127.0.0.1:9696%s", p.name, g.Host, g.Port.String(), g.Path, p.path)
+		}
 	}
 	// The kubernetes registry: in-cluster credentials of the ServiceAccount.
 	reg := renderVillage(t, cm).Overlay.Registry

@@ -532,9 +532,25 @@ func (c *cri) villageImage(root, bins, refBins string) {
 			t.Errorf("%s installed without execute permission: %v", b, st.Mode())
 		}
 	}
-	conf, err := os.ReadFile(filepath.Join(confDir, "10-village.conflist"))
+	// The DaemonSet's install stages the conflist (the agent publishes it in
+	// /etc/cni/net.d once it holds the pod subnet): none in the config
+	// directory yet, the rendered one in the staging directory.
+	if _, err := os.Stat(filepath.Join(confDir, "10-village.conflist")); err == nil {
+		t.Errorf("install wrote the conflist into the config directory although it stages it")
+	}
+	stage := ""
+	for i, a := range cmd {
+		if a == "--stage-dir" && i+1 < len(cmd) {
+			stage = cmd[i+1]
+		}
+	}
+	rel, err := filepath.Rel("/var/lib/village", stage)
+	if stage == "" || err != nil || strings.HasPrefix(rel, "..") {
+		t.Fatalf("install --stage-dir %q: want a directory under the mounted /var/lib/village", stage)
+	}
+	conf, err := os.ReadFile(filepath.Join(sandbox["/var/lib/village"], rel, "10-village.conflist"))
 	if err != nil {
-		t.Fatalf("install wrote no conflist: %v", err)
+		t.Fatalf("install staged no conflist: %v", err)
 	}
 	list, err := libcni.ConfListFromBytes(conf)
 	if err != nil || list.Name != "village" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "village" {
