@@ -1,6 +1,7 @@
 package install
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -16,6 +17,22 @@ import (
 // directory fsync'ed. A reader (a runtime exec'ing a plugin, or loading a
 // conflist) sees the old file or the new one, never a part.
 func writeAtomic(path string, data []byte, mode fs.FileMode) error {
+	return writeAtomicFrom(path, bytes.NewReader(data), mode)
+}
+
+// copyAtomic streams the file src to path as writeAtomic does, so that a
+// binary of any size costs a copy buffer, not its whole length in memory.
+func copyAtomic(path, src string, mode fs.FileMode) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("open %s to copy to %s: %w", src, path, err)
+	}
+	defer f.Close()
+	return writeAtomicFrom(path, f, mode)
+}
+
+// writeAtomicFrom is writeAtomic with the content read from r.
+func writeAtomicFrom(path string, r io.Reader, mode fs.FileMode) error {
 	dir, base := filepath.Split(path)
 	tmp, err := os.CreateTemp(dir, "."+base+".village-tmp-")
 	if err != nil {
@@ -28,7 +45,7 @@ func writeAtomic(path string, data []byte, mode fs.FileMode) error {
 			_ = os.Remove(tmp.Name())
 		}
 	}()
-	if _, err := tmp.Write(data); err != nil {
+	if _, err := io.Copy(tmp, r); err != nil {
 		return fmt.Errorf("write %s: %w", tmp.Name(), err)
 	}
 	if err := tmp.Chmod(mode); err != nil {

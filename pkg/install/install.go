@@ -15,7 +15,6 @@ package install
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -202,17 +201,23 @@ func Install(o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	bins := make(map[string][]byte, len(o.Binaries))
+	// Binaries are hashed and copied by streaming from BinSource, never held
+	// in memory whole: the init container's memory limit is small and the
+	// target may be a tmpfs that counts against it too.
+	bins := make(map[string]string, len(o.Binaries))
 	for _, name := range o.Binaries {
 		if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 			return nil, fmt.Errorf("invalid binary name %q", name)
 		}
 		src := filepath.Join(o.BinSource, name)
-		b, err := os.ReadFile(src)
+		sum, _, exists, err := fileDigest(src)
+		if err == nil && !exists {
+			err = fs.ErrNotExist
+		}
 		if err != nil {
 			return nil, fmt.Errorf("read binary to install %s: %w (is --bin-source right?)", src, err)
 		}
-		bins[name] = b
+		bins[name] = sum
 	}
 	dirs := []string{o.BinDir, o.ConfDir}
 	if o.StageDir != "" {
@@ -232,7 +237,7 @@ func Install(o Options) (*Report, error) {
 	for _, name := range o.Binaries {
 		path := filepath.Join(o.BinDir, name)
 		want[path] = true
-		if err := o.place(m, r, path, "binary", bins[name], 0o755); err != nil {
+		if err := o.placeFile(m, r, path, "binary", o.copyFrom(filepath.Join(o.BinSource, name), bins[name]), 0o755); err != nil {
 			return r, err
 		}
 	}
@@ -286,12 +291,13 @@ func (o *Options) placeCompanion(m *Manifest, r *Report, want map[string]bool, n
 	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 		return fmt.Errorf("invalid companion plugin name %q", name)
 	}
-	data, err := os.ReadFile(filepath.Join(o.BinSource, name))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil // not shipped with this source; warnings name it if the conflist needs it
-	}
+	src := filepath.Join(o.BinSource, name)
+	sum, _, exists, err := fileDigest(src)
 	if err != nil {
 		return fmt.Errorf("read companion plugin %s: %w", name, err)
+	}
+	if !exists {
+		return nil // not shipped with this source; warnings name it if the conflist needs it
 	}
 	path := filepath.Join(o.BinDir, name)
 	if _, err := os.Lstat(path); err == nil && m.record(path) == nil {
@@ -299,7 +305,19 @@ func (o *Options) placeCompanion(m *Manifest, r *Report, want map[string]bool, n
 		return nil
 	}
 	want[path] = true
-	return o.place(m, r, path, "binary", data, 0o755)
+	return o.placeFile(m, r, path, "binary", o.copyFrom(src, sum), 0o755)
+}
+
+// content is what placeFile puts at a path: its sha256 and how to write it.
+type content struct {
+	sum   string
+	write func(path string, mode os.FileMode) error
+}
+
+// copyFrom is the content of the file src, whose sha256 is sum, copied by
+// streaming.
+func (o *Options) copyFrom(src, sum string) content {
+	return content{sum: sum, write: func(path string, mode os.FileMode) error { return copyAtomic(path, src, mode) }}
 }
 
 // recordPublished lists the copy the agent publishes of the staged conflist
@@ -320,7 +338,14 @@ func (o *Options) recordPublished(m *Manifest, conf []byte) error {
 }
 
 func (o *Options) place(m *Manifest, r *Report, path, kind string, data []byte, mode os.FileMode) error {
-	sum := digest(data)
+	return o.placeFile(m, r, path, kind, content{
+		sum:   digest(data),
+		write: func(path string, mode os.FileMode) error { return writeAtomic(path, data, mode) },
+	}, mode)
+}
+
+func (o *Options) placeFile(m *Manifest, r *Report, path, kind string, c content, mode os.FileMode) error {
+	sum := c.sum
 	have, haveMode, exists, err := fileDigest(path)
 	if err != nil {
 		return err
@@ -363,7 +388,7 @@ func (o *Options) place(m *Manifest, r *Report, path, kind string, data []byte, 
 	case exists:
 		action, note = Updated, "it had changed since the last install"
 	}
-	if err := writeAtomic(path, data, mode); err != nil {
+	if err := c.write(path, mode); err != nil {
 		return err
 	}
 	rec.SHA256 = sum
@@ -376,12 +401,8 @@ func (o *Options) backup(path string, mode os.FileMode) (string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", fmt.Errorf("create backup directory %s: %w", dir, err)
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("read %s for backup: %w", path, err)
-	}
 	dst := filepath.Join(dir, filepath.Base(path)+"."+digest([]byte(path))[:12])
-	if err := writeAtomic(dst, data, mode); err != nil {
+	if err := copyAtomic(dst, path, mode); err != nil {
 		return "", err
 	}
 	return dst, nil
