@@ -23,6 +23,8 @@ var fuzzTargets = map[string][]string{
 	"./pkg/subnetfile":      {"FuzzRead"},
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
+	"./pkg/validate": {"FuzzLinkName", "FuzzMAC", "FuzzMTU", "FuzzNodeName", "FuzzNamespaceName",
+		"FuzzNetworkName", "FuzzContainerID", "FuzzLogLevel"},
 }
 
 var fuzzFunc = regexp.MustCompile(`^func (Fuzz\w+)\(f \*testing\.F\)`)
