@@ -75,17 +75,9 @@ type Conf struct {
 	Node string
 }
 
-// netfilter is the masquerade and forward-accept rule set the network wants
-// on a node with pod subnets cidrs (nil: none), in the netfilter backend the
-// plugin resolved on this node (read from the bridge's stamp on each call:
-// the plugin may make the bridge after villaged starts).
-func (c *Conf) netfilter(cidrs []*net.IPNet) *masq.Spec {
-	s := c.Net.Netfilter(cidrs)
-	if s != nil {
-		*s = masq.WithPluginBackend(*s, c.Net.Bridge)
-	}
-	return s
-}
+// netfilter is the netfilter state the network wants on a node with pod
+// subnets cidrs: the plugin's spec (netconf.NetConf.Netfilter).
+func (c *Conf) netfilter(cidrs []*net.IPNet) masq.Spec { return c.Net.Netfilter(cidrs) }
 
 // Registry is the backend's registry section, nil without one.
 func (c *Conf) Registry() *netconf.Registry { return c.Backend.Registry }

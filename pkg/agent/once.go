@@ -88,7 +88,10 @@ func joinErr(a, b error) error {
 	return fmt.Errorf("%w; %w", a, b)
 }
 
-func (v *view) masqSpec() *masq.Spec { return v.c.netfilter(v.self.PodCIDRs) }
+func (v *view) masqSpec() masq.Spec { return v.c.netfilter(v.self.PodCIDRs) }
+
+// masqNode is where the network's netfilter state lives, as villaged sees it.
+func (v *view) masqNode() masq.Node { return masq.Node{Bridge: v.c.Net.Bridge, Agent: true} }
 
 // Sync is `villaged sync`: one reconcile pass against the static peers and
 // the registry's list (read only: it neither registers nor leases), and the
@@ -111,11 +114,18 @@ func Sync(ctx context.Context, opts Options, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("node %s, %d peers: %w", v.c.Node, len(v.peers), err)
 	}
-	if s := v.masqSpec(); s != nil && masq.Check(*s) != nil {
-		if err := masq.Ensure(*s); err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "restored masquerade of network %q\n", s.Network)
+	res, err := masq.Keep(v.masqSpec(), v.masqNode())
+	if err != nil {
+		return err
+	}
+	if res.Repaired != "" {
+		fmt.Fprintf(w, "restored the netfilter rules of network %q (%s)\n", v.c.Net.Name, res.Repaired)
+	}
+	if len(res.SpoofRestored) > 0 {
+		fmt.Fprintf(w, "restored the macspoofchk rules of %v (network %q)\n", res.SpoofRestored, v.c.Net.Name)
+	}
+	if res.Installed {
+		fmt.Fprintf(w, "installed the netfilter rules of network %q\n", v.c.Net.Name)
 	}
 	fmt.Fprintf(w, "node %s: %d peers in sync (%d changes)\n", v.c.Node, len(v.peers), len(rep.Applied))
 	return nil
@@ -211,8 +221,8 @@ func (v *view) status(ctx context.Context) (*status, error) {
 		return p.Name == v.self.Name || p.IP.Equal(v.self.IP)
 	})
 	slices.SortFunc(st.peers, func(a, b overlay.Node) int { return strings.Compare(a.Name, b.Name) })
-	if s := v.masqSpec(); s != nil {
-		if err := masq.Check(*s); err != nil {
+	if s := v.masqSpec(); s.WantsRules() {
+		if err := masq.Check(s, v.masqNode()); err != nil {
 			st.clean = false
 			st.masq = fmt.Sprintf("masquerade: DRIFT: %v", err)
 		} else {

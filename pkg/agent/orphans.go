@@ -7,11 +7,11 @@ import (
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
-	"github.com/coreos/go-iptables/iptables"
 	"github.com/vishvananda/netlink"
 
 	"github.com/village-cni/village/pkg/ipam/store/disk"
 	"github.com/village-cni/village/pkg/macvlan"
+	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netsetup"
 )
 
@@ -24,7 +24,9 @@ import (
 //     came); `GC` from the runtime, or a DEL, releases them;
 //   - host veths Village made (owner tag) on the network's bridge that no
 //     allocation accounts for;
-//   - masquerade chains (VLG-MASQ-*) that no POSTROUTING rule jumps to;
+//   - netfilter objects of any Village network that nothing uses, in
+//     both backends (masq.Orphans: chains nothing jumps to, an empty
+//     table, macspoofchk rules of gone host veths);
 //   - this network's host-shim routes (protocol 87, its metric) outside
 //     every LAN range of the config.
 //
@@ -76,7 +78,7 @@ func (c *Conf) Orphans(podCIDRs []*net.IPNet) (orphans, foreign []string, err er
 		}
 		orphans = append(orphans, fmt.Sprintf("allocation %s of container %s interface %s: its host veth %s is gone (a DEL that never came; GC or DEL releases it)", al.ip, al.id, al.ifname, al.veth))
 	}
-	orphans = append(orphans, orphanChains()...)
+	orphans = append(orphans, masq.Orphans()...)
 	shim, err := c.orphanShimRoutes()
 	if err != nil {
 		return nil, nil, err
@@ -132,32 +134,6 @@ func (c *Conf) bridgePorts() ([]netlink.Link, error) {
 		}
 	}
 	return out, nil
-}
-
-// orphanChains finds masquerade chains of any Village network that nothing
-// jumps to (their network's rules were removed, the chain was not).
-func orphanChains() []string {
-	var lines []string
-	for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
-		ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Timeout(10))
-		if err != nil {
-			continue
-		}
-		chains, err := ipt.ListChains("nat")
-		if err != nil {
-			continue
-		}
-		rules, _ := ipt.List("nat", "POSTROUTING")
-		for _, ch := range chains {
-			if !strings.HasPrefix(ch, "VLG-MASQ-") {
-				continue
-			}
-			if !slices.ContainsFunc(rules, func(r string) bool { return strings.HasSuffix(r, "-j "+ch) }) {
-				lines = append(lines, fmt.Sprintf("masquerade chain %s (%s nat): no POSTROUTING rule jumps to it", ch, map[iptables.Protocol]string{iptables.ProtocolIPv4: "iptables", iptables.ProtocolIPv6: "ip6tables"}[proto]))
-			}
-		}
-	}
-	return lines
 }
 
 // orphanShimRoutes finds this network's host-shim routes (protocol 87 and

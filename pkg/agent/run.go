@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
-
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/metrics"
@@ -328,29 +326,29 @@ func (a *agent) checkSelf(records chan registry.Node) {
 	}
 }
 
-// repairMasq restores the network's netfilter rules (masquerade, forward
-// accept, every pod's macspoofchk rule) when they are not all there
-// (netfilter sends no events Village listens to, so this runs on every tick).
+// repairMasq keeps the network's netfilter rules (masquerade, forward
+// accept, every pod's macspoofchk rule) through masq.Keep, as the plugin's
+// ADD does: netfilter sends no events Village listens to, so this runs on
+// every tick, and costs one fingerprint read when nothing changed. Rules
+// installed where none were recorded (before the first ADD) are not drift;
+// rules gone behind Village's back are, and count in the drift metrics.
 func (a *agent) repairMasq() {
-	if a.c.Net.MacSpoofChk {
-		if br, err := netlinksafe.LinkByName(a.c.Net.Bridge); err == nil {
-			restored, err := masq.RestoreSpoofChecks(a.c.Net.Name, br.Attrs().Index)
-			if len(restored) > 0 || err != nil {
-				a.opts.logf("macspoofchk rules of %v (network %q) were gone: restored (%v)", restored, a.c.Net.Name, err)
-			}
-		}
+	res, err := masq.Keep(a.c.netfilter(a.self.PodCIDRs), masq.Node{Bridge: a.c.Net.Bridge, Agent: true})
+	repaired := res.Drift()
+	if err != nil {
+		repaired = 0
+		a.opts.logf("keeping the netfilter rules of network %q: %v", a.c.Net.Name, err)
 	}
-	spec := a.c.netfilter(a.self.PodCIDRs)
-	if spec == nil {
-		return
+	a.m.AddDrift(res.Drift(), repaired)
+	a.m.NetfilterKept(err)
+	if res.Repaired != "" {
+		a.opts.logf("netfilter rules of network %q drifted (%s): restored", a.c.Net.Name, res.Repaired)
 	}
-	err := masq.Check(*spec)
-	if err == nil {
-		return
+	if len(res.SpoofRestored) > 0 {
+		a.opts.logf("macspoofchk rules of %v (network %q) were gone: restored", res.SpoofRestored, a.c.Net.Name)
 	}
-	a.opts.logf("masquerade of network %q drifted (%v): restoring", spec.Network, err)
-	if err := masq.Ensure(*spec); err != nil {
-		a.opts.logf("restoring masquerade of network %q: %v", spec.Network, err)
+	if res.Installed {
+		a.opts.logf("netfilter rules of network %q installed", a.c.Net.Name)
 	}
 }
 

@@ -217,7 +217,37 @@ func (iptBackend) check(s Spec) error {
 			}
 		}
 	}
-	return joinLine(errs)
+	errs = append(errs, unwantedChains(s)...)
+	return JoinLine(errs)
+}
+
+// unwantedChains reports the chains of parts the spec no longer wants
+// (ipMasq or forwardAccept turned off) that are still there, as the
+// nftables backend reports a table left with ipMasq off.
+func unwantedChains(s Spec) []error {
+	var gone []iptPart
+	if s.NoMasquerade {
+		gone = append(gone, iptPart{table: natTable, chain: Chain(s.Network)})
+	}
+	if !s.ForwardAccept {
+		gone = append(gone, iptPart{table: filterTable, chain: ForwardChain(s.Network)})
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
+		ipt, err := newIPT(proto)
+		if err != nil {
+			continue
+		}
+		for _, p := range gone {
+			if ok, _ := ipt.ChainExists(p.table, p.chain); ok {
+				errs = append(errs, fmt.Errorf("%s %s chain %s of network %q present although the config no longer wants it", cmdName(proto), p.table, p.chain, s.Network))
+			}
+		}
+	}
+	return errs
 }
 
 func (iptBackend) teardown(network string) error {

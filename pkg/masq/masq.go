@@ -21,12 +21,16 @@
 // x_tables, out of nf_tables' reach), nftables on iptables-nft hosts and on
 // hosts without iptables at all.
 //
-// Sync is the per-ADD entry point: it compares the stamp the caller recorded
-// with the host's netfilter fingerprint (the nf_tables ruleset generation ID,
-// plus the legacy tables' entry counts for the iptables backend) and looks
-// at the rules again only when something changed since, repairing what is
-// gone. Ensure installs, Check names drift, Teardown removes both backends'
-// rules of a network, found by name and owner tag.
+// Keep (keep.go) is the one entry point that keeps the rules right, for the
+// plugin's ADD and for villaged alike: it compares the stamp recorded on the
+// network's bridge with the host's netfilter fingerprint (the nf_tables
+// ruleset generation ID, plus the legacy tables' entry counts for the
+// iptables backend), looks at the rules again only when something changed
+// since, repairs what is gone (the pods' macspoofchk rules too) and records
+// the new stamp. Check reports the same state and writes nothing (CHECK,
+// `villaged status`); Orphans lists what no network uses any more; Ensure
+// installs without a stamp, Teardown removes both backends' rules of a
+// network, found by name and owner tag.
 package masq
 
 import (
@@ -68,7 +72,17 @@ type Spec struct {
 	// NoMasquerade leaves the source NAT out (ipMasq off): only the forward
 	// rules are kept.
 	NoMasquerade bool
+	// SpoofCheck: the pods' macspoofchk rules are kept too (Keep puts back
+	// the rule of every port of the bridge). Not part of Stamp: those rules
+	// are per pod, recorded under SpoofDir.
+	SpoofCheck bool
 }
+
+// Wants reports whether the network keeps any netfilter state on a node.
+func (s Spec) Wants() bool { return s.WantsRules() || s.SpoofCheck }
+
+// WantsRules: the network has masquerade or forward accept rules.
+func (s Spec) WantsRules() bool { return !s.NoMasquerade || s.ForwardAccept }
 
 // Chain returns the per-network masquerade chain name of the iptables
 // backend (iptables allows 28 characters).
@@ -105,7 +119,7 @@ func Comment(network string) string {
 
 // Stamp is a short digest of the spec: "m", four hex digits naming the
 // network, then the digest of everything else. Callers store it (with a
-// fingerprint, see Sync) to skip work when nothing changed.
+// fingerprint, see Keep) to skip work when nothing changed.
 func (s Spec) Stamp() string {
 	n := sha256.Sum256([]byte(s.Network))
 	h := sha256.New()
@@ -178,8 +192,10 @@ func Ensure(s Spec) error {
 	return ensureLocked(s)
 }
 
-func ensureLocked(s Spec) error {
-	name := Resolve(s.Backend)
+func ensureLocked(s Spec) error { return ensureWith(Resolve(s.Backend), s) }
+
+// ensureWith installs s in backend name and clears the other backend.
+func ensureWith(name string, s Spec) error {
 	b, err := pick(name)
 	if err != nil {
 		return err
@@ -207,15 +223,6 @@ func teardownOthers(keep, network string) error {
 	return errors.Join(errs...)
 }
 
-// Check reports every missing piece of the network's rules, naming it.
-func Check(s Spec) error {
-	b, err := pick(Resolve(s.Backend))
-	if err != nil {
-		return err
-	}
-	return b.check(s)
-}
-
 // Teardown removes the network's rules from both backends (found by name
 // and owner tag) and its macspoofchk table. Absent rules are fine.
 func Teardown(network string) error {
@@ -227,26 +234,16 @@ func Teardown(network string) error {
 	return errors.Join(teardownOthers("", network), deleteSpoofTable(network), os.RemoveAll(filepath.Join(SpoofDir, network)))
 }
 
-// Result says what Sync did.
-type Result struct {
-	// Stamp is what the caller records for the next Sync.
-	Stamp string
-	// Looked is true when the rules were read again (the fingerprint moved).
-	Looked bool
-	// Repaired names what was missing and has been put back ("" if nothing).
-	Repaired string
-}
-
-// Sync makes sure the rules of s are in place at the cost of reading the
-// host's netfilter fingerprint when nothing changed since prev (the value
-// of Result.Stamp an earlier Sync returned, "" when unknown): a stamp of
-// the same spec with the same fingerprint means no rule set changed since
-// the rules were last seen complete. Otherwise the rules are read again
-// and repaired; a different spec (or none) is installed in full. The
-// fingerprint recorded is the one read before the look that found the
-// rules complete, so a change racing with Sync is seen next time.
-func Sync(s Spec, prev string) (Result, error) {
-	name := Resolve(s.Backend)
+// syncRules makes sure the rules of s are in place in backend name at the cost
+// of reading the host's netfilter fingerprint when nothing changed since
+// prev (the stamp an earlier syncRules returned, "" when unknown): a stamp of
+// the same spec and backend with the same fingerprint means no rule set
+// changed since the rules were last seen complete. Otherwise the rules are
+// read again and repaired; a different spec (or none) is installed in full,
+// which is not drift: nothing said the rules were complete. The fingerprint
+// recorded is the one read before the look that found the rules complete,
+// so a change racing with syncRules is seen next time.
+func syncRules(s Spec, name, prev string) (Result, error) {
 	b, err := pick(name)
 	if err != nil {
 		return Result{}, err
@@ -263,8 +260,17 @@ func Sync(s Spec, prev string) (Result, error) {
 	res := Result{Looked: true}
 	if !strings.HasPrefix(prev, digest) {
 		// A new spec or resolved backend: install in full, clear the other.
-		if err := ensureLocked(s); err != nil {
-			return Result{}, err
+		if b.check(s) == nil {
+			// Complete already (villaged looks again without a bridge to
+			// keep a stamp on): only the other backend is cleared.
+			if err := teardownOthers(name, s.Network); err != nil {
+				return Result{}, err
+			}
+		} else {
+			res.Installed = true
+			if err := ensureWith(name, s); err != nil {
+				return Result{}, err
+			}
 		}
 	}
 	for range 3 {
@@ -284,9 +290,9 @@ func Sync(s Spec, prev string) (Result, error) {
 	return Result{}, fmt.Errorf("the %s rules of network %q changed again after each of 3 repairs: %s", name, s.Network, res.Repaired)
 }
 
-// joinLine joins errors on one line (CNI messages end up in single-line
-// runtime logs and events).
-func joinLine(errs []error) error {
+// JoinLine joins errors on one line, "; " between them (CNI messages end
+// up in single-line runtime logs and events); nil when there are none.
+func JoinLine(errs []error) error {
 	if len(errs) == 0 {
 		return nil
 	}

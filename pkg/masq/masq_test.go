@@ -126,7 +126,7 @@ func ensure(t *testing.T, node ns.NetNS, s masq.Spec) {
 func check(t *testing.T, node ns.NetNS, s masq.Spec) error {
 	t.Helper()
 	var err error
-	if e := in(t, node, func() error { err = masq.Check(s); return nil }); e != nil {
+	if e := in(t, node, func() error { err = masq.Check(s, masq.Node{}); return nil }); e != nil {
 		t.Fatal(e)
 	}
 	return err
@@ -406,39 +406,48 @@ func TestStampItems(t *testing.T) {
 	}
 }
 
-// villaged follows the backend the plugin resolved (read from the bridge's
-// stamp), not its own guess: in a container its iptables may not be the
-// node's.
-func TestWithPluginBackend(t *testing.T) {
-	node := testenv.NewNS(t)
-	s := spec(t, "net1")
-	s.Backend = ""
-	var got masq.Spec
-	err := in(t, node, func() error {
-		if out, err := exec.Command("ip", "link", "add", "brx", "type", "bridge").CombinedOutput(); err != nil {
+// addBridge makes bridge name in node.
+func addBridge(t *testing.T, node ns.NetNS, name string) {
+	t.Helper()
+	if err := in(t, node, func() error {
+		if out, err := exec.Command("ip", "link", "add", name, "type", "bridge").CombinedOutput(); err != nil {
 			return fmt.Errorf("%v %s", err, out)
 		}
-		if got = masq.WithPluginBackend(s, "brx"); got.Backend != "" {
-			return fmt.Errorf("no stamp yet: backend %q", got.Backend)
-		}
-		explicit := s
-		explicit.Backend = masq.IPTables
-		res, err := masq.Sync(explicit, "")
-		if err != nil {
-			return err
-		}
-		// The plugin's stamp for the automatic spec, made on an iptables node.
-		stamp := s.Stamp() + res.Stamp[strings.IndexByte(res.Stamp, '@'):]
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// villaged follows the backend the plugin resolved (read from the bridge's
+// stamp), not its own guess: in a container its iptables may not be the
+// node's. The plugin's stamp here says iptables for the automatic spec;
+// Keep as villaged puts the rules there, and Check as villaged finds them.
+func TestAgentFollowsThePluginsBackend(t *testing.T) {
+	node := testenv.NewNS(t)
+	addBridge(t, node, "brx")
+	s := spec(t, "net1")
+	s.Backend = ""
+	agent := masq.Node{Bridge: "brx", Agent: true}
+	err := in(t, node, func() error {
+		stamp := s.Stamp() + "@i-"
 		if out, err := exec.Command("ip", "link", "set", "brx", "alias", masq.SetStamp("", stamp)).CombinedOutput(); err != nil {
 			return fmt.Errorf("%v %s", err, out)
 		}
-		got = masq.WithPluginBackend(s, "brx")
-		return nil
+		res, err := masq.Keep(s, agent)
+		if err != nil {
+			return err
+		}
+		if !res.Looked || res.Repaired == "" || masq.StampBackend(res.Stamp) != masq.IPTables {
+			return fmt.Errorf("villaged's Keep with the plugin's iptables stamp (and no rules): %+v", res)
+		}
+		return masq.Check(s, agent)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Backend != masq.IPTables {
-		t.Fatalf("WithPluginBackend = %q, want the plugin's iptables", got.Backend)
+	assertRules(t, node, "net1")
+	if tables := nft(t, node, "list", "tables"); strings.Contains(tables, masq.Table("net1")) {
+		t.Fatalf("villaged put rules in nftables too:\n%s", tables)
 	}
 }

@@ -329,7 +329,7 @@ func (nftBackend) check(s Spec) error {
 			errs = append(errs, fmt.Errorf("forward accept rules of network %q are not at the top of nftables chain %s %s %s (want %d tagged %q)", s.Network, famName(ch.Table.Family), ch.Table.Name, ch.Name, n, Comment(s.Network)))
 		}
 	}
-	return joinLine(errs)
+	return JoinLine(errs)
 }
 
 func checkPostrouting(c *nftables.Conn, t *nftables.Table, s Spec, want [][]expr.Any) error {

@@ -39,12 +39,12 @@ func dockerLike(t *testing.T, n ns.NetNS) {
 	nft(t, n, "add chain inet fwlike fw_forward { type filter hook forward priority 10; policy drop; }")
 }
 
-func syncRules(t *testing.T, n ns.NetNS, s masq.Spec, prev string) masq.Result {
+func keep(t *testing.T, n ns.NetNS, s masq.Spec, at masq.Node) masq.Result {
 	t.Helper()
 	var res masq.Result
 	if err := in(t, n, func() error {
 		var err error
-		res, err = masq.Sync(s, prev)
+		res, err = masq.Keep(s, at)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -178,19 +178,25 @@ func TestSwitchingBackendsLeavesNothing(t *testing.T) {
 	}
 }
 
-func TestSyncLooksOnlyWhenTheRulesetMoved(t *testing.T) {
+// Keep installs what no stamp recorded (not drift), then reads only the
+// fingerprint until a flush moves it, and then repairs (drift). Without a
+// bridge (villaged before the first ADD) it records nothing and looks
+// each time, but installs only once.
+func TestKeepLooksOnlyWhenTheRulesetMoved(t *testing.T) {
 	for _, backend := range []string{masq.NFTables, masq.IPTables} {
 		t.Run(backend, func(t *testing.T) {
 			node := testenv.NewNS(t)
+			addBridge(t, node, "brx")
+			at := masq.Node{Bridge: "brx"}
 			s := spec(t, "net1")
 			s.Backend, s.ForwardAccept = backend, true
-			r := syncRules(t, node, s, "")
-			if !r.Looked || r.Repaired != "" {
-				t.Fatalf("first Sync: %+v", r)
+			r := keep(t, node, s, at)
+			if !r.Looked || !r.Installed || r.Drift() != 0 || r.Stamp == "" {
+				t.Fatalf("first Keep: %+v", r)
 			}
-			r = syncRules(t, node, s, r.Stamp)
-			if r.Looked {
-				t.Fatalf("Sync with nothing changed looked again: %+v", r)
+			r = keep(t, node, s, at)
+			if r.Looked || r.Installed || r.Drift() != 0 {
+				t.Fatalf("Keep with nothing changed looked again: %+v", r)
 			}
 			flush := []string{"nft", "flush", "ruleset"}
 			if backend == masq.IPTables {
@@ -199,13 +205,22 @@ func TestSyncLooksOnlyWhenTheRulesetMoved(t *testing.T) {
 			if out, err := exec.Command("ip", append([]string{"netns", "exec", filepath.Base(node.Path())}, flush...)...).CombinedOutput(); err != nil {
 				t.Fatalf("%v: %v %s", flush, err, out)
 			}
-			r = syncRules(t, node, s, r.Stamp)
-			if !r.Looked || r.Repaired == "" {
-				t.Fatalf("Sync after %v did not repair: %+v", flush, r)
+			r = keep(t, node, s, at)
+			if !r.Looked || r.Repaired == "" || r.Drift() != 1 || r.Installed {
+				t.Fatalf("Keep after %v did not repair: %+v", flush, r)
 			}
 			t.Logf("repaired: %s", r.Repaired)
 			if err := check(t, node, s); err != nil {
 				t.Fatalf("after repair: %v", err)
+			}
+
+			other := testenv.NewNS(t)
+			noBridge := masq.Node{Bridge: "brx", Agent: true}
+			if r := keep(t, other, s, noBridge); !r.Installed || r.Drift() != 0 || r.Stamp != "" {
+				t.Fatalf("first Keep without a bridge: %+v", r)
+			}
+			if r := keep(t, other, s, noBridge); !r.Looked || r.Installed || r.Drift() != 0 {
+				t.Fatalf("second Keep without a bridge: %+v", r)
 			}
 		})
 	}

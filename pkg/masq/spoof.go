@@ -179,10 +179,10 @@ func recordSpoofMAC(sc SpoofCheck) error {
 	return nil
 }
 
-// RestoreSpoofChecks puts back the macspoofchk rule of every port of the
+// restoreSpoofChecks puts back the macspoofchk rule of every port of the
 // bridge (index bridge) with a recorded pod MAC, when it is missing. It
 // returns the host veths whose rule it restored.
-func RestoreSpoofChecks(network string, bridge int) ([]string, error) {
+func restoreSpoofChecks(network string, bridge int) ([]string, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("failed to list links for macspoofchk of network %q: %w", network, err)

@@ -1,10 +1,6 @@
 package masq
 
-import (
-	"strings"
-
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
-)
+import "strings"
 
 // The bridge's ifalias carries the stamps of the networks on it:
 // "village:" + comma-separated items, one per network, each
@@ -60,21 +56,4 @@ func StampBackend(stamp string) string {
 		}
 	}
 	return ""
-}
-
-// WithPluginBackend returns s with the backend the plugin resolved on this
-// node when s leaves it to automatic choice: villaged may run in a container
-// whose iptables is not the node's, and must keep the rules where the
-// plugin put them (it reads the stamp on the network's bridge). Without a
-// stamp, s is returned unchanged.
-func WithPluginBackend(s Spec, bridge string) Spec {
-	if s.Backend != "" {
-		return s
-	}
-	br, err := netlinksafe.LinkByName(bridge)
-	if err != nil {
-		return s
-	}
-	s.Backend = StampBackend(FindStamp(br.Attrs().Alias, StampNetwork(s.Stamp())))
-	return s
 }

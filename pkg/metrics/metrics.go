@@ -27,6 +27,8 @@
 //	village_ipam_allocations{network,pool}     gauge    addresses allocated per pool
 //	village_lease_renewals_total               counter  node/subnet lease keep-alives that succeeded
 //	village_lease_renewal_errors_total         counter  ... that failed
+//	village_netfilter_passes_total             counter  passes over the netfilter rules (masq.Keep)
+//	village_netfilter_errors_total             counter  ... that failed
 //	village_build_info{version}                gauge    always 1
 //
 // plus the Go runtime and process collectors (go_*, process_*).
@@ -60,6 +62,8 @@ type Metrics struct {
 	Allocations        *prometheus.GaugeVec // labels: network, pool
 	LeaseRenewals      prometheus.Counter
 	LeaseRenewalErrors prometheus.Counter
+	NetfilterPasses    prometheus.Counter
+	NetfilterErrors    prometheus.Counter
 }
 
 // New makes the collectors and registers them (and the Go runtime and
@@ -85,12 +89,16 @@ func New() *Metrics {
 			Help: "Successful keep-alives of this node's registry and subnet leases."}),
 		LeaseRenewalErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "lease_renewal_errors_total",
 			Help: "Failed keep-alives of this node's registry and subnet leases."}),
+		NetfilterPasses: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "netfilter_passes_total",
+			Help: "Passes that kept the network's netfilter rules (masquerade, forward accept, macspoofchk)."}),
+		NetfilterErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "netfilter_errors_total",
+			Help: "Netfilter passes that ended in an error."}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "build_info",
 		Help: "Always 1; the version label says which villaged runs.", ConstLabels: prometheus.Labels{"version": buildinfo.Version}})
 	info.Set(1)
 	m.Registry.MustRegister(m.Peers, m.ReconcileRuns, m.ReconcileErrors, m.ReconcileDuration, m.DriftFound,
-		m.DriftRepaired, m.Allocations, m.LeaseRenewals, m.LeaseRenewalErrors, info,
+		m.DriftRepaired, m.Allocations, m.LeaseRenewals, m.LeaseRenewalErrors, m.NetfilterPasses, m.NetfilterErrors, info,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -143,6 +151,18 @@ func (m *Metrics) ResetAllocations() {
 		return
 	}
 	m.Allocations.Reset()
+}
+
+// NetfilterKept counts one pass over the netfilter rules; err says whether
+// it failed. Drift it found goes to AddDrift.
+func (m *Metrics) NetfilterKept(err error) {
+	if m == nil {
+		return
+	}
+	m.NetfilterPasses.Inc()
+	if err != nil {
+		m.NetfilterErrors.Inc()
+	}
 }
 
 // LeaseRenewed counts one lease keep-alive; err says whether it failed.

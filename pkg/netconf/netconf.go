@@ -6,9 +6,11 @@
 package netconf
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -291,27 +293,46 @@ func ValidatePluginType(t string) error {
 }
 
 // Netfilter is the netfilter state the network wants on a node whose pod
-// subnets are subnets (masquerade when ipMasq, forward accept rules when
-// forwardAccept); nil when it wants none.
-func (c *NetConf) Netfilter(subnets []*net.IPNet) *masq.Spec {
-	if !c.IPMasq && !c.ForwardAccept {
-		return nil
-	}
-	s := &masq.Spec{Network: c.Name, PodSubnets: subnets, Backend: c.IPMasqBackend,
-		ForwardAccept: c.ForwardAccept, NoMasquerade: !c.IPMasq}
+// subnets are subnets: masquerade when ipMasq, forward accept rules when
+// forwardAccept, the pods' macspoofchk rules when macspoofchk
+// (masq.Spec.Wants is false when it wants none). It is the one spec the
+// plugin (from the pod's addresses) and villaged (from the node's pod
+// subnets) build, so the stamp one records on the bridge is the stamp the
+// other finds: the subnets are sorted and deduplicated, whatever order they
+// come in (IPAM's result, a Node's spec.podCIDRs).
+func (c *NetConf) Netfilter(subnets []*net.IPNet) masq.Spec {
+	s := masq.Spec{Network: c.Name, PodSubnets: canonical(subnets), Backend: c.IPMasqBackend,
+		ForwardAccept: c.ForwardAccept, NoMasquerade: !c.IPMasq, SpoofCheck: c.MacSpoofChk}
 	if c.ClusterNet != nil {
 		s.Cluster = []*net.IPNet{c.ClusterNet}
 	}
 	return s
 }
 
-// PodNetfilter is the spec an ADD keeps in place: Netfilter's, or, when the
-// network wants neither masquerade nor forward accept rules (macspoofchk
-// alone), its table with no rules of its own, which the pods' spoof-check
-// rules live in.
-func (c *NetConf) PodNetfilter(subnets []*net.IPNet) masq.Spec {
-	if s := c.Netfilter(subnets); s != nil {
-		return *s
+// canonical returns the networks of subnets, IPv4 first, each family in
+// address order, without repeats.
+func canonical(subnets []*net.IPNet) []*net.IPNet {
+	out := make([]*net.IPNet, 0, len(subnets))
+	for _, sn := range subnets {
+		n := &net.IPNet{IP: sn.IP.Mask(sn.Mask), Mask: sn.Mask}
+		if !slices.ContainsFunc(out, func(o *net.IPNet) bool { return o.String() == n.String() }) {
+			out = append(out, n)
+		}
 	}
-	return masq.Spec{Network: c.Name, NoMasquerade: true}
+	slices.SortFunc(out, func(a, b *net.IPNet) int {
+		a4, b4 := a.IP.To4() != nil, b.IP.To4() != nil
+		if a4 != b4 {
+			if a4 {
+				return -1
+			}
+			return 1
+		}
+		if c := bytes.Compare(a.IP.To16(), b.IP.To16()); c != 0 {
+			return c
+		}
+		ao, _ := a.Mask.Size()
+		bo, _ := b.Mask.Size()
+		return ao - bo
+	})
+	return out
 }

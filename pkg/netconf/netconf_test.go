@@ -3,6 +3,7 @@ package netconf_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -394,16 +395,44 @@ func TestEveryReferenceKeyHasItsMeaning(t *testing.T) {
 }
 
 func TestForwardAcceptDefaultsOn(t *testing.T) {
-	if c := mustParse(t, conf(""), ""); !c.ForwardAccept || c.Netfilter(nil) == nil || !c.Netfilter(nil).NoMasquerade {
+	if c := mustParse(t, conf(""), ""); !c.ForwardAccept || !c.Netfilter(nil).WantsRules() || !c.Netfilter(nil).NoMasquerade {
 		t.Errorf("forwardAccept should default to true (rules without masquerade when ipMasq is off): %+v", c)
 	}
-	if c := mustParse(t, conf(`"forwardAccept":false`), ""); c.ForwardAccept || c.Netfilter(nil) != nil {
+	if c := mustParse(t, conf(`"forwardAccept":false`), ""); c.ForwardAccept || c.Netfilter(nil).Wants() {
 		t.Errorf("forwardAccept false and ipMasq off: no netfilter rules wanted")
+	}
+	if s := mustParse(t, conf(`"forwardAccept":false,"macspoofchk":true`), "").Netfilter(nil); s.WantsRules() || !s.Wants() || !s.SpoofCheck {
+		t.Errorf("macspoofchk alone: no rules of the network's own, its pods' rules kept: %+v", s)
 	}
 	c := mustParse(t, conf(`"forwardAccept":false,"ipMasq":true,"ipMasqBackend":"iptables","clusterCIDR":"10.0.0.0/8"`), "")
 	s := c.Netfilter(nil)
-	if s == nil || s.ForwardAccept || s.NoMasquerade || s.Backend != "iptables" || len(s.Cluster) != 1 {
+	if s.ForwardAccept || s.NoMasquerade || s.Backend != "iptables" || len(s.Cluster) != 1 {
 		t.Errorf("Netfilter() = %+v", s)
+	}
+}
+
+// The plugin builds the spec from the pod's addresses, villaged from the
+// node's pod subnets: in any order, with repeats or host bits, the same
+// subnets give the same spec and stamp.
+func TestNetfilterSpecIsCanonical(t *testing.T) {
+	c := mustParse(t, conf(`"ipMasq":true,"clusterCIDR":"10.0.0.0/8"`), "")
+	ipn := func(s string) *net.IPNet {
+		ip, n, err := net.ParseCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &net.IPNet{IP: ip, Mask: n.Mask}
+	}
+	want := c.Netfilter([]*net.IPNet{ipn("10.1.2.0/24"), ipn("fd00:1::/64")})
+	for _, in := range [][]*net.IPNet{
+		{ipn("fd00:1::/64"), ipn("10.1.2.0/24")},
+		{ipn("10.1.2.7/24"), ipn("fd00:1::5/64")},
+		{ipn("fd00:1::5/64"), ipn("10.1.2.7/24"), ipn("10.1.2.9/24")},
+	} {
+		got := c.Netfilter(in)
+		if got.Stamp() != want.Stamp() || fmt.Sprint(got.PodSubnets) != fmt.Sprint(want.PodSubnets) {
+			t.Errorf("Netfilter(%v) = %v (stamp %s), want %v (stamp %s)", in, got.PodSubnets, got.Stamp(), want.PodSubnets, want.Stamp())
+		}
 	}
 }
 

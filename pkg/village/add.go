@@ -422,52 +422,26 @@ func (a *adder) configureHost() error {
 			return err
 		}
 	}
-	if a.conf.IPMasq || a.conf.ForwardAccept || a.conf.MacSpoofChk {
-		return ensureNetfilter(a.conf, a.bridge, masqSpec(a.conf, a.result.IPs))
-	}
-	return nil
+	return keepNetfilter(a.conf, a.result.IPs)
 }
 
-// masqSpec is the netfilter state the network wants on this node.
-func masqSpec(conf *netconf.NetConf, ips []*current.IPConfig) masq.Spec {
-	return conf.PodNetfilter(podSubnets(ips))
-}
-
-// ensureNetfilter keeps the network's netfilter rules in place at the cost of
-// one nf_tables generation read when nothing changed: the bridge's ifalias
-// records, per network, the spec's stamp and the netfilter fingerprint seen
-// when the rules were last found complete (see masq.Sync). A flush by a
-// firewall reload or an admin moves the fingerprint, so this ADD looks
-// again and puts the rules back. The stamp is per node namespace and
-// disappears with the bridge.
-//
-// When the fingerprint moved and macspoofchk is on, the rules of every pod
-// of the bridge are checked too (their MACs are recorded under
-// masq.SpoofDir) and put back when a flush took them.
-func ensureNetfilter(conf *netconf.NetConf, br *netlink.Bridge, spec masq.Spec) error {
-	alias := br.Attrs().Alias
-	prev := masq.FindStamp(alias, masq.StampNetwork(spec.Stamp()))
-	res, err := masq.Sync(spec, prev)
+// keepNetfilter keeps the network's netfilter rules in place (masq.Keep)
+// at the cost of one nf_tables generation read when nothing changed: the
+// bridge's ifalias records the spec's stamp and the netfilter fingerprint
+// seen when the rules were last found complete. A flush by a firewall
+// reload or an admin moves the fingerprint, so this ADD looks again and
+// puts the rules back, the macspoofchk rules of every pod of the bridge
+// too.
+func keepNetfilter(conf *netconf.NetConf, ips []*current.IPConfig) error {
+	res, err := masq.Keep(conf.Netfilter(podSubnets(ips)), masq.Node{Bridge: conf.Bridge})
 	if err != nil {
 		return err
 	}
-	if res.Stamp == prev {
-		return nil
-	}
 	if res.Repaired != "" {
-		fmt.Fprintf(os.Stderr, "village: netfilter rules of network %q were changed behind Village's back, restored: %s\n", spec.Network, res.Repaired)
+		fmt.Fprintf(os.Stderr, "village: netfilter rules of network %q were changed behind Village's back, restored: %s\n", conf.Name, res.Repaired)
 	}
-	if conf.MacSpoofChk {
-		restored, err := masq.RestoreSpoofChecks(conf.Name, br.Index)
-		if err != nil {
-			return err
-		}
-		if len(restored) > 0 {
-			fmt.Fprintf(os.Stderr, "village: macspoofchk rules of %v (network %q) were gone, restored\n", restored, conf.Name)
-		}
-	}
-	if err := netlink.LinkSetAlias(br, masq.SetStamp(alias, res.Stamp)); err != nil {
-		return fmt.Errorf("failed to record masquerade stamp on bridge %q: %w", br.Attrs().Name, err)
+	if len(res.SpoofRestored) > 0 {
+		fmt.Fprintf(os.Stderr, "village: macspoofchk rules of %v (network %q) were gone, restored\n", res.SpoofRestored, conf.Name)
 	}
 	return nil
 }

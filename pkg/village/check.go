@@ -63,22 +63,17 @@ func Check(args *skel.CmdArgs) error {
 // checkNetfilter reports the network's netfilter rules that are missing:
 // the masquerade and forward rules, and this pod's macspoofchk rule.
 func checkNetfilter(conf *netconf.NetConf, args *skel.CmdArgs, prev *current.Result) []error {
-	var drift []error
 	idx := podIfaceIndex(prev, args.IfName)
+	var ports []masq.SpoofCheck
 	if conf.MacSpoofChk && idx >= 0 {
-		hostName := netsetup.HostVethName(args.ContainerID, args.IfName)
 		if mac, err := net.ParseMAC(prev.Interfaces[idx].Mac); err == nil {
-			if err := masq.CheckSpoofCheck(spoofCheck(conf, hostName, mac)); err != nil {
-				drift = append(drift, err)
-			}
+			ports = append(ports, spoofCheck(conf, netsetup.HostVethName(args.ContainerID, args.IfName), mac))
 		}
 	}
-	if conf.IPMasq || conf.ForwardAccept {
-		if err := masq.Check(masqSpec(conf, ipsOf(prev, idx))); err != nil {
-			drift = append(drift, err)
-		}
+	if err := masq.Check(conf.Netfilter(podSubnets(ipsOf(prev, idx))), masq.Node{}, ports...); err != nil {
+		return []error{err}
 	}
-	return drift
+	return nil
 }
 
 // checkPeers reports how the kernel differs from the static peers of the
@@ -143,10 +138,10 @@ func (d *drift) asError(args *skel.CmdArgs) error {
 	var where []string
 	if len(d.pod) > 0 {
 		code = ErrCodePodDrift
-		where = append(where, fmt.Sprintf("in the pod (netns %s): %s", args.Netns, joinErrs(d.pod)))
+		where = append(where, fmt.Sprintf("in the pod (netns %s): %s", args.Netns, masq.JoinLine(d.pod)))
 	}
 	if len(node) > 0 {
-		where = append(where, "on the node: "+joinErrs(node))
+		where = append(where, fmt.Sprintf("on the node: %v", masq.JoinLine(node)))
 	}
 	var do []string
 	if len(d.pod) > 0 || len(d.node) > 0 {
@@ -160,14 +155,6 @@ func (d *drift) asError(args *skel.CmdArgs) error {
 	}
 	return types.NewError(code, fmt.Sprintf("CHECK of %q in container %q found drift %s; %s",
 		args.IfName, args.ContainerID, strings.Join(where, ", and "), strings.Join(do, "; ")), "")
-}
-
-func joinErrs(errs []error) string {
-	msgs := make([]string, len(errs))
-	for i, e := range errs {
-		msgs[i] = e.Error()
-	}
-	return strings.Join(msgs, "; ")
 }
 
 // podIfaceIndex finds CNI_IFNAME among prevResult's sandbox interfaces.
