@@ -127,8 +127,8 @@ func Load(opts Options) (*Conf, error) {
 		c.Node = os.Getenv("NODE_NAME")
 	}
 	if c.Node == "" {
-		if c.Node, err = os.Hostname(); err != nil {
-			return nil, fmt.Errorf("no --node-name and no host name: %w", err)
+		if c.Node, err = validate.HostNodeName(); err != nil {
+			return nil, fmt.Errorf("no --node-name: %w", err)
 		}
 	}
 	if err := validate.NodeName(c.Node); err != nil {

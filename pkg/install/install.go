@@ -206,8 +206,8 @@ func Install(o Options) (*Report, error) {
 	// target may be a tmpfs that counts against it too.
 	bins := make(map[string]string, len(o.Binaries))
 	for _, name := range o.Binaries {
-		if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
-			return nil, fmt.Errorf("invalid binary name %q", name)
+		if err := netconf.ValidatePluginType(name); err != nil {
+			return nil, fmt.Errorf("invalid binary name: %w", err)
 		}
 		src := filepath.Join(o.BinSource, name)
 		sum, _, exists, err := fileDigest(src)
@@ -288,8 +288,8 @@ func Install(o Options) (*Report, error) {
 // placeCompanion installs the companion plugin name from BinSource unless
 // BinSource lacks it or the binary directory holds one that is not ours.
 func (o *Options) placeCompanion(m *Manifest, r *Report, want map[string]bool, name string) error {
-	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
-		return fmt.Errorf("invalid companion plugin name %q", name)
+	if err := netconf.ValidatePluginType(name); err != nil {
+		return fmt.Errorf("invalid companion plugin name: %w", err)
 	}
 	src := filepath.Join(o.BinSource, name)
 	sum, _, exists, err := fileDigest(src)

@@ -37,7 +37,7 @@ type Bridge struct {
 // error: Village never reuses or deletes a link it did not make.
 func EnsureBridge(b Bridge) (*netlink.Bridge, error) {
 	l, err := lookupBridge(b.Name)
-	if err != nil && !isNotFound(err) {
+	if err != nil && !IsNotFound(err) {
 		return nil, fmt.Errorf("failed to look up bridge %q: %w", b.Name, err)
 	}
 	if l.link == nil {
@@ -283,13 +283,11 @@ func nodadFlag(ip net.IP) int {
 	return 0
 }
 
-func isNotFound(err error) bool {
+// IsNotFound reports whether err says a link does not exist.
+func IsNotFound(err error) bool {
 	var nf netlink.LinkNotFoundError
 	return errors.As(err, &nf)
 }
-
-// IsNotFound reports whether err says a link does not exist.
-func IsNotFound(err error) bool { return isNotFound(err) }
 
 // AddrList lists link's addresses through h (nil: the current namespace),
 // retrying a dump the kernel interrupted.

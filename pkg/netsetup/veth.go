@@ -77,7 +77,7 @@ func (p *Pod) Handle() *netlink.Handle { return p.h }
 // LinkByName finds a link inside the pod; (nil, nil) when it is absent.
 func (p *Pod) LinkByName(name string) (netlink.Link, error) {
 	l, err := netlinksafe.Handle{Handle: p.h}.LinkByName(name)
-	if isNotFound(err) {
+	if IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
@@ -190,7 +190,7 @@ func EnsureVeth(v Veth) (*VethLinks, error) {
 		// is ours: remove it and try once more. Looking only on EEXIST keeps
 		// the common ADD free of the extra lookup.
 		if stale, lerr := netlinksafe.LinkByName(hostName); lerr == nil {
-			if derr := netlink.LinkDel(stale); derr != nil && !isNotFound(derr) {
+			if derr := netlink.LinkDel(stale); derr != nil && !IsNotFound(derr) {
 				return nil, fmt.Errorf("failed to remove stale host veth %q: %w", hostName, derr)
 			}
 			err = netlink.LinkAdd(veth)
@@ -361,7 +361,7 @@ func (p *Pod) DeleteLink(name string) error {
 	if err != nil || l == nil {
 		return err
 	}
-	if err := p.h.LinkDel(l); err != nil && !isNotFound(err) {
+	if err := p.h.LinkDel(l); err != nil && !IsNotFound(err) {
 		return fmt.Errorf("failed to delete %q in netns %q: %w", name, p.Path, err)
 	}
 	return nil
@@ -370,13 +370,13 @@ func (p *Pod) DeleteLink(name string) error {
 // DeleteHostLink removes a node-side link by name; a missing link is fine.
 func DeleteHostLink(name string) error {
 	l, err := netlinksafe.LinkByName(name)
-	if isNotFound(err) {
+	if IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("failed to look up %q: %w", name, err)
 	}
-	if err := netlink.LinkDel(l); err != nil && !isNotFound(err) && !strings.Contains(err.Error(), "no such device") {
+	if err := netlink.LinkDel(l); err != nil && !IsNotFound(err) && !strings.Contains(err.Error(), "no such device") {
 		return fmt.Errorf("failed to delete %q: %w", name, err)
 	}
 	return nil
@@ -419,7 +419,7 @@ func (p *Pod) OwnedLink(name, containerID, hostName string) (netlink.Link, error
 		return nil, nil
 	}
 	host, err := netlinksafe.LinkByName(hostName)
-	if isNotFound(err) {
+	if IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
@@ -439,7 +439,7 @@ func (p *Pod) DeleteOwnedLink(name, containerID, hostName string) error {
 	if err != nil || l == nil {
 		return err
 	}
-	if err := p.h.LinkDel(l); err != nil && !isNotFound(err) {
+	if err := p.h.LinkDel(l); err != nil && !IsNotFound(err) {
 		return fmt.Errorf("failed to delete %q in netns %q: %w", name, p.Path, err)
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/village-cni/village/pkg/owner"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // RouteProtocol marks the routes this package owns (86, ASCII 'V'; unused by
@@ -103,8 +104,9 @@ func (c Config) normalize() (Config, error) {
 		return c, fmt.Errorf("%w: vni %d (want 1..16777215)", ErrConfig, c.VNI)
 	case c.Port < 1 || c.Port > 65535:
 		return c, fmt.Errorf("%w: port %d (want 1..65535)", ErrConfig, c.Port)
-	case len(DeviceName(c.VNI)) >= unix.IFNAMSIZ:
-		return c, fmt.Errorf("%w: device name %s is too long", ErrConfig, DeviceName(c.VNI))
+	}
+	if err := validate.LinkName(DeviceName(c.VNI)); err != nil {
+		return c, fmt.Errorf("%w: VXLAN device of vni %d: %w", ErrConfig, c.VNI, err)
 	}
 	return c, nil
 }

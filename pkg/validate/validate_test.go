@@ -3,6 +3,7 @@ package validate
 import (
 	"log/slog"
 	"net"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -222,4 +223,16 @@ func FuzzLogLevel(f *testing.F) {
 			t.Fatalf("LogLevel(%q): error is not UTF-8", s)
 		}
 	})
+}
+
+// The host's node name is its host name as kubelet registers it: lower case.
+func TestHostNodeName(t *testing.T) {
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := HostNodeName()
+	if err != nil || got != strings.ToLower(h) {
+		t.Fatalf("HostNodeName() = %q, %v; want %q", got, err, strings.ToLower(h))
+	}
 }
