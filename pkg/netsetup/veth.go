@@ -154,8 +154,8 @@ type VethLinks struct {
 // The pod end comes up before it has addresses, as the reference bridge
 // plugin's does: the kernel's work of bringing a link up (IPv6 link-local
 // address and its DAD, multicast joins) then runs while the IPAM plugin
-// claims the addresses, instead of after them (ADD 0.92-0.97x above the
-// exec floor, four alternating runs of 150 pods).
+// claims the addresses, instead of after them (docs/performance.md,
+// "Figures behind code comments", has the measurement).
 func EnsureVeth(v Veth) (*VethLinks, error) {
 	hostName := HostVethName(v.ContainerID, v.IfName)
 	existing, err := v.Pod.LinkByName(v.IfName)

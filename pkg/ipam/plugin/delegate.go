@@ -16,8 +16,9 @@ import (
 // Register builds a store type into this binary. The etcd store registers
 // itself only in village-ipam-etcd and the kubernetes store only in
 // village-ipam-kube, so that village-ipam, which every pod on a disk-store
-// node execs, does not pay for linking their clients (the etcd client alone
-// is about 11 MB of binary and 2 ms of package initialisation per exec).
+// node execs, does not pay for linking their clients: the etcd client adds
+// megabytes of binary and milliseconds of package initialisation to every
+// exec (docs/performance.md, "Figures behind code comments").
 func Register(storeType string, open OpenFunc) { backends[storeType] = open }
 
 // helpers names the binary that serves a store type this binary was built

@@ -26,8 +26,9 @@
 // journal, the data did not): the first is any dead pod's record, the second
 // reads as corrupt, and GC releases both (the runtime's GC, or villaged's
 // orphan view). A lost record frees the address of a pod that is gone.
-// Fsyncing (two per claim, one per release, as earlier versions did) cost
-// 10-30% of an ADD's own time and changed none of these outcomes: a record
+// Fsyncing (two per claim, one per release, as earlier versions did) cost a
+// measurable part of an ADD's own time (docs/performance.md) and changed
+// none of these outcomes: a record
 // kept by an fsync after a crash names a pod that is gone all the same.
 package disk
 

@@ -64,8 +64,8 @@ const indexHeader = "village-ipam index 4"
 
 // indexSum is the checksum line of an index's content (see above): 64-bit
 // FNV-1a, which needs no table. Version 3 used CRC-32C, whose tables Go
-// builds at package init on every exec of village-ipam (0.26 ms of CPU in a
-// bare program); CRC-32 (IEEE) still builds one (0.03 ms, inittrace). Any
+// builds at package init on every exec of village-ipam; CRC-32 (IEEE) still
+// builds one (docs/performance.md, "Figures behind code comments"). Any
 // 64-bit hash tells a torn or stale write from the bytes it was computed
 // over; nothing here guards against a deliberate forgery.
 func indexSum(b []byte) string {
