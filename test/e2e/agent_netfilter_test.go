@@ -47,25 +47,32 @@ func keptTwice(t *testing.T, n *Node, before float64, what string) string {
 // first start (before any ADD: it installs the rules, which is not drift)
 // nor when it starts again after an ADD (it finds the plugin's rules and
 // stamp, built from the same spec). The conflist is the DaemonSet's
-// ConfigMap rendered by the real `villaged install`, with the etcd registry
-// its comment describes (the subnet leased from clusterCIDR), ipMasqBackend
-// left out or nftables; the pod is added through libcni with the portmap
+// ConfigMap rendered by the real `villaged install`: as shipped (the
+// kubernetes registry, the subnet from the Node's podCIDR, ipMasqBackend
+// left out), and with the etcd registry its comment describes (the subnet
+// leased from clusterCIDR) and ipMasqBackend nftables; the pod is added through libcni with the portmap
 // plugin chained. A flush then counts as drift and is repaired, so the
 // counter is shown to count (portmap's chains go with the flush, so no
 // CHECK of the whole list follows it).
 func TestAgentStartFindsNoFalseDrift(t *testing.T) {
-	for _, c := range []struct{ name, backend string }{{"auto", ""}, {"nftables", masq.NFTables}} {
+	for _, c := range []struct{ name, backend string }{{"kubernetes/auto", ""}, {"etcd/nftables", masq.NFTables}} {
 		t.Run(c.name, func(t *testing.T) {
 			n, host := shippedNode(t)
-			etcdtest.StartIn(t, host, shippedServiceIP)
 			text := installed(t, n, configMapTemplate(t, n.Dir))
 			text = withIPAMDir(text, filepath.Join(n.Dir, "ipam"))
 			text = replaceOnce(t, text, "/var/log/village/cni.log", filepath.Join(n.Dir, "cni.log"))
-			kube := regexp.MustCompile(`"registry": \{\s*"type": "kubernetes",\s*"kubeconfig": ""\s*\}`)
-			if len(kube.FindAllString(text, -1)) != 1 {
-				t.Fatalf("want one kubernetes registry section in:\n%s", text)
+			if strings.HasPrefix(c.name, "kubernetes") {
+				// The shipped registry: the subnet is the Node's podCIDR.
+				text = replaceOnce(t, text, `"kubeconfig": ""`, `"kubeconfig": "/etc/village/kubeconfig"`)
+				text = kubePaths(t, host, text)
+			} else {
+				etcdtest.StartIn(t, host, shippedServiceIP)
+				kube := regexp.MustCompile(`"registry": \{\s*"type": "kubernetes",\s*"kubeconfig": ""\s*\}`)
+				if len(kube.FindAllString(text, -1)) != 1 {
+					t.Fatalf("want one kubernetes registry section in:\n%s", text)
+				}
+				text = kube.ReplaceAllLiteralString(text, fmt.Sprintf(`"registry": {"type": "etcd", "endpoints": ["http://%s:2379"], "prefix": "/village", "ttl": 60, "subnetLen": 24}`, shippedServiceIP))
 			}
-			text = kube.ReplaceAllLiteralString(text, fmt.Sprintf(`"registry": {"type": "etcd", "endpoints": ["http://%s:2379"], "prefix": "/village", "ttl": 60, "subnetLen": 24}`, shippedServiceIP))
 			if c.backend != "" {
 				text = replaceOnce(t, text, `"ipMasq": true,`, fmt.Sprintf(`"ipMasq": true, "ipMasqBackend": %q,`, c.backend))
 			}
