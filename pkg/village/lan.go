@@ -34,6 +34,9 @@ func (a *adder) addLAN() error {
 	if err := a.pod.ConfigurePod(podIface(link, res, res.IPs)); err != nil {
 		return err
 	}
+	if err := a.ensureLANMulticast(link, res.IPs); err != nil {
+		return err
+	}
 	idx := len(a.result.Interfaces)
 	a.result.Interfaces = append(a.result.Interfaces, &current.Interface{
 		Name: lan.IfName, Mac: link.Attrs().HardwareAddr.String(), Mtu: link.Attrs().MTU, Sandbox: a.args.Netns,
