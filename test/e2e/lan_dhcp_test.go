@@ -160,6 +160,9 @@ func TestLANDHCPReservation(t *testing.T) {
 	n1 := lab.newNode(t, "192.168.77.10")
 	n1.start(t)
 	l := ConfList(t, dhcpList(n1.Node, n1.socket))
+	if fi, err := os.Stat(n1.socket); err != nil || fi.Mode().Perm() != 0o600 || fi.Mode().Type() != os.ModeSocket {
+		t.Fatalf("DHCP socket %s: %v %v, want a socket only root may open (0600)", n1.socket, fi, err)
+	}
 
 	p := n1.NewPod()
 	r := n1.MustAdd(l, p)
@@ -240,7 +243,8 @@ func TestLANDHCPReservation(t *testing.T) {
 // TestLANDHCPAgentDown: with villaged down, ADD fails naming the agent
 // (code 11, the runtime tries again) and leaves nothing in the pod; DEL
 // succeeds (nothing renews the lease, it lapses); STATUS reports the
-// plugin unavailable (50).
+// plugin unavailable (50). With villaged up, GC releases the lease of a
+// pod the runtime no longer lists.
 func TestLANDHCPAgentDown(t *testing.T) {
 	lab := newDHCPLab(t)
 	n := lab.newNode(t, "192.168.77.10")
@@ -259,4 +263,21 @@ func TestLANDHCPAgentDown(t *testing.T) {
 	}
 	n.start(t)
 	must(t, n.Status(l), "STATUS with villaged up")
+
+	// GC with the pod no longer listed releases its lease.
+	q := n.NewPod()
+	if ip := lanIP(t, n.MustAdd(l, q)); ip != dhcpReserved {
+		t.Fatalf("net1 got %s, want %s", ip, dhcpReserved)
+	}
+	if len(files(t, n.leaseDir)) != 1 {
+		t.Fatalf("lease directory %s: %v, want the pod's lease", n.leaseDir, files(t, n.leaseDir))
+	}
+	must(t, n.GC(l, p), "GC listing another pod")
+	if lab.count("DHCPRELEASE") != 1 {
+		t.Fatalf("GC released nothing:\n%s", lab.log.String())
+	}
+	if left := files(t, n.leaseDir); len(left) != 0 {
+		t.Fatalf("leases kept after GC: %v", left)
+	}
+	must(t, n.Del(l, q), "DEL after GC")
 }
