@@ -146,7 +146,7 @@ func (a *adder) sendClaims() error {
 		}
 		a.lanMaster = master
 		if lan.IPAMType == netconf.LANDHCP {
-			a.dhcp = newDHCPClaim(a.conf, a.args, &a.undo)
+			a.dhcp = newDHCPClaim(a.conf, a.args)
 		} else if a.lan, err = forkClaim(call, &a.undo); err != nil {
 			return fmt.Errorf("LAN interface %q: %w", lan.IfName, err)
 		}

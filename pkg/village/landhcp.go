@@ -13,7 +13,6 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
-	"github.com/village-cni/village/pkg/cleanup"
 	"github.com/village-cni/village/pkg/landhcp/wire"
 	"github.com/village-cni/village/pkg/netconf"
 )
@@ -32,10 +31,8 @@ type dhcpClaim struct {
 	live bool
 }
 
-func newDHCPClaim(conf *netconf.NetConf, args *skel.CmdArgs, undo *cleanup.Stack) *dhcpClaim {
-	c := &dhcpClaim{socket: wire.SocketPath(conf.LAN.DHCPSocket), network: conf.Name, att: wire.Attachment{ContainerID: args.ContainerID, IfName: conf.LAN.IfName}, live: true}
-	undo.Push(fmt.Sprintf("release the DHCP lease of %q", c.att.IfName), c.rollback)
-	return c
+func newDHCPClaim(conf *netconf.NetConf, args *skel.CmdArgs) *dhcpClaim {
+	return &dhcpClaim{socket: wire.SocketPath(conf.LAN.DHCPSocket), network: conf.Name, att: wire.Attachment{ContainerID: args.ContainerID, IfName: conf.LAN.IfName}, live: true}
 }
 
 // lanAddresses is the LAN interface's addresses: the IPAM plugin's answer,
@@ -48,8 +45,11 @@ func (a *adder) lanAddresses(link netlink.Link) (*current.Result, error) {
 }
 
 // acquire brings link up and asks villaged for a lease on it, with its
-// MAC and the pod's name as host name.
+// MAC and the pod's name as host name. Its rollback is pushed first, after
+// the link's: a failed ADD releases the lease while net1, which the
+// DHCPRELEASE leaves on, still exists.
 func (c *dhcpClaim) acquire(a *adder, link netlink.Link) (*current.Result, error) {
+	a.undo.Push(fmt.Sprintf("release the DHCP lease of %q", c.att.IfName), c.rollback)
 	if err := a.pod.Handle().LinkSetUp(link); err != nil {
 		return nil, fmt.Errorf("failed to set %q up for DHCP: %w", c.att.IfName, err)
 	}

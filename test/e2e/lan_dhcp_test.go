@@ -34,7 +34,7 @@ const (
 	dhcpT2 = 100
 )
 
-func newDHCPLab(t *testing.T) *dhcpLab {
+func newDHCPLab(t testing.TB) *dhcpLab {
 	t.Helper()
 	dnsmasq, err := exec.LookPath("dnsmasq")
 	if err != nil {
@@ -62,10 +62,25 @@ func newDHCPLab(t *testing.T) *dhcpLab {
 			t.Logf("dnsmasq log:\n%s", lab.log.String())
 		}
 	})
-	waitFor(t, 30*time.Second, "dnsmasq serving DHCP", func() (bool, string) {
+	dhcpWait(t, 30*time.Second, "dnsmasq serving DHCP", func() (bool, string) {
 		return strings.Contains(lab.log.String(), "DHCP, IP range"), lab.log.String()
 	})
 	return lab
+}
+
+// dhcpWait is waitFor for tests and benchmarks.
+func dhcpWait(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	began, last := time.Now(), ""
+	for time.Since(began) < within {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s; last state:\n%s", what, within, last)
 }
 
 // count is how many lines of the server's log show msg (DHCPDISCOVER,
@@ -97,7 +112,7 @@ type dhcpNode struct {
 	done                   chan struct{}
 }
 
-func (lab *dhcpLab) newNode(t *testing.T, addr string) *dhcpNode {
+func (lab *dhcpLab) newNode(t testing.TB, addr string) *dhcpNode {
 	t.Helper()
 	n := &dhcpNode{Node: NewNode(t)}
 	lab.lan.Attach(t, n.NS, "lan0", addr+"/24")
@@ -125,7 +140,7 @@ func dhcpList(n *Node, socket string) string {
 		filepath.Join(n.Dir, "pods"), dhcpMAC, socket)
 }
 
-func (n *dhcpNode) start(t *testing.T) {
+func (n *dhcpNode) start(t testing.TB) {
 	t.Helper()
 	if n.log == nil {
 		n.log = &lockedBuffer{}
@@ -136,7 +151,7 @@ func (n *dhcpNode) start(t *testing.T) {
 	must(t, n.cmd.Start(), "starting villaged")
 	n.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(n.cmd, n.done)
-	waitFor(t, 30*time.Second, "villaged serving the DHCP socket", func() (bool, string) {
+	dhcpWait(t, 30*time.Second, "villaged serving the DHCP socket", func() (bool, string) {
 		return strings.Contains(n.log.String(), "dhcp: serving LAN leases on "+n.socket), n.log.String()
 	})
 }
