@@ -192,6 +192,11 @@ func TestLANDHCPReservation(t *testing.T) {
 	}
 	must(t, testenv.Ping(lab.router, dhcpReserved, 2), "LAN router -> the pod's leased address")
 	must(t, n1.Check(l, p), "CHECK of a DHCP LAN pod")
+	// An ADD repeated by the runtime gets the lease the agent holds: no new
+	// DISCOVER.
+	if ip := lanIP(t, n1.MustAdd(l, p)); ip != dhcpReserved {
+		t.Fatalf("repeated ADD: net1 got %s, want %s", ip, dhcpReserved)
+	}
 
 	// A renewal at T1, seen by the server: a REQUEST that no DISCOVER
 	// preceded, answered by an ACK.
