@@ -15,6 +15,7 @@
 #   sudo ./scripts/bench.sh -v              # also every sample series
 #   sudo ./scripts/bench.sh -only kube      # only the kubernetes registry at scale (below)
 #   sudo ./scripts/bench.sh -only kubelet   # only pod start under a real kubelet (below)
+#   sudo ./scripts/bench.sh -only lan       # only a pod's ADD by LAN address source (below)
 #
 # The kube section (also run after the others when no -only is given) is
 # BenchmarkAgentKubeScale in test/e2e: one villaged watching a real
@@ -25,6 +26,11 @@
 # BenchmarkKubeletPodStart in test/kube: one internal/kubecluster node, the CNI
 # swapped between Village's DaemonSet and the reference bridge + host-local
 # (A B A B), 30 pods one at a time and 109 at once, creation to Ready.
+#
+# The lan section (also only with -only) is BenchmarkLANAddressSource in
+# test/e2e: a pod's ADD without a LAN interface, with one from a village-ipam
+# pool, and with one leased from dnsmasq in the LAN through villaged's DHCP
+# client (a full DISCOVER..ACK per ADD).
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -48,6 +54,10 @@ kubelet_bench() {
 }
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "kubelet" ]; then
   kubelet_bench
+  exit
+fi
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lan" ]; then
+  go test -run '^$' -bench '^BenchmarkLANAddressSource$' -benchtime 30x -count 3 -timeout 30m ./test/e2e | grep -E 'Benchmark|ok|FAIL'
   exit
 fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "kube" ]; then

@@ -15,7 +15,7 @@ declare -A full=(
   [tcpdump]=tcpdump [iperf3]=iperf3 [pgrep]=procps [unshare]=util-linux
   [mount]=mount [containerd]=containerd [runc]=runc [podman]=podman
   [etcd]=etcd-server [busybox]=busybox-static [strace]=strace
-  [nc.openbsd]=netcat-openbsd [curl]=curl [dash]=dash
+  [nc.openbsd]=netcat-openbsd [curl]=curl [dash]=dash [dnsmasq]=dnsmasq-base
 )
 
 missing=()

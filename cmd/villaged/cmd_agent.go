@@ -57,6 +57,7 @@ func cmdRun(args []string, _, stderr io.Writer) error {
 	fs := agentFlags("run", stderr, &opts)
 	fs.DurationVar(&opts.Period, "period", agent.DefaultPeriod, "time between repair passes when nothing happens")
 	fs.StringVar(&opts.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "where to serve /metrics, /healthz and /readyz (\"off\" for nowhere)")
+	fs.StringVar(&opts.DHCPDir, "dhcp-dir", "", "where the LAN pods' DHCP leases are kept across restarts, with macvlan.ipam type dhcp (default /var/lib/village/dhcp)")
 	fs.StringVar(&opts.PublishConfDir, "publish-conf-dir", "", "CNI config directory to copy the --conf conflist into once the node holds its pod subnet (with `villaged install --stage-dir`)")
 	if err := parseAgentFlags(fs, args, &opts); err != nil {
 		return err

@@ -48,6 +48,9 @@ type Options struct {
 	// the node holds its pod subnet, so the runtime sees the network only
 	// when Village can address a pod. The copy stays when run exits.
 	PublishConfDir string
+	// DHCPDir is where run keeps the LAN pods' DHCP leases
+	// (landhcp.DefaultDir when empty).
+	DHCPDir string
 	// Logf receives what run does; nil discards.
 	Logf func(format string, args ...any)
 }

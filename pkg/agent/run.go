@@ -63,6 +63,7 @@ func Run(ctx context.Context, opts Options) error {
 			}
 		})
 	}
+	startDHCP(mctx, c, opts, &mwg)
 	if err := netsetup.BridgeNetfilterLoaded(); err != nil {
 		opts.logf("warning: %v", err)
 	}

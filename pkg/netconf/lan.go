@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"path/filepath"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
@@ -31,7 +32,16 @@ type LAN struct {
 	// Ranges are the LAN ranges of the IPAM block ("subnet" or
 	// rangeStart-rangeEnd), which the host shim routes.
 	Ranges []cidr.Range `json:"-"`
+	// DHCPSocket is villaged's DHCP socket when IPAMType is LANDHCP
+	// ("daemonSocketPath", as the reference dhcp plugin names it); ""
+	// means the default (wire.SocketPath).
+	DHCPSocket string `json:"-"`
 }
+
+// LANDHCP is the LAN IPAM type served by villaged's DHCP client
+// (pkg/landhcp): the pod's LAN address comes from the LAN's own DHCP
+// server. No IPAM plugin is exec'd for it.
+const LANDHCP = "dhcp"
 
 // DefaultLANIfName is the pod-side name of the LAN interface.
 const DefaultLANIfName = "net1"
@@ -113,6 +123,29 @@ func (c *LAN) parseIPAM() error {
 		for _, r := range set {
 			c.Ranges = append(c.Ranges, cidr.Range{Start: r.RangeStart, End: r.RangeEnd})
 		}
+	}
+	if typ == LANDHCP {
+		return c.parseDHCP()
+	}
+	return nil
+}
+
+// parseDHCP checks a "dhcp" LAN IPAM block: its socket path, and ranges
+// when the host shim is on (the DHCP server's pool, which the shim routes:
+// the leases are not known in advance).
+func (c *LAN) parseDHCP() error {
+	var d struct {
+		Socket string `json:"daemonSocketPath"`
+	}
+	if err := json.Unmarshal(c.IPAM, &d); err != nil {
+		return invalidLAN("\"ipam\": %v", err)
+	}
+	if d.Socket != "" && !filepath.IsAbs(d.Socket) {
+		return invalidLAN("\"ipam.daemonSocketPath\" %q: an absolute path is required", d.Socket)
+	}
+	c.DHCPSocket = d.Socket
+	if c.HostShim && len(c.Ranges) == 0 {
+		return invalidLAN("\"hostShim\" with \"ipam.type\" dhcp needs \"ipam.ranges\": the DHCP server's pool, which the host shim routes to the pods")
 	}
 	return nil
 }

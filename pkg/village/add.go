@@ -87,8 +87,9 @@ type adder struct {
 	pod  *netsetup.Pod
 	undo cleanup.Stack
 
-	pod0 *claim // the addresses of CNI_IFNAME
-	lan  *claim // the LAN interface's, with a macvlan section
+	pod0 *claim     // the addresses of CNI_IFNAME
+	lan  *claim     // the LAN interface's, with a macvlan section
+	dhcp *dhcpClaim // instead of lan, with macvlan.ipam type dhcp
 
 	mtu       int // of the bridge and the pod's eth0 (netconf.PodMTU); 0: the kernel's default
 	bridge    *netlink.Bridge
@@ -144,7 +145,9 @@ func (a *adder) sendClaims() error {
 			return err
 		}
 		a.lanMaster = master
-		if a.lan, err = forkClaim(call, &a.undo); err != nil {
+		if lan.IPAMType == netconf.LANDHCP {
+			a.dhcp = newDHCPClaim(a.conf, a.args)
+		} else if a.lan, err = forkClaim(call, &a.undo); err != nil {
 			return fmt.Errorf("LAN interface %q: %w", lan.IfName, err)
 		}
 	}
@@ -196,6 +199,9 @@ func (a *adder) checkLive() error {
 	}
 	if a.lan != nil {
 		return a.markLive(a.lan, "")
+	}
+	if a.dhcp != nil {
+		return a.dhcp.markLive(a)
 	}
 	return nil
 }

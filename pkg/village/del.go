@@ -24,11 +24,13 @@ func Del(args *skel.CmdArgs) error {
 	// time), and the IPAM plugin's exec does not depend on it. The reference
 	// bridge releases the addresses first; a released address is handed out
 	// again only by a later ADD.
-	links := make(chan error, 1)
-	go func() { links <- deleteLinks(conf, args) }()
-	var errs []error
 	ctx, cancel := ipamTimeout()
 	defer cancel()
+	// A DHCP lease is released from the pod's LAN interface (DHCPRELEASE
+	// goes out on it), so before the links go.
+	calls, errs := releaseDHCP(ctx, calls)
+	links := make(chan error, 1)
+	go func() { links <- deleteLinks(conf, args) }()
 	for _, call := range calls {
 		if err := call.Del(ctx); err != nil {
 			errs = append(errs, err)

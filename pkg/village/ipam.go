@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/village-cni/village/pkg/landhcp/wire"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/pluginexec"
 )
@@ -21,6 +22,10 @@ type ipamCall struct {
 	Args   *skel.CmdArgs
 	IfName string // CNI_IFNAME for the IPAM plugin
 	Conf   []byte // full stdin, with the ipam block this call is about
+	// DHCPSocket, with the LAN IPAM type dhcp, is villaged's socket: the
+	// verbs go there instead of to a plugin (dhcpVerb), for Network.
+	DHCPSocket string
+	Network    string
 }
 
 // podIPAM is the call for the pod interface (CNI_IFNAME) with the
@@ -76,6 +81,9 @@ func (c ipamCall) start(verb string) (*pluginexec.Proc, error) {
 }
 
 func (c ipamCall) run(ctx context.Context, verb string) error {
+	if c.DHCPSocket != "" {
+		return c.dhcpVerb(ctx, verb)
+	}
 	call, err := c.exec(verb)
 	if err != nil {
 		return err
@@ -163,5 +171,9 @@ func lanIPAM(conf *netconf.NetConf, args *skel.CmdArgs) (ipamCall, error) {
 	if err != nil {
 		return ipamCall{}, fmt.Errorf("failed to build the LAN IPAM config: %w", err)
 	}
-	return ipamCall{Type: conf.LAN.IPAMType, Args: args, IfName: conf.LAN.IfName, Conf: lanConf}, nil
+	call := ipamCall{Type: conf.LAN.IPAMType, Args: args, IfName: conf.LAN.IfName, Conf: lanConf}
+	if conf.LAN.IPAMType == netconf.LANDHCP {
+		call.DHCPSocket, call.Network = wire.SocketPath(conf.LAN.DHCPSocket), conf.Name
+	}
+	return call, nil
 }

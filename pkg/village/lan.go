@@ -20,10 +20,6 @@ func (a *adder) addLAN() error {
 	if lan == nil {
 		return nil
 	}
-	res, err := a.lan.answer()
-	if err != nil {
-		return fmt.Errorf("LAN interface %q: %w", lan.IfName, err)
-	}
 	master := a.lanMaster
 	link, err := a.ensureLANLink(master.Attrs().Name, lan, func() error {
 		return macvlan.Create(macvlan.PodLink{Master: master, Name: lan.IfName, MTU: lan.MTU, MAC: lan.HWAddr, Mode: lan.LinkMode, PodNSFd: int(a.pod.NS().Fd())})
@@ -31,7 +27,14 @@ func (a *adder) addLAN() error {
 	if err != nil {
 		return err
 	}
+	res, err := a.lanAddresses(link)
+	if err != nil {
+		return fmt.Errorf("LAN interface %q: %w", lan.IfName, err)
+	}
 	if err := a.pod.ConfigurePod(podIface(link, res, res.IPs)); err != nil {
+		return err
+	}
+	if err := a.ensureLANMulticast(link, res.IPs); err != nil {
 		return err
 	}
 	idx := len(a.result.Interfaces)

@@ -23,6 +23,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/subnetfile":      {"FuzzRead"},
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
+	"./pkg/landhcp":         {"FuzzReadRequest"},
 	"./pkg/validate": {"FuzzLinkName", "FuzzMAC", "FuzzMTU", "FuzzNodeName", "FuzzNamespaceName",
 		"FuzzNetworkName", "FuzzContainerID", "FuzzLogLevel"},
 }

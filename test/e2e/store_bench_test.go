@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"path/filepath"
 	"testing"
 
 	"github.com/village-cni/village/internal/etcdtest"
@@ -36,6 +37,46 @@ func BenchmarkPodWithLANAddress(b *testing.B) {
 				if err := n.Del(l, pod); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkLANAddressSource measures a pod's ADD (DEL untimed) without a
+// LAN interface, with one addressed from a village-ipam pool, and with one
+// addressed by the LAN's DHCP server (dnsmasq in the LAN, through villaged's
+// DHCP client: a full DISCOVER..ACK each time, since DEL releases):
+//
+//	sudo go test ./test/e2e -run '^$' -bench LANAddressSource -benchtime 20x
+func BenchmarkLANAddressSource(b *testing.B) {
+	for _, source := range []string{"none", "pool", "dhcp"} {
+		b.Run(source, func(b *testing.B) {
+			lab := newDHCPLab(b)
+			dn := lab.newNode(b, "192.168.77.10")
+			n := dn.Node
+			var l string
+			switch source {
+			case "none":
+				l = fmt.Sprintf(`{"cniVersion":"1.1.0","name":"benchnone","plugins":[{"type":"village","bridge":"vlg-none","isDefaultGateway":true,"ipMasq":true,
+					"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.54.1.0/24"}]]}}]}`, filepath.Join(n.Dir, "pods"))
+			case "pool":
+				l = lanList(n, "benchpool", "10.54.1.0/24", "192.168.77.200", "192.168.77.250", "")
+			case "dhcp":
+				dn.start(b)
+				l = dhcpList(n, dn.socket)
+			}
+			list := ConfList(b, l)
+			pod := n.NewPod()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := n.Add(list, pod); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := n.Del(list, pod); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
 			}
 		})
 	}
