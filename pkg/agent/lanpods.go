@@ -345,3 +345,25 @@ func inClusterNamespace() string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// lanStatus is `villaged status`'s lines about the node's LAN pods, as the
+// running agent knows them (asked on its socket); nil without a LAN section.
+func lanStatus(ctx context.Context, c *Conf, runDir string) []string {
+	if c.Net.LAN == nil {
+		return nil
+	}
+	if runDir == "" {
+		runDir = subnetfile.RunDir()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := agentsock.Ask(ctx, agentsock.Path(runDir), agentsock.Request{Op: agentsock.OpLANList})
+	if err != nil {
+		return []string{fmt.Sprintf("LAN pods (%q): unknown: %v", c.Net.LAN.Pods, err)}
+	}
+	lines := []string{fmt.Sprintf("LAN pods (%q, %d):", c.Net.LAN.Pods, len(resp.Pods))}
+	for _, p := range resp.Pods {
+		lines = append(lines, fmt.Sprintf("  %s/%s\t%s", p.Namespace, p.Name, p.Addresses))
+	}
+	return lines
+}
