@@ -257,6 +257,13 @@ func (l *lanPods) LANReport(_ context.Context, _ string, ref agentsock.Pod, r ag
 		return fmt.Errorf("no Kubernetes API access: %v", l.apiErr)
 	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name, UID: ktypes.UID(ref.UID)}}
+	if pod.UID == "" && l.pods != nil {
+		// kubectl describe shows the Events of the pod's UID: take it from
+		// the informer when the runtime sent no K8S_POD_UID.
+		if obj, ok, _ := l.pods.GetStore().GetByKey(ref.Namespace + "/" + ref.Name); ok {
+			pod.UID = obj.(*corev1.Pod).UID
+		}
+	}
 	if r.Failure != "" {
 		reason := map[string]string{agentsock.FailOutsidePool: ReasonLANOutsidePool, agentsock.FailTaken: ReasonLANTaken,
 			agentsock.FailExhausted: ReasonLANExhausted}[r.Failure]
