@@ -145,6 +145,7 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 	if err != nil {
 		return false, err
 	}
+	st.lan = lanStatus(ctx, v.c, opts.RunDir)
 	st.print(w)
 	return st.clean, nil
 }
@@ -163,6 +164,7 @@ type status struct {
 	bridgeNF     string              // whether bridged pod traffic reaches netfilter
 	orphans      []string
 	foreign      []string
+	lan          []string // the node's LAN pods (lanpods.go)
 	clean        bool
 }
 
@@ -274,6 +276,9 @@ func (st *status) print(w io.Writer) {
 		fmt.Fprintln(w, st.masq)
 	}
 	fmt.Fprintln(w, st.bridgeNF)
+	for _, line := range st.lan {
+		fmt.Fprintln(w, line)
+	}
 	for _, o := range st.orphans {
 		fmt.Fprintf(w, "orphan: %s\n", o)
 	}

@@ -64,6 +64,12 @@ func Run(ctx context.Context, opts Options) error {
 		})
 	}
 	startDHCP(mctx, c, opts, &mwg)
+	// The plugin's LAN lookups (lanpods.go), answered from the first second.
+	lanWait, err := startLANPods(mctx, c, opts)
+	if err != nil {
+		return err
+	}
+	defer func() { mcancel(); lanWait() }()
 	if err := netsetup.BridgeNetfilterLoaded(); err != nil {
 		opts.logf("warning: %v", err)
 	}

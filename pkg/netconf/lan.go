@@ -24,6 +24,9 @@ type LAN struct {
 	MAC      string          `json:"mac"`
 	HostShim bool            `json:"hostShim"`
 	IPAM     json.RawMessage `json:"ipam"`
+	// Pods is which pods get the LAN interface: PodsAll (every pod, the
+	// default) or PodsAnnotated (only pods that ask: lanpods.go).
+	Pods string `json:"pods,omitempty"`
 
 	// Derived by Parse.
 	IPAMType string           `json:"-"`
@@ -36,6 +39,9 @@ type LAN struct {
 	// ("daemonSocketPath", as the reference dhcp plugin names it); ""
 	// means the default (wire.SocketPath).
 	DHCPSocket string `json:"-"`
+	// Sets are the same ranges as the IPAM config parsed them (with their
+	// gateways), which a pod's requested address is checked against.
+	Sets []config.RangeSet `json:"-"`
 }
 
 // LANDHCP is the LAN IPAM type served by villaged's DHCP client
@@ -100,6 +106,9 @@ func ParseLAN(raw json.RawMessage) (*LAN, error) {
 	if err := c.parseIPAM(); err != nil {
 		return nil, err
 	}
+	if err := c.parsePods(); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -119,6 +128,7 @@ func (c *LAN) parseIPAM() error {
 		return invalidLAN("\"ipam.type\" is required")
 	}
 	c.IPAMType = typ
+	c.Sets = sets
 	for _, set := range sets {
 		for _, r := range set {
 			c.Ranges = append(c.Ranges, cidr.Range{Start: r.RangeStart, End: r.RangeEnd})

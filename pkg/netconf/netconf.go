@@ -99,6 +99,19 @@ type NetConf struct {
 	Overlay *Backend `json:"-"`
 	// LAN is the parsed macvlan section; nil when there is none.
 	LAN *LAN `json:"-"`
+	// LANArgs is the LAN request CNI_ARGS made (VILLAGE_LAN,
+	// VILLAGE_LAN_IP); LANArgsSet says whether it made one.
+	LANArgs    LANRequest `json:"-"`
+	LANArgsSet bool       `json:"-"`
+	// Pod names the Kubernetes pod of this call (CNI_ARGS K8S_POD_*);
+	// empty outside Kubernetes.
+	Pod PodRef `json:"-"`
+}
+
+// PodRef is the Kubernetes pod a CNI call is for, as kubelet names it in
+// CNI_ARGS.
+type PodRef struct {
+	Namespace, Name, UID string
 }
 
 // EnvArgs are the CNI_ARGS keys Village understands. IP belongs to IPAM and
@@ -112,6 +125,9 @@ type EnvArgs struct {
 	K8S_POD_NAME               types.UnmarshallableString //nolint:revive
 	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive
 	K8S_POD_UID                types.UnmarshallableString //nolint:revive
+	// A pod's LAN request outside Kubernetes (lanpods.go).
+	VILLAGE_LAN    types.UnmarshallableString //nolint:revive // names fixed by the contract
+	VILLAGE_LAN_IP types.UnmarshallableString //nolint:revive
 }
 
 // PodMTU decides the MTU of the bridge and the pod's interface: the
@@ -271,6 +287,13 @@ func (c *NetConf) parseMAC(envArgs string) *types.Error {
 		if mac == "" && e.MAC != "" {
 			mac, from = string(e.MAC), "CNI_ARGS MAC"
 		}
+		var lerr *types.Error
+		if c.LANArgs, c.LANArgsSet, lerr = lanArgs(&e); lerr != nil {
+			return lerr
+		}
+		if err := c.parsePod(&e); err != nil {
+			return err
+		}
 	}
 	if mac == "" {
 		return nil
@@ -280,6 +303,35 @@ func (c *NetConf) parseMAC(envArgs string) *types.Error {
 		return Error("invalid %s: %v", from, err)
 	}
 	c.MAC = hw
+	return nil
+}
+
+// parsePod keeps the pod's namespace and name from CNI_ARGS as they came:
+// only a LAN lookup uses them, and it validates them first (PodRef.Check),
+// so an ADD that needs no lookup is not refused over them.
+func (c *NetConf) parsePod(e *EnvArgs) *types.Error {
+	c.Pod = PodRef{Namespace: string(e.K8S_POD_NAMESPACE), Name: string(e.K8S_POD_NAME), UID: string(e.K8S_POD_UID)}
+	return nil
+}
+
+// IsSet reports whether CNI_ARGS named a Kubernetes pod.
+func (p PodRef) IsSet() bool { return p.Namespace != "" || p.Name != "" }
+
+// Check validates the pod's names as Kubernetes names them: they are sent
+// to the agent and logged.
+func (p PodRef) Check() *types.Error {
+	bad := func(key string, err error) *types.Error {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("invalid CNI_ARGS %s: %v", key, err), "")
+	}
+	if err := validate.NamespaceName(p.Namespace); err != nil {
+		return bad("K8S_POD_NAMESPACE", err)
+	}
+	if err := validate.PodName(p.Name); err != nil {
+		return bad("K8S_POD_NAME", err)
+	}
+	if len(p.UID) > 128 {
+		return bad("K8S_POD_UID", fmt.Errorf("longer than 128 bytes"))
+	}
 	return nil
 }
 

@@ -101,6 +101,14 @@ func HostNodeName() (string, error) {
 	return strings.ToLower(strings.TrimSpace(h)), nil
 }
 
+// PodName checks a Kubernetes pod name: a DNS-1123 subdomain, as a Node's.
+func PodName(name string) error {
+	if err := NodeName(name); err != nil {
+		return fmt.Errorf("pod name %q: must be a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', at most %d)", name, MaxNodeName)
+	}
+	return nil
+}
+
 // NamespaceName checks a Kubernetes namespace name: a DNS-1123 label, 1 to
 // 63 lower-case letters, digits and '-', starting and ending with a letter
 // or digit.

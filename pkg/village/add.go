@@ -48,8 +48,12 @@ func Add(args *skel.CmdArgs) (err error) {
 	}
 	result, err := a.run()
 	if err != nil {
+		if a.lanFailed {
+			a.reportLANFailure(err)
+		}
 		return err
 	}
+	a.reportLANResult(result)
 	if a.conf.PrevResult != nil {
 		if result, err = chain(a.conf.PrevResult, result); err != nil {
 			return err
@@ -88,8 +92,11 @@ type adder struct {
 	undo cleanup.Stack
 
 	pod0 *claim     // the addresses of CNI_IFNAME
-	lan  *claim     // the LAN interface's, with a macvlan section
+	lan  *claim     // the LAN interface's, with a macvlan section the pod gets
 	dhcp *dhcpClaim // instead of lan, with macvlan.ipam type dhcp
+
+	askedAgent bool // the LAN request came from the node's agent (lanpods.go)
+	lanFailed  bool // the ADD failed on the LAN interface
 
 	mtu       int // of the bridge and the pod's eth0 (netconf.PodMTU); 0: the kernel's default
 	bridge    *netlink.Bridge
@@ -136,6 +143,13 @@ func (a *adder) sendClaims() error {
 		if lan.IfName == a.args.IfName {
 			return netconf.Error("\"macvlan.ifName\" %q is the same as CNI_IFNAME: pick another name for the LAN interface", lan.IfName)
 		}
+		req, err := a.lanRequest()
+		if err != nil {
+			return err
+		}
+		if !req.Want {
+			return a.sendPodClaim()
+		}
 		master, err := macvlan.ResolveMaster(lan.Master)
 		if err != nil {
 			return err
@@ -144,6 +158,9 @@ func (a *adder) sendClaims() error {
 		if err != nil {
 			return err
 		}
+		if call.Conf, err = withRequestedIPs(call.Conf, req.IPs); err != nil {
+			return fmt.Errorf("failed to build the LAN IPAM config: %w", err)
+		}
 		a.lanMaster = master
 		if lan.IPAMType == netconf.LANDHCP {
 			a.dhcp = newDHCPClaim(a.conf, a.args)
@@ -151,6 +168,12 @@ func (a *adder) sendClaims() error {
 			return fmt.Errorf("LAN interface %q: %w", lan.IfName, err)
 		}
 	}
+	return a.sendPodClaim()
+}
+
+// sendPodClaim forks the pod interface's IPAM plugin when forkEarly did not
+// fork the right one, then sends both claims their input.
+func (a *adder) sendPodClaim() error {
 	if a.pod0 == nil || a.pod0.call.Type != a.conf.IPAMType {
 		a.pod0.abort()
 		var err error
@@ -242,6 +265,7 @@ func (a *adder) waitClaims() error {
 	}
 	if a.lan != nil {
 		if err := a.lan.wait(); err != nil {
+			a.lanFailed = true
 			return fmt.Errorf("LAN interface %q: %w", a.conf.LAN.IfName, err)
 		}
 	}

@@ -50,7 +50,7 @@ func Check(args *skel.CmdArgs) error {
 
 	var d drift
 	d.pod = append(d.pod, checkPod(pod, podCheck{ifName: args.IfName, kind: "veth"}, prev)...)
-	if conf.LAN != nil {
+	if lanAttached(conf) {
 		d.pod = append(d.pod, checkPod(pod, podCheck{ifName: conf.LAN.IfName, kind: "macvlan"}, prev)...)
 	}
 	d.pod = append(d.pod, checkRoutes(pod, prev)...)

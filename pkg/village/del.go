@@ -95,7 +95,7 @@ func deleteLinks(conf *netconf.NetConf, args *skel.CmdArgs) error {
 		switch {
 		case err == nil:
 			defer pod.Close()
-			if conf.LAN != nil {
+			if lanAttached(conf) {
 				if err := pod.DeleteOwnedLink(conf.LAN.IfName, args.ContainerID, ""); err != nil {
 					return err
 				}

@@ -59,7 +59,7 @@ func (c ipamCall) exec(verb string) (pluginexec.Call, error) {
 		"CNI_CONTAINERID=" + c.Args.ContainerID,
 		"CNI_NETNS=" + c.Args.Netns,
 		"CNI_IFNAME=" + c.IfName,
-		"CNI_ARGS=" + c.Args.Args,
+		"CNI_ARGS=" + ipamArgs(c.Args.Args),
 		"CNI_PATH=" + c.Args.Path,
 		"CNI_NETNS_OVERRIDE=1",
 	}}, nil
@@ -154,7 +154,7 @@ func ipamCalls(conf *netconf.NetConf, args *skel.CmdArgs) ([]ipamCall, error) {
 	if conf.HasIPAM {
 		calls = append(calls, podIPAM(conf.IPAMType, args))
 	}
-	if conf.LAN != nil {
+	if lanAttached(conf) {
 		lan, err := lanIPAM(conf, args)
 		if err != nil {
 			return nil, err

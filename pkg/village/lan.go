@@ -17,12 +17,25 @@ import (
 // stays on eth0.
 func (a *adder) addLAN() error {
 	lan := a.conf.LAN
-	if lan == nil {
-		return nil
+	if lan == nil || (a.lan == nil && a.dhcp == nil) {
+		return nil // no macvlan section, or this pod did not ask (lanpods.go)
 	}
+	a.lanFailed = true
 	master := a.lanMaster
+	mac := lan.HWAddr
+	if mac == nil && a.conf.Pod.IsSet() {
+		// Stable across restarts and nodes: LAN hosts' neighbour caches
+		// and a router's reservations stay valid for this pod.
+		mac = macvlan.StableMAC(a.conf.Name, a.conf.Pod.Namespace, a.conf.Pod.Name)
+	}
 	link, err := a.ensureLANLink(master.Attrs().Name, lan, func() error {
-		return macvlan.Create(macvlan.PodLink{Master: master, Name: lan.IfName, MTU: lan.MTU, MAC: lan.HWAddr, Mode: lan.LinkMode, PodNSFd: int(a.pod.NS().Fd())})
+		if err := macvlan.Create(macvlan.PodLink{Master: master, Name: lan.IfName, MTU: lan.MTU, MAC: mac, Mode: lan.LinkMode, PodNSFd: int(a.pod.NS().Fd())}); err != nil {
+			return err
+		}
+		// Before the link goes up with its addresses, so the kernel
+		// announces them as it comes up (a new link: a repeated ADD of a
+		// live one announces nothing).
+		return macvlan.AnnounceOnUp(a.pod.NS(), lan.IfName, lanHasV6(lan))
 	})
 	if err != nil {
 		return err
@@ -37,6 +50,7 @@ func (a *adder) addLAN() error {
 	if err := a.ensureLANMulticast(link, res.IPs); err != nil {
 		return err
 	}
+	a.lanFailed = false
 	idx := len(a.result.Interfaces)
 	a.result.Interfaces = append(a.result.Interfaces, &current.Interface{
 		Name: lan.IfName, Mac: link.Attrs().HardwareAddr.String(), Mtu: link.Attrs().MTU, Sandbox: a.args.Netns,
@@ -76,4 +90,16 @@ func (a *adder) ensureLANLink(master string, lan *netconf.LAN, create func() err
 		return nil, fmt.Errorf("macvlan %q vanished from netns %q: %w", lan.IfName, a.args.Netns, err)
 	}
 	return link, a.pod.TagOwner(link, a.args.ContainerID)
+}
+
+// lanHasV6 tells whether the LAN block hands out IPv6 addresses (its ranges;
+// a DHCP lease is IPv4 only), so that net1 also announces itself by
+// unsolicited neighbour advertisement.
+func lanHasV6(lan *netconf.LAN) bool {
+	for _, r := range lan.Ranges {
+		if r.Start.Is6() {
+			return true
+		}
+	}
+	return false
 }

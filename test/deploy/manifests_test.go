@@ -9,7 +9,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,6 +40,8 @@ type objects struct {
 	serviceAccounts []*corev1.ServiceAccount
 	clusterRoles    []*rbacv1.ClusterRole
 	bindings        []*rbacv1.ClusterRoleBinding
+	roles           []*rbacv1.Role
+	roleBindings    []*rbacv1.RoleBinding
 	all             []runtime.Object
 }
 
@@ -87,15 +91,28 @@ func load(t *testing.T) *objects {
 				o.clusterRoles = append(o.clusterRoles, v)
 			case *rbacv1.ClusterRoleBinding:
 				o.bindings = append(o.bindings, v)
+			case *rbacv1.Role:
+				o.roles = append(o.roles, v)
+			case *rbacv1.RoleBinding:
+				o.roleBindings = append(o.roleBindings, v)
 			default:
 				t.Errorf("%s: unexpected kind %s", filepath.Base(f), gvk)
 			}
 		}
 	}
-	if len(o.daemonSets) != 1 || len(o.configMaps) != 1 || len(o.serviceAccounts) != 1 || len(o.clusterRoles) != 1 || len(o.bindings) != 1 {
-		t.Fatalf("want one DaemonSet, ConfigMap, ServiceAccount, ClusterRole and ClusterRoleBinding; got %d, %d, %d, %d, %d",
-			len(o.daemonSets), len(o.configMaps), len(o.serviceAccounts), len(o.clusterRoles), len(o.bindings))
+	// The agent's identity and the host-side IPAM helper's (village-ipam):
+	// two of each account and role, one DaemonSet and ConfigMap.
+	if len(o.daemonSets) != 1 || len(o.configMaps) != 1 || len(o.serviceAccounts) != 2 || len(o.clusterRoles) != 2 || len(o.bindings) != 2 ||
+		len(o.roles) != 2 || len(o.roleBindings) != 2 {
+		t.Fatalf("want one DaemonSet and ConfigMap, two ServiceAccounts, ClusterRoles, ClusterRoleBindings, Roles and RoleBindings; got %d, %d, %d, %d, %d, %d, %d",
+			len(o.daemonSets), len(o.configMaps), len(o.serviceAccounts), len(o.clusterRoles), len(o.bindings), len(o.roles), len(o.roleBindings))
 	}
+	// The agent's objects first (named village), so index 0 is the agent's.
+	slices.SortFunc(o.serviceAccounts, func(a, b *corev1.ServiceAccount) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(o.clusterRoles, func(a, b *rbacv1.ClusterRole) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(o.bindings, func(a, b *rbacv1.ClusterRoleBinding) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(o.roles, func(a, b *rbacv1.Role) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(o.roleBindings, func(a, b *rbacv1.RoleBinding) int { return strings.Compare(a.Name, b.Name) })
 	return o
 }
 
@@ -292,27 +309,69 @@ func TestDaemonSet(t *testing.T) {
 	}
 }
 
-// TestRBAC: the ClusterRole grants exactly what villaged uses (nodes: get,
-// list, watch, patch), bound to the DaemonSet's ServiceAccount.
+// TestRBAC: the ClusterRoles and Roles grant exactly what villaged and the
+// host-side village-ipam-kube use, bound to their ServiceAccounts.
 func TestRBAC(t *testing.T) {
 	o := load(t)
-	role, b := o.clusterRoles[0], o.bindings[0]
-	if len(role.Rules) != 1 {
-		t.Fatalf("ClusterRole %s: want one rule, got %+v", role.Name, role.Rules)
+	rules := func(rs []rbacv1.PolicyRule) []string {
+		var out []string
+		for _, r := range rs {
+			if len(r.NonResourceURLs) != 0 {
+				t.Errorf("rule %+v grants non-resource URLs", r)
+			}
+			out = append(out, fmt.Sprintf("%v %v %v %v", r.APIGroups, r.Resources, r.ResourceNames, slices.Sorted(slices.Values(r.Verbs))))
+		}
+		return out
 	}
-	r := role.Rules[0]
-	verbs := slices.Sorted(slices.Values(r.Verbs))
-	if !slices.Equal(r.APIGroups, []string{""}) || !slices.Equal(r.Resources, []string{"nodes"}) ||
-		!slices.Equal(verbs, []string{"get", "list", "patch", "watch"}) || len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
-		t.Errorf("ClusterRole %s rule %+v, want nodes get/list/watch/patch only", role.Name, r)
+	want := map[string][]string{
+		"ClusterRole village": {"[] [nodes] [] [get list patch watch]", "[] [pods] [] [get list patch watch]",
+			"[] [namespaces] [] [get list watch]", "[] [events] [] [create]"},
+		"ClusterRole village-ipam": {"[] [nodes] [] [get]"},
+		"Role village":             {"[] [serviceaccounts/token] [village-ipam] [create]"},
+		"Role village-ipam":        {"[coordination.k8s.io] [leases] [] [create delete get list update]"},
 	}
-	if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != role.Name || b.RoleRef.APIGroup != "rbac.authorization.k8s.io" {
-		t.Errorf("ClusterRoleBinding %s refers to %+v", b.Name, b.RoleRef)
+	got := map[string][]string{}
+	for _, r := range o.clusterRoles {
+		got["ClusterRole "+r.Name] = rules(r.Rules)
 	}
-	ds, sa := o.daemonSets[0], o.serviceAccounts[0]
-	if len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != sa.Name ||
-		b.Subjects[0].Namespace != sa.Namespace || ds.Spec.Template.Spec.ServiceAccountName != sa.Name {
-		t.Errorf("ClusterRoleBinding %s subjects %+v, want the DaemonSet's ServiceAccount %s/%s", b.Name, b.Subjects, sa.Namespace, sa.Name)
+	for _, r := range o.roles {
+		if r.Namespace != "kube-system" {
+			t.Errorf("Role %s in namespace %q, want kube-system", r.Name, r.Namespace)
+		}
+		got["Role "+r.Name] = rules(r.Rules)
+	}
+	for k, w := range want {
+		if !slices.Equal(got[k], w) {
+			t.Errorf("%s grants %q, want %q", k, got[k], w)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("roles %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	}
+	ds := o.daemonSets[0]
+	if ds.Spec.Template.Spec.ServiceAccountName != o.serviceAccounts[0].Name {
+		t.Errorf("DaemonSet runs as %q, want %q", ds.Spec.Template.Spec.ServiceAccountName, o.serviceAccounts[0].Name)
+	}
+	for i, b := range o.bindings {
+		sa := o.serviceAccounts[i]
+		if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != o.clusterRoles[i].Name || b.RoleRef.APIGroup != "rbac.authorization.k8s.io" {
+			t.Errorf("ClusterRoleBinding %s refers to %+v", b.Name, b.RoleRef)
+		}
+		if len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != sa.Name || b.Subjects[0].Namespace != sa.Namespace {
+			t.Errorf("ClusterRoleBinding %s subjects %+v, want ServiceAccount %s/%s", b.Name, b.Subjects, sa.Namespace, sa.Name)
+		}
+	}
+	for i, b := range o.roleBindings {
+		sa := o.serviceAccounts[i]
+		if b.RoleRef.Kind != "Role" || b.RoleRef.Name != o.roles[i].Name || b.Namespace != o.roles[i].Namespace {
+			t.Errorf("RoleBinding %s refers to %+v", b.Name, b.RoleRef)
+		}
+		if len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != sa.Name || b.Subjects[0].Namespace != sa.Namespace {
+			t.Errorf("RoleBinding %s subjects %+v, want ServiceAccount %s/%s", b.Name, b.Subjects, sa.Namespace, sa.Name)
+		}
+	}
+	if ipam := o.serviceAccounts[1]; ipam.AutomountServiceAccountToken == nil || *ipam.AutomountServiceAccountToken {
+		t.Errorf("ServiceAccount %s is no pod's: automountServiceAccountToken must be false", ipam.Name)
 	}
 }
 

@@ -183,3 +183,30 @@ func TestVillagedDoesNotLinkPluginVerbs(t *testing.T) {
 		}
 	}
 }
+
+// TestPluginDoesNotLinkKubernetes states the reverse rule for the village
+// plugin binary (`go list -deps ./plugins/main/village`): it learns what it
+// needs about a Kubernetes pod from the node's agent over pkg/agentsock and
+// links no Kubernetes client, API types or apimachinery (a per-pod exec
+// pays for every package it links).
+func TestPluginDoesNotLinkKubernetes(t *testing.T) {
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := goListArgs(t, root, "-deps", "-json=ImportPath,Imports", "./plugins/main/village")
+	seen := map[string]bool{}
+	for _, p := range deps {
+		seen[p.ImportPath] = true
+		for _, bad := range []string{"k8s.io/", "sigs.k8s.io/"} {
+			if strings.HasPrefix(p.ImportPath, bad) {
+				t.Errorf("plugins/main/village links %s", p.ImportPath)
+			}
+		}
+	}
+	for _, want := range []string{module + "plugins/main/village", module + "pkg/village", module + "pkg/agentsock"} {
+		if !seen[want] {
+			t.Errorf("go list -deps ./plugins/main/village does not list %s (of %d packages)", want, len(deps))
+		}
+	}
+}

@@ -18,7 +18,8 @@ import (
 // fuzzTargets are the fuzz targets of every parser of outside input, by
 // package. TestFuzzTargets fails when the module has one that is not here.
 var fuzzTargets = map[string][]string{
-	"./pkg/netconf":         {"FuzzParse", "FuzzParseBackend", "FuzzCNIArgs", "FuzzParseLAN"},
+	"./pkg/netconf":         {"FuzzParse", "FuzzParseBackend", "FuzzCNIArgs", "FuzzParseLAN", "FuzzParseLANAddrs"},
+	"./pkg/agentsock":       {"FuzzHandle"},
 	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
 	"./pkg/subnetfile":      {"FuzzRead"},
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},

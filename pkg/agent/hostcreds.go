@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	authv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
+)
+
+// The host-side credentials of a LAN pool kept in the Kubernetes API
+// ("store": {"type": "kubernetes"}): village-ipam-kube runs on the host,
+// outside any pod, so it has no service-account token of its own. The agent
+// requests one for the ServiceAccount HostCredsAccount (whose RBAC grants
+// only the pool's Leases and reading Nodes, deploy/kubernetes/rbac.yaml),
+// writes it with the cluster's CA and a kubeconfig naming both under
+// <run dir>/kube/, and requests a new one well before it expires. The
+// kubeconfig is what the LAN IPAM block's "kubeconfig" names.
+const (
+	HostCredsAccount = "village-ipam"
+	hostCredsDir     = "kube"
+	// hostTokenLife is the lifetime asked for; a new token is requested
+	// after a third of it (so a token on disk is always valid for 40 min).
+	hostTokenLife  = time.Hour
+	hostCredsRetry = 10 * time.Second
+)
+
+// HostKubeconfig is the kubeconfig the agent writes in runDir.
+func HostKubeconfig(runDir string) string { return filepath.Join(runDir, hostCredsDir, "kubeconfig") }
+
+// startHostCreds keeps the host credentials fresh while ctx lasts, when
+// the LAN pool's store is the kubernetes one.
+func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.Config, cs kubernetes.Interface, runDir string, logf func(string, ...any)) error {
+	st, err := ipamconfig.ParseStore(c.Net.LAN.IPAM)
+	if err != nil || st.Type != ipamconfig.StoreKubernetes {
+		return nil
+	}
+	ca := rc.CAData
+	if len(ca) == 0 && rc.CAFile != "" {
+		if ca, err = os.ReadFile(rc.CAFile); err != nil {
+			return fmt.Errorf("reading the cluster CA: %w", err)
+		}
+	}
+	dir := filepath.Join(runDir, hostCredsDir)
+	ns := inClusterNamespace()
+	wg.Go(func() {
+		for {
+			next := hostCredsRetry
+			if err := writeHostCreds(ctx, cs, ns, dir, rc.Host, ca); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				logf("host credentials for the LAN pool (ServiceAccount %s/%s): %v (retrying in %s)", ns, HostCredsAccount, err, next)
+			} else {
+				next = hostTokenLife / 3
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(next):
+			}
+		}
+	})
+	return nil
+}
+
+func writeHostCreds(ctx context.Context, cs kubernetes.Interface, ns, dir, server string, ca []byte) error {
+	life := int64(hostTokenLife / time.Second)
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, HostCredsAccount,
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &life}}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("requesting a token: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	token, caFile := filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: village
+  cluster:
+    server: %q
+    certificate-authority: %q
+users:
+- name: %s
+  user:
+    tokenFile: %q
+contexts:
+- name: village
+  context: {cluster: village, user: %s}
+current-context: village
+`, server, caFile, HostCredsAccount, token, HostCredsAccount)
+	for _, f := range []struct {
+		path string
+		data []byte
+	}{{caFile, ca}, {token, []byte(tr.Status.Token)}, {filepath.Join(dir, "kubeconfig"), []byte(kc)}} {
+		if err := writeAtomic(f.path, f.data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}

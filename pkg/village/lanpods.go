@@ -1,0 +1,255 @@
+package village
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/village-cni/village/pkg/agentsock"
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/subnetfile"
+)
+
+// village-ipam's error codes for an exhausted range set and a requested
+// address it cannot grant (pkg/ipam/plugin.ErrCodeExhausted and
+// ErrCodeAddressUnavailable; the plugin does not link village-ipam).
+const (
+	ipamExhausted          = 100
+	ipamAddressUnavailable = 101
+)
+
+// agentAskTimeout bounds a LAN lookup: the agent's own bounded wait for a
+// pod it has not seen yet (agent.lanWait) with room to spare.
+const agentAskTimeout = 25 * time.Second
+
+// agentReportTimeout bounds the report after the ADD: it is best effort
+// (the agent answers at once and writes to the API on its own time).
+const agentReportTimeout = 3 * time.Second
+
+// agentSocket is the node agent's socket ($VILLAGE_RUN_DIR/agent.sock).
+func agentSocket() string { return agentsock.Path(subnetfile.RunDir()) }
+
+// lanRequest decides whether this pod gets the LAN interface, and with
+// which exact addresses:
+//   - pods "all": every pod, at the addresses CNI_ARGS VILLAGE_LAN_IP names
+//     (none: the pool picks);
+//   - pods "annotated" for a Kubernetes pod (CNI_ARGS K8S_POD_*): what its
+//     annotations ask, learnt from the node's agent, which also refuses
+//     the pods of namespaces not allowed;
+//   - pods "annotated" otherwise: what CNI_ARGS VILLAGE_LAN and
+//     VILLAGE_LAN_IP ask.
+//
+// Requested addresses are checked against the pool here, so the refusal
+// names the pool before any IPAM plugin runs.
+func (a *adder) lanRequest() (netconf.LANRequest, error) {
+	lan := a.conf.LAN
+	var req netconf.LANRequest
+	switch {
+	case lan.Pods == netconf.PodsAll:
+		req = netconf.LANRequest{Want: true, IPs: a.conf.LANArgs.IPs}
+	case a.conf.Pod.IsSet():
+		if err := a.conf.Pod.Check(); err != nil {
+			return req, err
+		}
+		a.askedAgent = true
+		var err error
+		if req, err = askAgent(a.conf.Name, a.pod0Ref()); err != nil {
+			return req, err
+		}
+	default:
+		req = a.conf.LANArgs
+	}
+	if err := lan.CheckAddrs(req.IPs); err != nil {
+		a.reportLAN(agentsock.Report{Failure: agentsock.FailOutsidePool, Message: err.Error()})
+		return req, types.NewError(ipamAddressUnavailable, fmt.Sprintf("LAN interface %q: %v", lan.IfName, err), "")
+	}
+	return req, nil
+}
+
+func (a *adder) pod0Ref() agentsock.Pod {
+	p := a.conf.Pod
+	return agentsock.Pod{Namespace: p.Namespace, Name: p.Name, UID: p.UID}
+}
+
+// askAgent asks the node's agent what the pod's annotations say about the
+// LAN. An agent that cannot be reached, or has not seen the pod yet, is
+// CNI code 11 (try again later): kubelet retries the sandbox.
+func askAgent(network string, pod agentsock.Pod) (netconf.LANRequest, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), agentAskTimeout)
+	defer cancel()
+	path := agentSocket()
+	resp, err := agentsock.Ask(ctx, path, agentsock.Request{Op: agentsock.OpLANPod, Network: network, Pod: &pod})
+	if err != nil {
+		code := uint(types.ErrInvalidNetworkConfig)
+		var ae *agentsock.Error
+		if errors.As(err, &ae) && ae.Retry {
+			code = types.ErrTryAgainLater
+		}
+		return netconf.LANRequest{}, types.NewError(code, fmt.Sprintf("\"macvlan.pods\" is %q, so the LAN interface of pod %s depends on its annotations: %v", netconf.PodsAnnotated, pod, err), "")
+	}
+	if resp.LAN == nil {
+		return netconf.LANRequest{}, nil
+	}
+	req := netconf.LANRequest{Want: resp.LAN.Want}
+	if len(resp.LAN.IPs) > 0 {
+		ips, err := netconf.ParseLANAddrs(strings.Join(resp.LAN.IPs, ","))
+		if err != nil {
+			return req, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("pod %s: village.cni.io/lan-ip: %v", pod, err), "")
+		}
+		req.Want, req.IPs = true, ips
+	}
+	return req, nil
+}
+
+// reportLAN tells the agent what happened to a Kubernetes pod's LAN
+// interface (the agent writes the annotation or an Event). Best effort:
+// the ADD's outcome does not depend on it; a failure is logged.
+func (a *adder) reportLAN(r agentsock.Report) {
+	if !a.askedAgent {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), agentReportTimeout)
+	defer cancel()
+	pod := a.pod0Ref()
+	if _, err := agentsock.Ask(ctx, agentSocket(), agentsock.Request{Op: agentsock.OpLANReport, Network: a.conf.Name, Pod: &pod, Report: &r}); err != nil {
+		fmt.Fprintf(os.Stderr, "village: reporting the LAN interface of pod %s to the agent: %v\n", pod, err)
+	}
+}
+
+// reportLANResult reports the LAN addresses of a successful ADD.
+func (a *adder) reportLANResult(res *current.Result) {
+	if !a.askedAgent || (a.lan == nil && a.dhcp == nil) || res == nil {
+		return
+	}
+	idx := -1
+	for i, ifc := range res.Interfaces {
+		if ifc.Name == a.conf.LAN.IfName && ifc.Sandbox != "" {
+			idx = i
+		}
+	}
+	var addrs []string
+	for _, ipc := range res.IPs {
+		if ipc.Interface != nil && *ipc.Interface == idx {
+			addrs = append(addrs, ipc.Address.String())
+		}
+	}
+	a.reportLAN(agentsock.Report{IfName: a.conf.LAN.IfName, Addresses: addrs})
+}
+
+// reportLANFailure reports why the LAN part of an ADD failed, by the IPAM
+// plugin's error code.
+func (a *adder) reportLANFailure(err error) {
+	if !a.askedAgent || err == nil {
+		return
+	}
+	reason := agentsock.FailOther
+	var te *types.Error
+	if errors.As(err, &te) {
+		switch te.Code {
+		case ipamExhausted:
+			reason = agentsock.FailExhausted
+		case ipamAddressUnavailable:
+			reason = agentsock.FailTaken
+			if strings.Contains(te.Msg, "outside") {
+				reason = agentsock.FailOutsidePool
+			}
+		}
+	}
+	a.reportLAN(agentsock.Report{Failure: reason, Message: err.Error()})
+}
+
+// withRequestedIPs puts ips into the LAN IPAM call's stdin as args.cni.ips
+// (the CNI "ips" convention every host-local-compatible IPAM reads),
+// replacing what the runtime put there for the pod interface.
+func withRequestedIPs(stdin []byte, ips []netip.Addr) ([]byte, error) {
+	if len(ips) == 0 {
+		return stdin, nil
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &m); err != nil {
+		return nil, err
+	}
+	args := map[string]json.RawMessage{}
+	if raw, ok := m["args"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &args); err != nil {
+			return nil, fmt.Errorf("failed to read \"args\": %w", err)
+		}
+	}
+	cni := map[string]json.RawMessage{}
+	if raw, ok := args["cni"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &cni); err != nil {
+			return nil, fmt.Errorf("failed to read \"args.cni\": %w", err)
+		}
+	}
+	s := make([]string, len(ips))
+	for i, ip := range ips {
+		s[i] = ip.String()
+	}
+	var err error
+	if cni["ips"], err = json.Marshal(s); err != nil {
+		return nil, err
+	}
+	if args["cni"], err = json.Marshal(cni); err != nil {
+		return nil, err
+	}
+	if m["args"], err = json.Marshal(args); err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}
+
+// lanAttached says whether DEL and CHECK should handle the LAN interface:
+// always with pods "all"; with pods "annotated" unless the prevResult the
+// runtime kept shows the ADD made none (without a prevResult, DEL
+// releases anyway: releasing nothing is fine).
+func lanAttached(conf *netconf.NetConf) bool {
+	if conf.LAN == nil {
+		return false
+	}
+	if conf.LAN.Pods != netconf.PodsAnnotated || conf.PrevResult == nil {
+		return true
+	}
+	prev, err := current.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return true
+	}
+	for _, ifc := range prev.Interfaces {
+		if ifc.Name == conf.LAN.IfName && ifc.Sandbox != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// villageArgs are the CNI_ARGS keys only village reads; they are taken out
+// of what the IPAM plugins get (host-local and village-ipam refuse unknown
+// keys unless IgnoreUnknown is set).
+var villageArgs = []string{"VILLAGE_LAN=", "VILLAGE_LAN_IP="}
+
+// ipamArgs is CNI_ARGS without villageArgs.
+func ipamArgs(cniArgs string) string {
+	if !strings.Contains(cniArgs, "VILLAGE_LAN") {
+		return cniArgs
+	}
+	var keep []string
+	for _, kv := range strings.Split(cniArgs, ";") {
+		drop := false
+		for _, p := range villageArgs {
+			if strings.HasPrefix(kv, p) {
+				drop = true
+			}
+		}
+		if !drop {
+			keep = append(keep, kv)
+		}
+	}
+	return strings.Join(keep, ";")
+}
