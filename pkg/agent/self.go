@@ -7,49 +7,12 @@ import (
 	"os"
 	"slices"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/village-cni/village/pkg/cidr"
-	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/subnetfile"
 	"github.com/village-cni/village/pkg/validate"
 )
-
-// underlayAddr is this node's address toward the other nodes: the first
-// global address (IPv4 first) of the configured underlay interface, or of
-// the default route's interface. It is what overlay.Set uses when given no
-// address, resolved here so the agent can register it.
-func underlayAddr(name string) (string, net.IP, error) {
-	var link netlink.Link
-	var err error
-	if name != "" {
-		if link, err = netlink.LinkByName(name); err != nil {
-			return name, nil, fmt.Errorf("underlay interface %s: %w", name, err)
-		}
-	} else {
-		if link, _, err = netsetup.DefaultRouteLink(nil); err != nil {
-			return "", nil, err
-		}
-		if link == nil {
-			return "", nil, fmt.Errorf("no default route to find the underlay interface; set backend.underlay")
-		}
-	}
-	name = link.Attrs().Name
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
-	if err != nil {
-		return name, nil, fmt.Errorf("listing addresses of underlay %s: %w", name, err)
-	}
-	ip := overlay.FirstGlobal(addrs)
-	if ip == nil {
-		return name, nil, fmt.Errorf("underlay %s has no global address", name)
-	}
-	if v4 := ip.To4(); v4 != nil {
-		ip = v4
-	}
-	return name, ip, nil
-}
 
 // record is the registry entry of a node with these attributes.
 func record(name string, ip net.IP, cidrs []*net.IPNet) registry.Node {

@@ -88,8 +88,8 @@ func New(cfg Config) (*clientv3.Client, error) {
 			zapcore.Lock(os.Stderr), zap.ErrorLevel))
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:           cfg.Endpoints,
-		DialTimeout:         cfg.Timeout(),
+		Endpoints:            cfg.Endpoints,
+		DialTimeout:          cfg.Timeout(),
 		DialKeepAliveTime:    cfg.KeepAlive,
 		DialKeepAliveTimeout: cfg.KeepAlive / 2,
 		AutoSyncInterval:     0,
