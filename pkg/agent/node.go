@@ -15,9 +15,10 @@ import (
 // one). Run waits and retries where sync and status fail at once, but
 // both build this node and its peer set with the same calls.
 type node struct {
-	c   *Conf
-	r   *overlay.Reconciler
-	src source
+	c    *Conf
+	r    *overlay.Reconciler
+	src  source
+	conv peerCache // the last list's records, converted (run's loop only)
 }
 
 // openNode loads opts.ConfFile and opens the reconciler and the registry.
@@ -75,6 +76,6 @@ func (n *node) self(ip net.IP, cidrs []*net.IPNet) overlay.Node {
 // registry's nodes other than this one whose names are not among them;
 // records that do not convert are left out and returned in bad.
 func (n *node) peers(nodes []registry.Node) (peers []overlay.Node, bad []error) {
-	fromReg, bad := peersOf(nodes, n.c.Node)
+	fromReg, bad := peersOf(nodes, n.c.Node, &n.conv)
 	return mergePeers(n.c.staticPeers(), fromReg), bad
 }
