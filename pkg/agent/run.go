@@ -105,7 +105,7 @@ func Run(ctx context.Context, opts Options) error {
 	defer func() { cancel(); wg.Wait() }() // every goroutine is gone when Run returns
 
 	kernel := make(chan struct{}, 1)
-	wg.Go(func() { watchKernel(ctx, kernel, opts.logf) })
+	wg.Go(func() { watchKernel(ctx, a.r, kernel, opts.logf) })
 
 	var snaps chan registry.Snapshot
 	var records chan registry.Node

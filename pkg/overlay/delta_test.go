@@ -5,6 +5,9 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // TestPlanDelta: a change is planned alone exactly when that is the whole
@@ -92,4 +95,40 @@ func flatten(m map[string][]objRef) []objRef {
 		out = append(out, refs...)
 	}
 	return out
+}
+
+// TestWanted: a deletion is drift only for what the baseline plans.
+func TestWanted(t *testing.T) {
+	e := env{u: underlay{ip: net.IPv4(192, 168, 77, 1).To4()}, vtep: linkRef{index: 9, name: "village.1"}, metric: 7}
+	self := Node{Name: "self", IP: e.u.ip}
+	p := Node{Name: "p1", IP: net.IPv4(10, 60, 0, 1).To4(), PodCIDRs: []*net.IPNet{{IP: net.IPv4(10, 200, 1, 0).To4(), Mask: net.CIDRMask(24, 32)}}}
+	r := &Reconciler{metric: 7}
+	if !r.Wanted(&netlink.Route{Dst: p.PodCIDRs[0], Priority: 7}, nil) {
+		t.Error("without a baseline every deletion is drift")
+	}
+	b := &baseline{mode: ModeVXLAN, self: self, e: e}
+	d, problems := plan(vxlanBackend{}, e, self, []Node{p})
+	b.reset(map[string]Node{p.Name: p}, d, problems)
+	r.base = b
+	mac := DeriveMAC(p.IP)
+	other := &net.IPNet{IP: net.IPv4(10, 200, 2, 0).To4(), Mask: net.CIDRMask(24, 32)}
+	for _, tc := range []struct {
+		what string
+		rt   *netlink.Route
+		n    *netlink.Neigh
+		want bool
+	}{
+		{"planned route", &netlink.Route{Dst: p.PodCIDRs[0], Priority: 7}, nil, true},
+		{"route no longer planned", &netlink.Route{Dst: other, Priority: 7}, nil, false},
+		{"another network's route", &netlink.Route{Dst: p.PodCIDRs[0], Priority: 8}, nil, false},
+		{"planned neighbour", nil, &netlink.Neigh{LinkIndex: 9, IP: net.IPv4(10, 200, 1, 0).To4(), HardwareAddr: mac}, true},
+		{"old neighbour", nil, &netlink.Neigh{LinkIndex: 9, IP: net.IPv4(10, 200, 2, 0).To4(), HardwareAddr: mac}, false},
+		{"planned FDB entry", nil, &netlink.Neigh{LinkIndex: 9, Family: unix.AF_BRIDGE, IP: p.IP, HardwareAddr: mac}, true},
+		{"FDB entry's old destination", nil, &netlink.Neigh{LinkIndex: 9, Family: unix.AF_BRIDGE, IP: net.IPv4(10, 61, 0, 1).To4(), HardwareAddr: mac}, false},
+		{"entry on another device", nil, &netlink.Neigh{LinkIndex: 3, Family: unix.AF_BRIDGE, HardwareAddr: mac}, true},
+	} {
+		if got := r.Wanted(tc.rt, tc.n); got != tc.want {
+			t.Errorf("%s: Wanted %v, want %v", tc.what, got, tc.want)
+		}
+	}
 }
