@@ -16,6 +16,7 @@
 #   sudo ./scripts/bench.sh -only kube      # only the kubernetes registry at scale (below)
 #   sudo ./scripts/bench.sh -only kubelet   # only pod start under a real kubelet (below)
 #   sudo ./scripts/bench.sh -only lan       # only a pod's ADD by LAN address source (below)
+#   sudo ./scripts/bench.sh -only flannel   # only the control plane against flanneld (below)
 #
 # The kube section (also run after the others when no -only is given) is
 # BenchmarkAgentKubeScale in test/e2e: one villaged watching a real
@@ -31,6 +32,13 @@
 # test/e2e: a pod's ADD without a LAN interface, with one from a village-ipam
 # pool, and with one leased from dnsmasq in the LAN through villaged's DHCP
 # client (a full DISCOVER..ACK per ADD).
+#
+# The flannel section (only with -only flannel) is
+# BenchmarkControlPlaneVsFlannel in test/e2e: villaged and flanneld
+# (scripts/flannel.sh builds it) watching one kube-apiserver, vxlan then
+# host-gw, while 1,000 Nodes are created ($VILLAGE_BENCH_NODES=1000,5000 for
+# both sizes), 100 changed and 100 deleted; per-event latency to the kernel,
+# CPU, RSS and API requests of each.
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -52,6 +60,14 @@ kubelet_bench() {
   VILLAGE_KUBE_DIR="${VILLAGE_KUBE_DIR:-/var/cache/village/kubernetes-v1.37.2}" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
     go test -run '^$' -bench '^BenchmarkKubeletPodStart$' -benchtime 1x -timeout 90m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL'
 }
+flannel_bench() {
+  VILLAGE_FLANNELD="$(./scripts/flannel.sh)" VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
+    go test -run '^$' -bench '^BenchmarkControlPlaneVsFlannel$' -benchtime 1x -timeout 90m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
+}
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "flannel" ]; then
+  flannel_bench
+  exit
+fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "kubelet" ]; then
   kubelet_bench
   exit

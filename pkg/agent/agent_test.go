@@ -127,7 +127,7 @@ func TestAgentPeersOfAndMerge(t *testing.T) {
 		{Name: "b", IP: "192.0.2.2", PodCIDRs: []string{"10.1.2.0/24"}, VtepMAC: "0e:76:00:00:00:02"},
 		{Name: "bad", IP: "nope"},
 	}
-	peers, bad := peersOf(nodes, "self")
+	peers, bad := peersOf(nodes, "self", nil)
 	if len(peers) != 2 || len(bad) != 1 || peers[1].VtepMAC.String() != "0e:76:00:00:00:02" {
 		t.Fatalf("peers %+v bad %v", peers, bad)
 	}

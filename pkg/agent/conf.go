@@ -9,10 +9,6 @@ import (
 	"os"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-
 	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/etcdclient"
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
@@ -179,11 +175,18 @@ func villageEntry(raw []byte) ([]byte, error) {
 	return nil, errors.New(`no plugin of type "village" in the list`)
 }
 
-// etcdConfig is how to reach the registry.
+// etcdConfig is how to reach the registry, with keep-alive on: the agent
+// lives long, and must notice a connection that died with its source
+// address (its lease would expire while every call hangs).
 func (c *Conf) etcdConfig() etcdclient.Config {
 	r := c.Registry()
-	return etcdclient.Config{Endpoints: r.Endpoints, CAFile: r.CAFile, CertFile: r.CertFile, KeyFile: r.KeyFile}
+	return etcdclient.Config{Endpoints: r.Endpoints, CAFile: r.CAFile, CertFile: r.CertFile, KeyFile: r.KeyFile, KeepAlive: keepAlive}
 }
+
+// keepAlive is the agent's etcd ping interval: just above etcd's default
+// minimum (5 s; closer pings get the connection closed), so a dead
+// connection is replaced within about 9 s.
+const keepAlive = 6 * time.Second
 
 // openRegistry connects to the registry of c (the caller closes the
 // client with the returned func).
@@ -193,7 +196,7 @@ func (c *Conf) openRegistry() (*registry.Registry, func(), error) {
 		return nil, nil, fmt.Errorf("%s: backend has no registry", c.File)
 	}
 	ec := c.etcdConfig()
-	cli, err := newClient(ec)
+	cli, err := etcdclient.New(ec)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -206,42 +209,6 @@ func (c *Conf) openRegistry() (*registry.Registry, func(), error) {
 		return nil, nil, err
 	}
 	return reg, func() { cli.Close() }, nil
-}
-
-// Keep-alive of the agent's etcd connection: etcd's default minimum ping
-// interval is 5 s (closer pings get the connection closed).
-const (
-	keepAliveTime    = 6 * time.Second
-	keepAliveTimeout = 3 * time.Second
-)
-
-// newClient is etcdclient's client setup (TLS, endpoints) with gRPC
-// keep-alive on. etcdclient turns keep-alive off, which suits a CNI plugin
-// that lives for one call; a daemon must notice a connection that died
-// silently, above all the one whose source address went away when this
-// node's underlay address changed: without pings it would hang until TCP
-// gives up (many minutes) while every call times out, and the lease would
-// expire. With them the connection is replaced within about 9 s.
-func newClient(ec etcdclient.Config) (*clientv3.Client, error) {
-	tlsCfg, err := etcdclient.TLSConfig(ec)
-	if err != nil {
-		return nil, err
-	}
-	lg := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewProductionEncoderConfig()),
-		zapcore.Lock(os.Stderr), zap.ErrorLevel))
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            ec.Endpoints,
-		DialTimeout:          ec.Timeout(),
-		DialKeepAliveTime:    keepAliveTime,
-		DialKeepAliveTimeout: keepAliveTimeout,
-		PermitWithoutStream:  true,
-		TLS:                  tlsCfg,
-		Logger:               lg,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("etcd at %v: %w", ec.Endpoints, err)
-	}
-	return cli, nil
 }
 
 // subnetSpace is where this node's subnet is leased from.

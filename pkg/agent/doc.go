@@ -17,7 +17,9 @@
 //     under an etcd lease of the configured TTL.
 //  3. Follows the registry: a list at one revision, then a watch from the
 //     next, each batch of changes yielding a full snapshot of the nodes.
-//  4. Reconciles with overlay.Set(self, peers) on every snapshot. The first
+//  4. Reconciles: the first snapshot with overlay.Set(self, peers), every
+//     later one with overlay.Update and the change overlay.Diff finds from
+//     the previous peer set (Set again when Update cannot). The first
 //     Set, made only once the first list has arrived, is also the sweep of
 //     whatever a previous run left that is no longer wanted: nothing is
 //     ever reconciled against a view the agent does not have, so an

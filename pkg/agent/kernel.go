@@ -16,7 +16,11 @@ import (
 // neighbour or FDB entry deleted, an address added or removed (the underlay
 // address may have changed). Without notifications (a subscription failed
 // or its socket overflowed) the periodic pass still repairs everything.
-func watchKernel(ctx context.Context, out chan<- struct{}, logf func(string, ...any)) {
+// An overlay object's deletion signals only when r still wants the object
+// (Reconciler.Wanted): the agent's own deletions of what a registry change
+// made unwanted are not drift, and a full pass after each of them would
+// cost a dump of every route per event.
+func watchKernel(ctx context.Context, r *overlay.Reconciler, out chan<- struct{}, logf func(string, ...any)) {
 	done := ctx.Done()
 	onErr := func(what string) func(error) {
 		return func(err error) {
@@ -55,7 +59,8 @@ func watchKernel(ctx context.Context, out chan<- struct{}, logf func(string, ...
 				routes = nil
 				continue
 			}
-			if u.Type == unix.RTM_DELROUTE && (u.Protocol == overlay.RouteProtocol || u.Protocol == macvlan.RouteProtocol) {
+			if u.Type == unix.RTM_DELROUTE && (u.Protocol == macvlan.RouteProtocol ||
+				(u.Protocol == overlay.RouteProtocol && r.Wanted(&u.Route, nil))) {
 				signal()
 			}
 		case u, ok := <-neighs:
@@ -63,7 +68,7 @@ func watchKernel(ctx context.Context, out chan<- struct{}, logf func(string, ...
 				neighs = nil
 				continue
 			}
-			if u.Type == unix.RTM_DELNEIGH && u.State&netlink.NUD_PERMANENT != 0 {
+			if u.Type == unix.RTM_DELNEIGH && u.State&netlink.NUD_PERMANENT != 0 && r.Wanted(nil, &u.Neigh) {
 				signal()
 			}
 		case _, ok := <-addrs:

@@ -31,24 +31,17 @@ type view struct {
 	close      func()
 }
 
+// readView assembles the node as run does (openNode), then reads its pod
+// subnets and the registry's list once, failing instead of waiting.
 func readView(ctx context.Context, opts Options) (*view, error) {
-	c, err := Load(opts)
+	n, err := openNode(opts)
 	if err != nil {
 		return nil, err
 	}
-	v := &view{c: c, close: func() {}}
-	if v.r, err = c.newReconciler(); err != nil {
-		return nil, err
-	}
-	v.close = func() { v.r.Close() }
+	c := n.c
+	v := &view{c: c, r: n.r, src: n.src, close: n.close}
 	fail := func(err error) (*view, error) { v.close(); return nil, err }
-	if v.src, err = c.openSource(); err != nil {
-		return fail(err)
-	}
-	if v.src != nil {
-		v.close = func() { v.src.close(); v.r.Close() }
-	}
-	_, ip, err := underlayAddr(c.Backend.Underlay)
+	ip, err := n.underlayIP()
 	if err != nil {
 		return fail(err)
 	}
@@ -59,24 +52,22 @@ func readView(ctx context.Context, opts Options) (*view, error) {
 	if len(cidrs) == 0 {
 		return fail(fmt.Errorf("node %s has no pod subnet: %s names no IPAM range, %s does not exist and the registry holds no subnet for it; start `villaged run` first", c.Node, c.File, c.SubnetFile))
 	}
-	v.self, v.selfSrc = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}, src
-	v.peers = c.staticPeers()
+	v.self, v.selfSrc = n.self(ip, cidrs), src
+	var nodes []registry.Node
 	if v.src != nil {
-		nodes, rev, bad, err := v.src.nodes(ctx)
-		if err != nil {
+		if nodes, v.rev, v.bad, err = v.src.nodes(ctx); err != nil {
 			return fail(err)
 		}
-		v.rev, v.bad = rev, bad
-		for _, n := range nodes {
-			if n.Name == c.Node {
-				v.registered = &n
+		for _, rec := range nodes {
+			if rec.Name == c.Node {
+				v.registered = &rec
 			}
 		}
-		fromReg, errs := peersOf(nodes, c.Node)
-		for _, e := range errs {
-			v.bad = joinErr(v.bad, e)
-		}
-		v.peers = mergePeers(v.peers, fromReg)
+	}
+	var errs []error
+	v.peers, errs = n.peers(nodes)
+	for _, e := range errs {
+		v.bad = joinErr(v.bad, e)
 	}
 	return v, nil
 }

@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/metrics"
-	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
@@ -35,19 +32,16 @@ const (
 // leaving routes in place and the lease to expire by itself. It returns an
 // error only for a configuration that cannot work.
 func Run(ctx context.Context, opts Options) error {
-	c, err := Load(opts)
+	n, err := openNode(opts)
 	if err != nil {
 		return err
 	}
+	defer n.close()
 	if opts.Period <= 0 {
 		opts.Period = DefaultPeriod
 	}
-	r, err := c.newReconciler()
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	a := &agent{c: c, opts: opts, r: r, health: newHealth(c.Node)}
+	c, src := n.c, n.src
+	a := &agent{n: n, c: c, opts: opts, r: n.r, health: newHealth(c.Node)}
 
 	// Health from the first second: the probes answer while the agent still
 	// waits for its underlay address or pod subnet (/readyz says which). The
@@ -74,25 +68,10 @@ func Run(ctx context.Context, opts Options) error {
 		opts.logf("warning: %v", err)
 	}
 
-	src, err := c.openSource()
-	if err != nil {
-		return err
-	}
-	if src != nil {
-		defer src.close()
-		if c.Registry().Type == netconf.RegistryEtcd && len(c.PodCIDRs) == 0 {
-			if _, err := c.subnetSpace(); err != nil {
-				return err
-			}
-		}
-	} else if len(c.PodCIDRs) == 0 {
-		return fmt.Errorf("%s: the IPAM block names no range and the backend has no registry to lease one from", c.File)
-	}
-
 	var ip net.IP
 	if err := retry(ctx, opts, "finding the underlay address", func() error {
 		var err error
-		_, ip, err = underlayAddr(c.Backend.Underlay)
+		ip, err = n.underlayIP()
 		return err
 	}); err != nil {
 		return nil // stopped while waiting
@@ -112,7 +91,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		opts.logf("node %s holds pod subnet %s (published in %s%s)", c.Node, cidrList(cidrs), c.SubnetFile, map[bool]string{false: ", unchanged", true: ""}[changed])
 	}
-	a.self = overlay.Node{Name: c.Node, IP: ip, PodCIDRs: cidrs}
+	a.self = n.self(ip, cidrs)
 	if opts.PublishConfDir != "" {
 		if err := retry(ctx, opts, "publishing the conflist in "+opts.PublishConfDir, func() error {
 			published, err := c.publishConf(opts.PublishConfDir)
@@ -131,7 +110,7 @@ func Run(ctx context.Context, opts Options) error {
 	defer func() { cancel(); wg.Wait() }() // every goroutine is gone when Run returns
 
 	kernel := make(chan struct{}, 1)
-	wg.Go(func() { watchKernel(ctx, kernel, opts.logf) })
+	wg.Go(func() { watchKernel(ctx, a.r, kernel, opts.logf) })
 
 	var snaps chan registry.Snapshot
 	var records chan registry.Node
@@ -157,6 +136,7 @@ func Run(ctx context.Context, opts Options) error {
 
 // agent is the loop's state; only the loop goroutine touches it.
 type agent struct {
+	n        *node
 	c        *Conf
 	opts     Options
 	r        *overlay.Reconciler
@@ -209,61 +189,26 @@ func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records 
 // setView takes a registry snapshot as the peer set, logging who came and
 // went, and returns the change from the previous set.
 func (a *agent) setView(s registry.Snapshot) overlay.PeerChange {
-	peers, bad := peersOf(s.Nodes, a.self.Name)
-	peers = mergePeers(a.c.staticPeers(), peers)
+	peers, bad := a.n.peers(s.Nodes)
 	for _, err := range bad {
 		a.opts.logf("registry: ignoring a record: %v", err)
 	}
-	old := map[string]bool{}
-	for _, p := range a.peers {
-		old[p.Name] = true
+	change := overlay.Diff(a.peers, peers)
+	for _, p := range change.Added {
+		a.opts.logf("peer %s joined: %s, pods %s", p.Name, p.IP, cidrList(p.PodCIDRs))
 	}
-	for _, p := range peers {
-		if !old[p.Name] {
-			a.opts.logf("peer %s joined: %s, pods %s", p.Name, p.IP, cidrList(p.PodCIDRs))
-		}
-		delete(old, p.Name)
+	for _, p := range change.Removed {
+		a.opts.logf("peer %s left (record deleted or lease expired)", p.Name)
 	}
-	for _, name := range slices.Sorted(maps.Keys(old)) {
-		a.opts.logf("peer %s left (record deleted or lease expired)", name)
-	}
-	change := diffPeers(a.peers, peers)
 	a.peers, a.haveView = peers, true
 	return change
-}
-
-// diffPeers is the change from the peer set before to after, by name.
-func diffPeers(before, after []overlay.Node) overlay.PeerChange {
-	var ch overlay.PeerChange
-	was := make(map[string]overlay.Node, len(before))
-	for _, p := range before {
-		was[p.Name] = p
-	}
-	for _, p := range after {
-		old, ok := was[p.Name]
-		switch {
-		case !ok:
-			ch.Added = append(ch.Added, p)
-		case !sameNode(old, p):
-			ch.Updated = append(ch.Updated, p)
-		}
-		delete(was, p.Name)
-	}
-	for _, name := range slices.Sorted(maps.Keys(was)) {
-		ch.Removed = append(ch.Removed, was[name])
-	}
-	return ch
-}
-
-func sameNode(a, b overlay.Node) bool {
-	return a.Name == b.Name && a.IP.Equal(b.IP) && a.VtepMAC.String() == b.VtepMAC.String() && cidrList(a.PodCIDRs) == cidrList(b.PodCIDRs)
 }
 
 // update applies a known change of the peer set without reading the kernel
 // (a watch event: a few netlink writes); anything it cannot do that way
 // falls back to a full pass. Drift made by hand is the periodic pass's job.
 func (a *agent) update(ctx context.Context, why string, change overlay.PeerChange) {
-	if len(change.Added)+len(change.Updated)+len(change.Removed) == 0 {
+	if change.Empty() {
 		return
 	}
 	pctx, cancel := context.WithTimeout(ctx, passTimeout)
@@ -318,7 +263,7 @@ func (a *agent) pass(ctx context.Context, why string, repair bool) {
 // checkSelf re-reads the underlay address; when it changed, the
 // registration follows and the next pass uses it.
 func (a *agent) checkSelf(records chan registry.Node) {
-	_, ip, err := underlayAddr(a.c.Backend.Underlay)
+	ip, err := a.n.underlayIP()
 	if err != nil {
 		a.opts.logf("underlay: %v (keeping %s)", err, a.self.IP)
 		return

@@ -7,49 +7,12 @@ import (
 	"os"
 	"slices"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/village-cni/village/pkg/cidr"
-	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/subnetfile"
 	"github.com/village-cni/village/pkg/validate"
 )
-
-// underlayAddr is this node's address toward the other nodes: the first
-// global address (IPv4 first) of the configured underlay interface, or of
-// the default route's interface. It is what overlay.Set uses when given no
-// address, resolved here so the agent can register it.
-func underlayAddr(name string) (string, net.IP, error) {
-	var link netlink.Link
-	var err error
-	if name != "" {
-		if link, err = netlink.LinkByName(name); err != nil {
-			return name, nil, fmt.Errorf("underlay interface %s: %w", name, err)
-		}
-	} else {
-		if link, _, err = netsetup.DefaultRouteLink(nil); err != nil {
-			return "", nil, err
-		}
-		if link == nil {
-			return "", nil, fmt.Errorf("no default route to find the underlay interface; set backend.underlay")
-		}
-	}
-	name = link.Attrs().Name
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
-	if err != nil {
-		return name, nil, fmt.Errorf("listing addresses of underlay %s: %w", name, err)
-	}
-	ip := overlay.FirstGlobal(addrs)
-	if ip == nil {
-		return name, nil, fmt.Errorf("underlay %s has no global address", name)
-	}
-	if v4 := ip.To4(); v4 != nil {
-		ip = v4
-	}
-	return name, ip, nil
-}
 
 // record is the registry entry of a node with these attributes.
 func record(name string, ip net.IP, cidrs []*net.IPNet) registry.Node {
@@ -86,19 +49,57 @@ func overlayNode(n registry.Node) (overlay.Node, error) {
 	return o, nil
 }
 
+// peerCache keeps each record of the last list with its conversion, so a
+// list in which one record changed converts one record.
+type peerCache struct {
+	list  uint64 // the number of the last list
+	byRec map[string]*converted
+}
+
+type converted struct {
+	rec  registry.Node
+	peer overlay.Node
+	err  error
+	seen uint64 // the list it was last in
+}
+
 // peersOf converts a registry snapshot to reconciler peers, leaving out
-// this node and records that do not convert (reported in bad).
-func peersOf(nodes []registry.Node, self string) (peers []overlay.Node, bad []error) {
+// this node and records that do not convert (reported in bad). With a
+// cache (nil: none), a record equal to the one last converted under its
+// name is not converted again, and names gone from nodes are forgotten.
+func peersOf(nodes []registry.Node, self string, cache *peerCache) (peers []overlay.Node, bad []error) {
+	if cache == nil {
+		cache = &peerCache{}
+	}
+	if cache.byRec == nil {
+		cache.byRec = map[string]*converted{}
+	}
+	cache.list++
+	gen := cache.list
+	peers = make([]overlay.Node, 0, len(nodes))
 	for _, n := range nodes {
 		if n.Name == self {
 			continue
 		}
-		o, err := overlayNode(n)
-		if err != nil {
-			bad = append(bad, err)
+		cv := cache.byRec[n.Name]
+		if cv == nil || !cv.rec.Equal(n) {
+			o, err := overlayNode(n)
+			cv = &converted{rec: n, peer: o, err: err}
+			cache.byRec[n.Name] = cv
+		}
+		cv.seen = gen
+		if cv.err != nil {
+			bad = append(bad, cv.err)
 			continue
 		}
-		peers = append(peers, o)
+		peers = append(peers, cv.peer)
+	}
+	if len(cache.byRec) > len(peers)+len(bad) {
+		for name, cv := range cache.byRec {
+			if cv.seen != gen {
+				delete(cache.byRec, name)
+			}
+		}
 	}
 	return peers, bad
 }

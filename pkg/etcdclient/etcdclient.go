@@ -4,7 +4,8 @@
 //
 // The client suits a CNI plugin: it never writes to stdout (the CNI result
 // channel) and logs errors only, to stderr; it starts no background work that
-// outlives Close (no endpoint auto-sync, no keep-alive without a stream); the
+// outlives Close (no endpoint auto-sync, and no keep-alive unless
+// Config.KeepAlive asks for it, as the long-lived agent does); the
 // connection is made lazily, so every call is bounded by the caller's context
 // deadline, and Describe turns a deadline into an error naming the endpoints.
 package etcdclient
@@ -51,6 +52,15 @@ type Config struct {
 	DialTimeout time.Duration
 	// Logger receives the client's log; nil logs errors only, to stderr.
 	Logger *zap.Logger
+	// KeepAlive, when set, pings the server every KeepAlive (also without an
+	// open stream) and drops a connection whose ping is not answered within
+	// KeepAlive/2. A daemon needs it to notice a connection that died
+	// silently (its source address went away when the node's underlay
+	// address changed): without pings it hangs until TCP gives up, many
+	// minutes, while every call times out. 0 (a plugin that lives for one
+	// call) sends none. etcd closes connections that ping more often than
+	// every 5 s.
+	KeepAlive time.Duration
 }
 
 // Timeout is c.DialTimeout or its default.
@@ -78,14 +88,15 @@ func New(cfg Config) (*clientv3.Client, error) {
 			zapcore.Lock(os.Stderr), zap.ErrorLevel))
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:           cfg.Endpoints,
-		DialTimeout:         cfg.Timeout(),
-		DialKeepAliveTime:   0,
-		AutoSyncInterval:    0,
-		TLS:                 tlsCfg,
-		Logger:              lg,
-		RejectOldCluster:    false,
-		PermitWithoutStream: false,
+		Endpoints:            cfg.Endpoints,
+		DialTimeout:          cfg.Timeout(),
+		DialKeepAliveTime:    cfg.KeepAlive,
+		DialKeepAliveTimeout: cfg.KeepAlive / 2,
+		AutoSyncInterval:     0,
+		TLS:                  tlsCfg,
+		Logger:               lg,
+		RejectOldCluster:     false,
+		PermitWithoutStream:  cfg.KeepAlive > 0,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd at %v: %w", cfg.Endpoints, err)

@@ -320,7 +320,8 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 		logf("annotated Node %q: %s=%s %s=%s", r.cfg.Node, AnnotationIP, want.IP, AnnotationVtepMAC, want.VtepMAC)
 	}
 	ensure()
-	r.send(ctx, inf.GetStore(), rev.Load(), out, logf)
+	recs := recordCache{}
+	r.send(ctx, inf.GetStore(), rev.Load(), recs, out, logf)
 	for {
 		select {
 		case <-ctx.Done():
@@ -333,7 +334,7 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 			ensure()
 		case <-changed:
 			ensure()
-			r.send(ctx, inf.GetStore(), rev.Load(), out, logf)
+			r.send(ctx, inf.GetStore(), rev.Load(), recs, out, logf)
 		}
 	}
 }
@@ -349,16 +350,49 @@ func metaOf(obj any) (metav1.Object, error) {
 	return m, nil
 }
 
+// recordCache is the Nodes of the last snapshot as records, by name, with the
+// resourceVersion they were read at: a snapshot after one Node changed
+// reads one Node again.
+type recordCache map[string]*cachedRecord
+
+type cachedRecord struct {
+	rv   string
+	rec  registry.Node
+	ok   bool
+	err  error
+	seen bool
+}
+
 // send makes a snapshot of the store and replaces any unread one on out.
-func (r *Registry) send(ctx context.Context, store cache.Store, rev int64, out chan registry.Snapshot, logf func(string, ...any)) {
+func (r *Registry) send(ctx context.Context, store cache.Store, rev int64, recs recordCache, out chan registry.Snapshot, logf func(string, ...any)) {
 	s := registry.Snapshot{Revision: rev}
-	for _, obj := range store.List() {
-		rec, ok, err := Record(obj.(*corev1.Node))
-		if err != nil {
-			logf("kubernetes registry: skipping %v", err)
+	objs := store.List()
+	for _, c := range recs {
+		c.seen = false
+	}
+	for _, obj := range objs {
+		n := obj.(*corev1.Node)
+		c := recs[n.Name]
+		if c == nil || c.rv != n.ResourceVersion {
+			c = &cachedRecord{rv: n.ResourceVersion}
+			c.rec, c.ok, c.err = Record(n)
+			recs[n.Name] = c
+			if c.err != nil {
+				logf("kubernetes registry: skipping %v", c.err)
+			}
 		}
-		if ok {
+		c.seen = true
+		if c.ok {
+			rec := c.rec
+			rec.PodCIDRs = slices.Clone(rec.PodCIDRs)
 			s.Nodes = append(s.Nodes, rec)
+		}
+	}
+	if len(recs) > len(objs) {
+		for name, c := range recs {
+			if !c.seen {
+				delete(recs, name)
+			}
 		}
 	}
 	slices.SortFunc(s.Nodes, func(a, b registry.Node) int { return strings.Compare(a.Name, b.Name) })

@@ -212,3 +212,23 @@ func TestMeasureScale(t *testing.T) {
 	t.Logf("on top of %d peers: no change %v, one peer moved %v", scalePeers, noop, one)
 	t.Logf("on top of %d peers: one peer moved by Update %v", scalePeers, upd)
 }
+
+// BenchmarkUpdateOneAddedOn1000: one new peer on top of 1000 through Update
+// (a new destination: the kernel is asked whether a foreign route is there),
+// then removed again (untimed).
+func BenchmarkUpdateOneAddedOn1000(b *testing.B) {
+	s := newScaleNode(b)
+	peers := fakePeers(scalePeers + 1)
+	s.set(b, peers[:scalePeers])
+	extra := peers[scalePeers]
+	for b.Loop() {
+		if _, err := s.r.Update(context.Background(), s.self, overlay.PeerChange{Added: []overlay.Node{extra}}); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if _, err := s.r.Update(context.Background(), s.self, overlay.PeerChange{Removed: []overlay.Node{{Name: extra.Name}}}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}

@@ -97,24 +97,48 @@ func (r *Reconciler) blocker(cur current, want route, op Op) (*netlink.Route, er
 	case op != OpAdd:
 		return nil, nil
 	}
-	return r.blockerOf(want)
+	return r.blockerOf(cur, want)
 }
 
 // blockerOf is the route of someone else at want's destination the kernel
-// would prefer to want, nil when there is none. One FIB lookup answers when
-// the best route for the destination's address is exactly at want's
-// destination; otherwise the family's routes are dumped once.
-func (r *Reconciler) blockerOf(want route) (*netlink.Route, error) {
+// would prefer to want, nil when there is none. One FIB lookup of the
+// destination's address answers in the common cases: the best route is
+// exactly at want's destination (then it is the one to compare with), or it
+// is a shorter prefix of the main table, or there is none (then no usable
+// route is at want's destination: it would be the longer match). Otherwise
+// (a longer prefix inside want's, another table's route) the family's routes
+// are dumped, once per pass (cur.dumps).
+func (r *Reconciler) blockerOf(cur current, want route) (*netlink.Route, error) {
 	got, err := r.h.RouteGetWithOptions(want.dst.IP, &netlink.RouteGetOptions{FIBMatch: true})
-	if err == nil && len(got) == 1 && got[0].Dst != nil && got[0].Dst.String() == want.key() && got[0].Table == unix.RT_TABLE_MAIN {
-		if rt := got[0]; rt.Priority < want.priority() || (rt.Priority == want.priority() && rt.Protocol != RouteProtocol) {
-			return &rt, nil
-		}
+	if errors.Is(err, unix.ENETUNREACH) {
 		return nil, nil
 	}
-	routes, err := r.routeDump(family(want.dst.IP))
-	if err != nil {
-		return nil, err
+	wantLen, _ := want.dst.Mask.Size()
+	if err == nil && len(got) == 1 && got[0].Table == unix.RT_TABLE_MAIN {
+		rt := got[0]
+		gotLen := 0
+		if rt.Dst != nil {
+			gotLen, _ = rt.Dst.Mask.Size()
+		}
+		switch {
+		case rt.Dst != nil && rt.Dst.String() == want.key():
+			if rt.Priority < want.priority() || (rt.Priority == want.priority() && rt.Protocol != RouteProtocol) {
+				return &rt, nil
+			}
+			return nil, nil
+		case gotLen < wantLen:
+			return nil, nil
+		}
+	}
+	fam := family(want.dst.IP)
+	routes, ok := cur.dumps[fam]
+	if !ok {
+		if routes, err = r.routeDump(fam); err != nil {
+			return nil, err
+		}
+		if cur.dumps != nil {
+			cur.dumps[fam] = routes
+		}
 	}
 	for _, rt := range routes {
 		if rt.Dst != nil && rt.Dst.String() == want.key() && rt.Priority <= want.priority() &&

@@ -27,6 +27,9 @@ type current struct {
 	// dump), so others is empty and someone else's route in the way of a
 	// new one is asked of the kernel (blockerOf).
 	blind bool
+	// dumps are the route dumps a blind pass made, by family (at most one
+	// each per pass; see blockerOf).
+	dumps map[int][]netlink.Route
 
 	// the above by key (destination, address, MAC): the kernel's identity
 	// of each kind
@@ -75,7 +78,7 @@ func (o *current) blocker(want route) *netlink.Route {
 // believed is what the kernel carries after plan d was applied without a
 // failure: its objects as the kernel writes them.
 func believed(d desired) current {
-	o := current{blind: true, devs: map[int]string{},
+	o := current{blind: true, devs: map[int]string{}, dumps: map[int][]netlink.Route{},
 		owned:      make([]keyed[netlink.Route], 0, len(d.routes)),
 		neighs:     make([]keyed[netlink.Neigh], 0, len(d.neighs)),
 		fdbs:       make([]keyed[netlink.Neigh], 0, len(d.fdbs)),

@@ -2,8 +2,9 @@ package overlay
 
 import (
 	"fmt"
-	"github.com/village-cni/village/pkg/netsetup"
 	"net"
+
+	"github.com/village-cni/village/pkg/netsetup"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -54,6 +55,26 @@ func (r *Reconciler) resolveUnderlay(self Node) (underlay, error) {
 		return u, fmt.Errorf("%w: node %s address %s is not on underlay %s", ErrConfig, self.Name, u.ip, u.name())
 	}
 	return u, nil
+}
+
+// Underlay is this node's underlay interface and its address toward the
+// other nodes, as Set resolves them when self has no address: the
+// configured interface (or the default route's) and its first global
+// address, IPv4 first (in 4 bytes). The agent registers that address.
+func (r *Reconciler) Underlay() (name string, ip net.IP, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.h == nil {
+		return "", nil, errClosed
+	}
+	u, err := r.resolveUnderlay(Node{})
+	if err != nil {
+		return "", nil, err
+	}
+	if v4 := u.ip.To4(); v4 != nil {
+		return u.name(), v4, nil
+	}
+	return u.name(), u.ip, nil
 }
 
 func (u underlay) hasAddr(ip net.IP) bool {

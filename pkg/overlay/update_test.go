@@ -83,8 +83,12 @@ func TestUpdateMatchesSet(t *testing.T) {
 			intruder := peer(9) // claims peer02's IPv4 pod subnet
 			intruder.Name = "peer00a"
 			intruder.PodCIDRs = []*net.IPNet{peer(2).PodCIDRs[0]}
+			swapA, swapB := peer(0), peer(7) // exchange pod subnets in one change
+			swapA.PodCIDRs, swapB.PodCIDRs = peer(7).PodCIDRs, peer(0).PodCIDRs
 			steps := []updStep{
 				{"add two", overlay.PeerChange{Added: []overlay.Node{peer(6), peer(7)}}},
+				{"two peers swap pod subnets", overlay.PeerChange{Updated: []overlay.Node{swapA, swapB}}},
+				{"and swap them back", overlay.PeerChange{Updated: []overlay.Node{peer(7), peer(0)}}},
 				{"move one", overlay.PeerChange{Updated: []overlay.Node{moved}}},
 				{"switch backend or MAC", overlay.PeerChange{Updated: []overlay.Node{switched}}},
 				{"new pod subnet", overlay.PeerChange{Updated: []overlay.Node{readdressed}}},

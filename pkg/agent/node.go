@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/overlay"
+	"github.com/village-cni/village/pkg/registry"
+)
+
+// node is what run, sync and status start from, assembled one way: the
+// village entry of the conflist, the reconciler of its backend (whose
+// underlay lookup is this node's address), and the registry (nil without
+// one). Run waits and retries where sync and status fail at once, but
+// both build this node and its peer set with the same calls.
+type node struct {
+	c    *Conf
+	r    *overlay.Reconciler
+	src  source
+	conv peerCache // the last list's records, converted (run's loop only)
+}
+
+// openNode loads opts.ConfFile and opens the reconciler and the registry.
+// A configuration that can never give this node a pod subnet is refused
+// here: no IPAM range and no registry, or an etcd registry without a
+// subnet space to lease from.
+func openNode(opts Options) (*node, error) {
+	c, err := Load(opts)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.newReconciler()
+	if err != nil {
+		return nil, err
+	}
+	n := &node{c: c, r: r}
+	if n.src, err = c.openSource(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	switch {
+	case len(c.PodCIDRs) > 0:
+	case n.src == nil:
+		n.close()
+		return nil, fmt.Errorf("%s: the IPAM block names no range and the backend has no registry to lease one from", c.File)
+	case c.Registry().Type == netconf.RegistryEtcd:
+		if _, err := c.subnetSpace(); err != nil {
+			n.close()
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+func (n *node) close() {
+	if n.src != nil {
+		n.src.close()
+	}
+	n.r.Close()
+}
+
+// underlayIP is this node's address toward the other nodes (the overlay's
+// own lookup, so the registered address is the one Set uses).
+func (n *node) underlayIP() (net.IP, error) {
+	_, ip, err := n.r.Underlay()
+	return ip, err
+}
+
+// self is this node as the overlay sees it.
+func (n *node) self(ip net.IP, cidrs []*net.IPNet) overlay.Node {
+	return overlay.Node{Name: n.c.Node, IP: ip, PodCIDRs: cidrs}
+}
+
+// peers is the peer set of a registry list: the static peers, plus the
+// registry's nodes other than this one whose names are not among them;
+// records that do not convert are left out and returned in bad.
+func (n *node) peers(nodes []registry.Node) (peers []overlay.Node, bad []error) {
+	fromReg, bad := peersOf(nodes, n.c.Node, &n.conv)
+	return mergePeers(n.c.staticPeers(), fromReg), bad
+}

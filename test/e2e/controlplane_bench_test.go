@@ -1,0 +1,459 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/village-cni/village/internal/kubetest"
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/overlay"
+)
+
+// BenchmarkControlPlaneVsFlannel is the control plane at scale against
+// flanneld (run by scripts/bench.sh -only flannel; not part of the test
+// suite): villaged and flanneld (--kube-subnet-mgr, $VILLAGE_FLANNELD, built
+// by scripts/flannel.sh) each run in a node namespace of their own, watching
+// one real kube-apiserver, with the same backend (a vxlan round, then a
+// host-gw round). In each round the benchmark creates N Node objects
+// ($VILLAGE_BENCH_NODES, default 1000; a comma list runs each size) carrying
+// spec.podCIDRs and both projects' annotations (no machines behind them:
+// their underlay addresses lie on the watchers' LAN subnet but nothing is
+// sent to them), idles, changes 100 Nodes' underlay address at once, and
+// deletes 100. Per event it takes the time from the API write (the moment
+// the request was sent) to the kernel objects in each watcher's namespace
+// (netlink notifications: the route, and for vxlan the neighbour and FDB
+// entries; the event's time is the last of them), and reports p50, p99 and
+// max; each agent's CPU and RSS; and the API requests each made while idle
+// and in each churn phase (the API server's audit log, by user agent).
+func BenchmarkControlPlaneVsFlannel(b *testing.B) {
+	flanneld := os.Getenv("VILLAGE_FLANNELD")
+	if flanneld == "" {
+		b.Fatal("VILLAGE_FLANNELD is not set: run scripts/bench.sh -only flannel (it builds flanneld with scripts/flannel.sh)")
+	}
+	sizes := []int{1000}
+	if s := os.Getenv("VILLAGE_BENCH_NODES"); s != "" {
+		sizes = nil
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 200 || n > 5000 {
+				b.Fatalf("VILLAGE_BENCH_NODES: %q (want 200..5000)", f)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
+		for _, mode := range []string{"vxlan", "host-gw"} {
+			b.Run(fmt.Sprintf("%s-%d", mode, n), func(b *testing.B) { controlPlaneRound(b, flanneld, mode, n) })
+		}
+	}
+}
+
+const (
+	cpChanged = 100
+	cpIdle    = 30 * time.Second
+	// cpLAN is the watchers' second address: the Nodes' underlay addresses
+	// (172.20.x.y, changed to 172.21.x.y) are on its subnet, as host-gw needs.
+	cpLANNet = "/15"
+)
+
+// cpWatcher is one agent in its node namespace and what its kernel did.
+type cpWatcher struct {
+	name  string // villaged, flanneld
+	node  string // its Node
+	ns    *Node
+	cmd   *exec.Cmd
+	log   string // log file
+	agent string // user agent prefix in the audit log
+	mu    sync.Mutex
+	seen  map[string]time.Time // first RTM_NEW/RTM_DEL per object key
+}
+
+func (w *cpWatcher) mark(key string, at time.Time) {
+	w.mu.Lock()
+	if _, ok := w.seen[key]; !ok {
+		w.seen[key] = at
+	}
+	w.mu.Unlock()
+}
+
+func (w *cpWatcher) at(key string) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t, ok := w.seen[key]
+	return t, ok
+}
+
+// watch records route and neighbour/FDB notifications of the namespace.
+func (w *cpWatcher) watch(b *testing.B, done chan struct{}) {
+	h, err := netns.GetFromPath(w.ns.NS.Path())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close() })
+	onErr := func(what string) func(error) {
+		return func(err error) {
+			select {
+			case <-done: // the subscription ends with the benchmark
+			default:
+				b.Errorf("%s %s notifications: %v", w.name, what, err)
+			}
+		}
+	}
+	routes := make(chan netlink.RouteUpdate, 1<<14)
+	neighs := make(chan netlink.NeighUpdate, 1<<14)
+	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: &h, ReceiveBufferSize: 1 << 24,
+		ErrorCallback: onErr("route")}); err != nil {
+		b.Fatal(err)
+	}
+	if err := netlink.NeighSubscribeWithOptions(neighs, done, netlink.NeighSubscribeOptions{Namespace: &h, ReceiveBufferSize: 1 << 24,
+		ErrorCallback: onErr("neighbour")}); err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		for u := range routes {
+			now := time.Now()
+			if u.Dst == nil {
+				continue
+			}
+			switch u.Type {
+			case unix.RTM_NEWROUTE:
+				w.mark("R "+u.Dst.String()+" "+u.Gw.String(), now)
+			case unix.RTM_DELROUTE:
+				w.mark("D "+u.Dst.String(), now)
+			}
+		}
+	}()
+	go func() {
+		for u := range neighs {
+			now := time.Now()
+			if u.Type != unix.RTM_NEWNEIGH || u.IP == nil {
+				continue
+			}
+			if u.Family == unix.AF_BRIDGE {
+				w.mark("F "+u.HardwareAddr.String()+" "+u.IP.String(), now)
+			} else {
+				w.mark("N "+u.IP.String()+" "+u.HardwareAddr.String(), now)
+			}
+		}
+	}()
+}
+
+func cpCIDR(i int) string { return fmt.Sprintf("10.%d.%d.0/24", 80+i/256, i%256) }
+func cpIP(i, gen int) string {
+	return fmt.Sprintf("172.%d.%d.%d", 20+gen, i/250, 1+i%250)
+}
+
+// cpKeys are the kernel objects node i needs on a watcher, in the
+// notification keys of watch.
+func cpKeys(mode string, i, gen int) []string {
+	ip := cpIP(i, gen)
+	mac := overlay.DeriveMAC(net.ParseIP(ip)).String()
+	vtep := strings.TrimSuffix(cpCIDR(i), "/24")
+	if mode == "host-gw" {
+		return []string{"R " + cpCIDR(i) + " " + ip}
+	}
+	if gen > 0 { // a move: the route stays, the neighbour and FDB entries follow
+		return []string{"N " + vtep + " " + mac, "F " + mac + " " + ip}
+	}
+	return []string{"R " + cpCIDR(i) + " " + vtep, "N " + vtep + " " + mac, "F " + mac + " " + ip}
+}
+
+func cpNode(mode string, i, gen int) *corev1.Node {
+	ip := cpIP(i, gen)
+	mac := overlay.DeriveMAC(net.ParseIP(ip)).String()
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%04d", i), Annotations: cpAnnotations(mode, ip, mac)},
+		Spec: corev1.NodeSpec{PodCIDR: cpCIDR(i), PodCIDRs: []string{cpCIDR(i)}}}
+}
+
+func cpAnnotations(mode, ip, mac string) map[string]string {
+	data := "null"
+	if mode == "vxlan" {
+		data = fmt.Sprintf(`{"VNI":9,"VtepMAC":%q}`, mac)
+	}
+	return map[string]string{
+		kuberegistry.AnnotationIP: ip, kuberegistry.AnnotationVtepMAC: mac,
+		"flannel.alpha.coreos.com/public-ip": ip, "flannel.alpha.coreos.com/backend-type": mode,
+		"flannel.alpha.coreos.com/backend-data": data, "flannel.alpha.coreos.com/kube-subnet-manager": "true",
+	}
+}
+
+// cpLatencies waits until every watcher has the objects of nodes (by
+// index) and returns, per watcher, each node's time from sent[i] to the last
+// of its objects.
+func cpLatencies(b *testing.B, ws []*cpWatcher, nodes []int, sent []time.Time, keys func(i int) []string, within time.Duration) map[string][]time.Duration {
+	out := map[string][]time.Duration{}
+	for _, w := range ws {
+		deadline := time.Now().Add(within)
+		var lat []time.Duration
+		for {
+			lat = lat[:0]
+			missing := ""
+			for _, i := range nodes {
+				var last time.Time
+				for _, k := range keys(i) {
+					t, ok := w.at(k)
+					if !ok {
+						missing = k
+						break
+					}
+					if t.After(last) {
+						last = t
+					}
+				}
+				if missing != "" {
+					break
+				}
+				lat = append(lat, last.Sub(sent[i]))
+			}
+			if missing == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%s: no %s within %s; log tail:\n%s", w.name, missing, within, tailFile(w.log, 3000))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		slices.Sort(lat)
+		out[w.name] = slices.Clone(lat)
+	}
+	return out
+}
+
+func tailFile(path string, n int) string {
+	raw, _ := os.ReadFile(path)
+	return tailString(string(raw), n)
+}
+
+func pct(lat []time.Duration, p int) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	i := len(lat) * p / 100
+	if i >= len(lat) {
+		i = len(lat) - 1
+	}
+	return lat[i].Round(time.Millisecond)
+}
+
+// cpParallel runs f over items with 8 clients.
+func cpParallel(items []int, f func(i int)) {
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 8 {
+		wg.Go(func() {
+			for i := range work {
+				f(i)
+			}
+		})
+	}
+	for _, i := range items {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+}
+
+func loadAvg() string {
+	raw, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(raw))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func controlPlaneRound(b *testing.B, flanneld, mode string, nodes int) {
+	lan := NewLAN(b)
+	host := testenv.NewNS(b)
+	lan.Attach(b, host, "eth0", agentEtcdIP+"/24")
+	kube := kubetest.Start(b, kubetest.Options{NetNS: host, IP: agentEtcdIP, Audit: true})
+	ctx := context.Background()
+	api := kube.Client.CoreV1().Nodes()
+	done := make(chan struct{})
+	b.Cleanup(func() { close(done) })
+
+	ws := []*cpWatcher{
+		{name: "villaged", node: "watcher-v", agent: "villaged", seen: map[string]time.Time{}},
+		{name: "flanneld", node: "watcher-f", agent: "flanneld", seen: map[string]time.Time{}},
+	}
+	for k, w := range ws {
+		w.ns = NewNode(b)
+		lan.Attach(b, w.ns.NS, "lan0", fmt.Sprintf("%s%d/24", agentLANPrefix, 11+k))
+		testenv.MustIP(b, w.ns.NS, "addr", "add", fmt.Sprintf("172.21.255.%d%s", 250+k, cpLANNet), "dev", "lan0")
+		cidr := fmt.Sprintf("10.120.%d.0/24", k)
+		// (flanneld panics on a Node without any annotation.)
+		if _, err := api.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: w.node, Annotations: map[string]string{"bench.village.test/role": "watcher"}},
+			Spec: corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}}}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		w.watch(b, done)
+		w.log = filepath.Join(w.ns.Dir, w.name+".log")
+		logf, err := os.Create(w.log)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { logf.Close() })
+		var argv []string
+		switch w.name {
+		case "villaged":
+			conf := filepath.Join(w.ns.Dir, "agt.conflist")
+			if err := os.WriteFile(conf, []byte(kubeConflist(mode, filepath.Join(w.ns.Dir, "ipam"), kube.AdminKubeconfig)), 0o644); err != nil {
+				b.Fatal(err)
+			}
+			argv = []string{filepath.Join(testenv.Bins(b), "villaged"), "run", "--conf", conf, "--node-name", w.node,
+				"--run-dir", filepath.Join(w.ns.Dir, "run")}
+		default:
+			netConf := filepath.Join(w.ns.Dir, "net-conf.json")
+			nc, _ := json.Marshal(map[string]any{"Network": "10.64.0.0/10", "Backend": map[string]any{"Type": mode, "VNI": 9}})
+			if err := os.WriteFile(netConf, nc, 0o644); err != nil {
+				b.Fatal(err)
+			}
+			argv = []string{flanneld, "--kube-subnet-mgr", "--kubeconfig-file", kube.AdminKubeconfig, "--iface", "lan0",
+				"--ip-masq=false", "--net-config-path", netConf, "--subnet-file", filepath.Join(w.ns.Dir, "subnet.env")}
+		}
+		w.cmd = exec.Command("ip", append([]string{"netns", "exec", w.ns.Name()}, argv...)...)
+		w.cmd.Env = append(os.Environ(), "NODE_NAME="+w.node)
+		w.cmd.Stdout, w.cmd.Stderr = logf, logf
+		if err := w.cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = w.cmd.Process.Signal(syscall.SIGTERM); _ = w.cmd.Wait() })
+	}
+	// Both have annotated their Nodes: they are up and watching.
+	for _, w := range ws {
+		key := kuberegistry.AnnotationIP
+		if w.name == "flanneld" {
+			key = "flannel.alpha.coreos.com/public-ip"
+		}
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			n, err := api.Get(ctx, w.node, metav1.GetOptions{})
+			if err == nil && n.Annotations[key] != "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%s did not annotate its Node; log tail:\n%s", w.name, tailFile(w.log, 3000))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	figure := func(phase string, lat map[string][]time.Duration) {
+		for _, w := range ws {
+			l := lat[w.name]
+			b.Logf("FIGURE: %s %d nodes, %s: %s p50 %s p99 %s max %s (n=%d)", mode, nodes, phase, w.name, pct(l, 50), pct(l, 99), pct(l, 100), len(l))
+		}
+		v, f := pct(lat["villaged"], 99), pct(lat["flanneld"], 99)
+		if f > 0 {
+			b.Logf("FIGURE: %s %d nodes, %s: p99 villaged/flanneld %.2f", mode, nodes, phase, float64(v)/float64(f))
+		}
+	}
+	cpu := func() map[string]time.Duration {
+		m := map[string]time.Duration{}
+		for _, w := range ws {
+			m[w.name] = cpuTime(b, w.cmd.Process.Pid)
+		}
+		return m
+	}
+	resources := func(phase string, cpu0 map[string]time.Duration, t0 time.Time) {
+		el := time.Since(t0)
+		for _, w := range ws {
+			c := cpuTime(b, w.cmd.Process.Pid) - cpu0[w.name]
+			b.Logf("FIGURE: %s %d nodes, %s: %s CPU %s (%.1f%% of one core over %s), RSS %.1f MiB",
+				mode, nodes, phase, w.name, c.Round(time.Millisecond), 100*c.Seconds()/el.Seconds(), el.Round(time.Millisecond), float64(rss(b, w.cmd.Process.Pid))/(1<<20))
+		}
+	}
+	requests := func(phase string, from, to time.Time) {
+		events, err := kube.AuditEvents("")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, w := range ws {
+			verbs := map[string]int{}
+			total := 0
+			for _, e := range events {
+				if strings.HasPrefix(e.UserAgent, w.agent) && !e.Received.Before(from) && e.Received.Before(to) {
+					verbs[e.Verb]++
+					total++
+				}
+			}
+			b.Logf("FIGURE: %s %d nodes, %s: %s API requests %d %v", mode, nodes, phase, w.name, total, verbs)
+		}
+	}
+	b.Logf("FIGURE: %s %d nodes: load average at start %s", mode, nodes, loadAvg())
+
+	all := make([]int, nodes)
+	for i := range all {
+		all[i] = i
+	}
+	sent := make([]time.Time, nodes)
+	cpu0, t0 := cpu(), time.Now()
+	cpParallel(all, func(i int) {
+		sent[i] = time.Now()
+		if _, err := api.Create(ctx, cpNode(mode, i, 0), metav1.CreateOptions{}); err != nil {
+			b.Error(err)
+		}
+	})
+	b.Logf("FIGURE: %s %d nodes created in %s (8 clients)", mode, nodes, time.Since(t0).Round(time.Millisecond))
+	lat := cpLatencies(b, ws, all, sent, func(i int) []string { return cpKeys(mode, i, 0) }, 10*time.Minute)
+	figure("create -> kernel", lat)
+	resources("create", cpu0, t0)
+	requests("create", t0, time.Now())
+
+	// Idle: only the watch.
+	cpu0, t0 = cpu(), time.Now()
+	time.Sleep(cpIdle)
+	resources("idle", cpu0, t0)
+	requests("idle", t0, time.Now())
+	b.Logf("FIGURE: %s %d nodes: load average after idle %s", mode, nodes, loadAvg())
+
+	// 100 Nodes change their underlay address at once.
+	changed := all[:cpChanged]
+	cpu0, t0 = cpu(), time.Now()
+	cpParallel(changed, func(i int) {
+		ip := cpIP(i, 1)
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": cpAnnotations(mode, ip, overlay.DeriveMAC(net.ParseIP(ip)).String())}})
+		sent[i] = time.Now()
+		if _, err := api.Patch(ctx, fmt.Sprintf("n%04d", i), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			b.Error(err)
+		}
+	})
+	lat = cpLatencies(b, ws, changed, sent, func(i int) []string { return cpKeys(mode, i, 1) }, 5*time.Minute)
+	figure("change 100 -> kernel", lat)
+	resources("change", cpu0, t0)
+	requests("change", t0, time.Now())
+
+	// 100 other Nodes are deleted at once.
+	deleted := all[nodes-cpChanged:]
+	cpu0, t0 = cpu(), time.Now()
+	cpParallel(deleted, func(i int) {
+		sent[i] = time.Now()
+		if err := api.Delete(ctx, fmt.Sprintf("n%04d", i), metav1.DeleteOptions{}); err != nil {
+			b.Error(err)
+		}
+	})
+	lat = cpLatencies(b, ws, deleted, sent, func(i int) []string { return []string{"D " + cpCIDR(i)} }, 5*time.Minute)
+	figure("delete 100 -> route gone", lat)
+	resources("delete", cpu0, t0)
+	requests("delete", t0, time.Now())
+	b.Logf("FIGURE: %s %d nodes: load average at end %s", mode, nodes, loadAvg())
+}
