@@ -28,7 +28,8 @@
 # The kubelet section (only with -only kubelet: ~20 minutes) is
 # BenchmarkKubeletPodStart in test/kube: one internal/kubecluster node, the CNI
 # swapped between Village's DaemonSet and the reference bridge + host-local
-# (A B A B), 30 pods one at a time and 109 at once, creation to Ready.
+# (A B A B), 30 pods one at a time and 110 at once (maxPods 120 beside the
+# DaemonSet pod), creation to Ready. VILLAGE_KUBELET_BENCH_ROUNDS=1 halves it.
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
