@@ -73,33 +73,52 @@ func sockaddr(s string) (unix.Sockaddr, int, error) {
 }
 
 func serve(addr string, size int) error {
-	sa, family, err := sockaddr(addr)
+	fd, err := listen(addr)
 	if err != nil {
 		return err
 	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socket: %w", err)
-	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
-		return fmt.Errorf("SO_REUSEADDR: %w", err)
-	}
-	if err := unix.Bind(fd, sa); err != nil {
-		return fmt.Errorf("bind %s: %w", addr, err)
-	}
-	if err := unix.Listen(fd, 16); err != nil {
-		return fmt.Errorf("listen %s: %w", addr, err)
-	}
 	fmt.Println("ready")
 	for {
-		c, _, err := unix.Accept4(fd, unix.SOCK_CLOEXEC)
-		if err != nil {
-			return fmt.Errorf("accept: %w", err)
+		if err := serveOne(fd, size); err != nil {
+			return err
 		}
-		// One connection at a time: a measurement is one connection.
-		echo(c, size)
-		_ = unix.Close(c)
 	}
+}
+
+// listen is a blocking listening socket on addr.
+func listen(addr string) (int, error) {
+	sa, family, err := sockaddr(addr)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("SO_REUSEADDR: %w", err)
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("bind %s: %w", addr, err)
+	}
+	if err := unix.Listen(fd, 16); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return fd, nil
+}
+
+// serveOne accepts one connection and answers it until the client closes
+// it: a measurement is one connection, served one at a time.
+func serveOne(fd, size int) error {
+	c, _, err := unix.Accept4(fd, unix.SOCK_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("accept: %w", err)
+	}
+	echo(c, size)
+	return unix.Close(c)
 }
 
 // echo answers every request of size bytes with size bytes until EOF.
