@@ -7,11 +7,15 @@
 # cnib<pid>-*) and temp directories, and removes them when it ends. The
 # backends section compares ADD/DEL per ipMasqBackend (iptables, nftables) with
 # the reference's same backend, and times Village's per-ADD netfilter
-# verification in-process. The runtime row starts one private containerd per suite inside those namespaces
+# verification in-process (the masquerade rows with the same backend on both
+# sides). The datapath section compares pod-to-pod TCP throughput (iperf3)
+# and request/response rate (bench/cmd/tcprr) across two nodes for host-gw,
+# vxlan and auto against the underlay and hand-built devices. Every row
+# says the 1-minute load average when taken. The runtime row starts one private containerd per suite inside those namespaces
 # (internal/crienv) and times RunPodSandbox/StopPodSandbox over CRI.
 #
 #   sudo ./scripts/bench.sh                 # everything, a few minutes on 2 cores
-#   sudo ./scripts/bench.sh -only latency   # one section (latency,backends,burst,scale,memory,overlay,throughput,runtime)
+#   sudo ./scripts/bench.sh -only latency   # one section (latency,backends,burst,scale,memory,overlay,throughput,datapath,runtime)
 #   sudo ./scripts/bench.sh -v              # also every sample series
 #   sudo ./scripts/bench.sh -only kube      # only the kubernetes registry at scale (below)
 #   sudo ./scripts/bench.sh -only kubelet   # only pod start under a real kubelet (below)
@@ -26,7 +30,8 @@
 # The kubelet section (only with -only kubelet: ~20 minutes) is
 # BenchmarkKubeletPodStart in test/kube: one internal/kubecluster node, the CNI
 # swapped between Village's DaemonSet and the reference bridge + host-local
-# (A B A B), 30 pods one at a time and 109 at once, creation to Ready.
+# (A B A B), 30 pods one at a time and 110 at once (maxPods 120 beside the
+# DaemonSet pod), creation to Ready. VILLAGE_KUBELET_BENCH_ROUNDS=1 halves it.
 #
 # The lan section (also only with -only) is BenchmarkLANAddressSource in
 # test/e2e: a pod's ADD without a LAN interface, with one from a village-ipam
@@ -91,11 +96,12 @@ cp bin/cnitool "$work/cnitool"
 export CGO_ENABLED=0
 go build -trimpath -o "$work/cnibench" ./bench/cmd/cnibench
 go test -c -o "$work/overlay.test" ./pkg/overlay
+go build -trimpath -o "$work/tcprr" ./bench/cmd/tcprr
 ls -l "$work"/bin/village "$work"/bin/village-ipam "$work"/bin/ref/bridge "$work"/bin/ref/host-local \
   | awk '{printf "binary %-12s %6.1f MB\n", $NF, $5/1048576}' | sed "s|$work/||" >&2
 
 "$work/cnibench" -bin "$work/bin" -ref "$work/bin/ref" -cnitool "$work/cnitool" \
-  -overlay-test "$work/overlay.test" -crictl "$crictl" -module-root "$PWD" "$@"
+  -overlay-test "$work/overlay.test" -tcprr "$work/tcprr" -crictl "$crictl" -module-root "$PWD" "$@"
 if [ "${1:-}" != "-only" ]; then
   kube_bench
 fi

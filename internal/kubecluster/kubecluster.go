@@ -72,6 +72,10 @@ type Options struct {
 	// ClusterDNS is the kubelets' clusterDNS address (empty: none; pods
 	// get a resolv.conf naming nothing reachable).
 	ClusterDNS string
+	// MaxPods is the kubelets' maxPods (0: kubelet's default, 110). The
+	// pod-start benchmark sets it above 110 so 110 of its pods fit beside
+	// Village's DaemonSet pod.
+	MaxPods int
 }
 
 // Cluster is a running cluster.

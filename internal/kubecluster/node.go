@@ -363,9 +363,12 @@ func (n *Node) resolvConf() string {
 // the LAN reaches it); image GC and eviction thresholds out of reach so
 // imported images (no registry to pull them again) stay.
 func (n *Node) kubeletConfig() string {
-	dns := ""
+	extra := ""
 	if n.c.opts.ClusterDNS != "" {
-		dns = "clusterDNS: [" + n.c.opts.ClusterDNS + "]\n"
+		extra = "clusterDNS: [" + n.c.opts.ClusterDNS + "]\n"
+	}
+	if n.c.opts.MaxPods > 0 {
+		extra += fmt.Sprintf("maxPods: %d\n", n.c.opts.MaxPods)
 	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -391,7 +394,7 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFr
 serializeImagePulls: false
 protectKernelDefaults: false
 rotateCertificates: false
-`, n.IP, n.cgroupRoot, containerdSocket, dns, filepath.Join(n.dir, "resolv.conf"))
+`, n.IP, n.cgroupRoot, containerdSocket, extra, filepath.Join(n.dir, "resolv.conf"))
 }
 
 // proxyConfig: zero conntrack settings, so kube-proxy writes no global

@@ -24,6 +24,7 @@ import (
 
 type options struct {
 	bin, ref, cnitool, overlayTest string
+	tcprr                          string
 	crictl, moduleRoot             string
 	criPods                        int
 	seq, burst, width, rounds      int
@@ -42,6 +43,7 @@ func main() {
 	flag.StringVar(&o.ref, "ref", "bin/ref", "directory of the reference plugins")
 	flag.StringVar(&o.cnitool, "cnitool", "bin/cnitool", "cnitool binary")
 	flag.StringVar(&o.overlayTest, "overlay-test", "", "compiled pkg/overlay test binary (go test -c); empty: skip the 1000-peer figures")
+	flag.StringVar(&o.tcprr, "tcprr", "", "tcprr binary (go build ./bench/cmd/tcprr); empty: skip the datapath section")
 	flag.StringVar(&o.crictl, "crictl", "", "crictl binary (scripts/crictl.sh); empty: skip the containerd runtime figures")
 	flag.StringVar(&o.moduleRoot, "module-root", ".", "the Village source tree (the pause image for the runtime figures is built from it)")
 	flag.IntVar(&o.criPods, "cri-pods", 15, "pods per suite started and stopped through containerd")
@@ -54,14 +56,14 @@ func main() {
 	flag.IntVar(&o.overlayCount, "overlay-count", 5, "runs of pkg/overlay's TestMeasureScale")
 	flag.IntVar(&o.iperfSecs, "iperf-seconds", 3, "length of one iperf3 run")
 	flag.IntVar(&o.iperfRounds, "iperf-rounds", 3, "iperf3 runs per path and mode")
-	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,backends,burst,scale,memory,overlay,throughput,runtime); empty: all")
+	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,backends,burst,scale,memory,overlay,throughput,datapath,runtime); empty: all")
 	flag.BoolVar(&o.verbose, "v", false, "print every sample series")
 	flag.StringVar(&o.dataRoot, "data-root", "", "directory for the IPAM data directories (default: the run's temp dir; e.g. /dev/shm to take fsync cost out, for diagnosis)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fatal(fmt.Errorf("cnibench needs root: it makes network namespaces"))
 	}
-	for _, p := range []*string{&o.bin, &o.ref, &o.cnitool, &o.overlayTest, &o.crictl, &o.moduleRoot} {
+	for _, p := range []*string{&o.bin, &o.ref, &o.cnitool, &o.overlayTest, &o.tcprr, &o.crictl, &o.moduleRoot} {
 		if *p != "" {
 			abs, err := filepath.Abs(*p)
 			if err != nil {
@@ -154,6 +156,8 @@ func benchmark(l *lab, o options) error {
 			"scale":  s.netConf("scale", "cbr3", "10.93.0.0/24", true, ""),
 			"mipt":   s.netConf("mipt", "cbr4", "10.94.0.0/24", true, `,"ipMasqBackend":"iptables"`),
 			"mnft":   s.netConf("mnft", "cbr5", "10.95.0.0/24", true, `,"ipMasqBackend":"nftables"`),
+			"bipt":   s.netConf("bipt", "cbr6", "10.97.0.0/24", true, `,"ipMasqBackend":"iptables"`),
+			"bnft":   s.netConf("bnft", "cbr7", "10.98.0.0/24", true, `,"ipMasqBackend":"nftables"`),
 			"lo":     s.loConf(),
 		}
 		for name, body := range confs {
@@ -166,12 +170,15 @@ func benchmark(l *lab, o options) error {
 		"v1.10.0")}
 	s := samples{}
 	start := time.Now()
+	startLoad := loadavg()
 	if o.want("latency") {
+		t.section()
 		if err := latency(l, o, v, r, s, t); err != nil {
 			return err
 		}
 	}
 	if o.want("backends") {
+		t.section()
 		if err := backends(l, o, v, r, s, t); err != nil {
 			return err
 		}
@@ -180,32 +187,44 @@ func benchmark(l *lab, o options) error {
 		}
 	}
 	if o.want("burst") {
+		t.section()
 		if err := burst(l, o, v, r, s, t); err != nil {
 			return err
 		}
 	}
 	if o.want("scale") {
+		t.section()
 		if err := scaling(l, o, v, r, s, t); err != nil {
 			return err
 		}
 	}
 	if o.want("memory") {
+		t.section()
 		if err := memory(l, o, v, r, s, t); err != nil {
 			return err
 		}
 	}
 	if o.want("overlay") && o.overlayTest != "" {
+		t.section()
 		if err := overlayScale(o, s, t); err != nil {
 			return err
 		}
 	}
 	if o.want("runtime") && o.crictl != "" {
+		t.section()
 		if err := runtimeRow(l, o, v, r, s, t); err != nil {
 			return err
 		}
 	}
 	if o.want("throughput") {
+		t.section()
 		if err := throughput(l, o, v, s, t); err != nil {
+			return err
+		}
+	}
+	if o.want("datapath") && o.tcprr != "" {
+		t.section()
+		if err := datapath(l, o, v, s, t); err != nil {
 			return err
 		}
 	}
@@ -216,7 +235,9 @@ func benchmark(l *lab, o options) error {
 		}
 	}
 	t.print(os.Stdout)
-	fmt.Printf("\n%d cores, kernel %s, %s, run took %s\n", numCPU(), kernel(), time.Now().Format("2006-01-02"), time.Since(start).Round(time.Second))
+	fmt.Printf("\n%d cores, kernel %s, %s, run took %s\n", numCPU(), kernel(), time.Now().UTC().Format("2006-01-02 15:04 UTC"), time.Since(start).Round(time.Second))
+	end := loadavg()
+	fmt.Printf("load average (uptime: 1, 5, 15 min): at start %s, at end %s\n", strings.Join(startLoad[:], " "), strings.Join(end[:], " "))
 	return nil
 }
 
@@ -231,61 +252,10 @@ func order(i int, a, b *suite) []*suite {
 // latency: sequential ADD then DEL of o.seq pods, with and without
 // masquerade, with the loopback floor interleaved.
 func latency(l *lab, o options, v, r *suite, s samples, t *table) error {
-	// Both networks in one loop, alternating per pod: a phase run after the
-	// other would overlap the kernel's asynchronous teardown of the first
-	// phase's namespaces (RTNL and RCU waits), which made whichever network
-	// came second look 15-25% slower in both suites.
 	networks := []string{"masq", "nomasq"}
-	logf("sequential %s: %d pods per suite and network, interleaved", strings.Join(networks, ", "), o.seq)
-	pods := map[string]map[*suite][]string{}
-	for _, network := range networks {
-		pods[network] = map[*suite][]string{}
-		for _, su := range []*suite{v, r} {
-			p, err := l.newPods("p"+su.short+network[:1], o.seq)
-			if err != nil {
-				return err
-			}
-			pods[network][su] = p
-		}
+	if err := sequential(l, o, v, r, s, networks, ""); err != nil {
+		return err
 	}
-	for _, verb := range []string{"add", "del"} {
-		for i := 0; i < o.seq; i++ {
-			for k := range networks {
-				network := networks[(i+k)%len(networks)]
-				took := map[*suite]time.Duration{}
-				for _, su := range order(i, v, r) {
-					d, cpu, err := su.cnitoolCPU(verb, network, pods[network][su][i])
-					if err != nil {
-						return err
-					}
-					took[su] = d
-					s.add(su.short+"."+network+"."+verb, ms(d))
-					s.add(su.short+".cpu."+network+"."+verb, ms(cpu))
-				}
-				// The exec floor: loopback only, on the same pod right
-				// after each operation. The plugins' own cost is the
-				// median of the paired differences, so a change of load
-				// moves both sides of a pair.
-				for _, su := range order(i+1, v, r) {
-					d, cpu, err := su.cnitoolCPU(verb, "lo", pods[network][su][i])
-					if err != nil {
-						return err
-					}
-					s.add(su.short+".lo."+verb, ms(d))
-					s.add(su.short+".cpu.lo."+verb, ms(cpu))
-					s.add(su.short+".gap."+network+"."+verb, ms(took[su]-d))
-				}
-			}
-		}
-	}
-	for _, network := range networks {
-		for _, su := range []*suite{v, r} {
-			l.delAll(pods[network][su])
-		}
-	}
-	// Let the kernel finish tearing those namespaces down before the next
-	// section measures anything.
-	time.Sleep(3 * time.Second)
 	floor := s.med("v.lo.add")
 	for _, network := range []string{"masq", "nomasq"} {
 		what := "ipMasq on"
@@ -341,14 +311,79 @@ func latency(l *lab, o options, v, r *suite, s samples, t *table) error {
 	return nil
 }
 
+// sequential: ADD then DEL of o.seq pods per suite and network, the
+// networks interleaved per pod and the suites alternating, each operation
+// followed by the exec floor (a loopback-only network through cnitool on
+// the same pod). Samples: <suite>.<network>.<verb> (wall), .cpu.<network>.<verb>,
+// .gap.<network>.<verb> (wall minus the floor right after it) and
+// .lo<floorTag>.<verb>.
+func sequential(l *lab, o options, v, r *suite, s samples, networks []string, floorTag string) error {
+	// Both networks in one loop, alternating per pod: a phase run after the
+	// other would overlap the kernel's asynchronous teardown of the first
+	// phase's namespaces (RTNL and RCU waits), which made whichever network
+	// came second look 15-25% slower in both suites.
+	logf("sequential %s: %d pods per suite and network, interleaved", strings.Join(networks, ", "), o.seq)
+	pods := map[string]map[*suite][]string{}
+	for _, network := range networks {
+		pods[network] = map[*suite][]string{}
+		for _, su := range []*suite{v, r} {
+			p, err := l.newPods("p"+su.short+network[:1], o.seq)
+			if err != nil {
+				return err
+			}
+			pods[network][su] = p
+		}
+	}
+	for _, verb := range []string{"add", "del"} {
+		for i := 0; i < o.seq; i++ {
+			for k := range networks {
+				network := networks[(i+k)%len(networks)]
+				took := map[*suite]time.Duration{}
+				for _, su := range order(i, v, r) {
+					d, cpu, err := su.cnitoolCPU(verb, network, pods[network][su][i])
+					if err != nil {
+						return err
+					}
+					took[su] = d
+					s.add(su.short+"."+network+"."+verb, ms(d))
+					s.add(su.short+".cpu."+network+"."+verb, ms(cpu))
+				}
+				// The exec floor: loopback only, on the same pod right
+				// after each operation. The plugins' own cost is the
+				// median of the paired differences, so a change of load
+				// moves both sides of a pair.
+				for _, su := range order(i+1, v, r) {
+					d, cpu, err := su.cnitoolCPU(verb, "lo", pods[network][su][i])
+					if err != nil {
+						return err
+					}
+					s.add(su.short+".lo"+floorTag+"."+verb, ms(d))
+					s.add(su.short+".cpu.lo"+floorTag+"."+verb, ms(cpu))
+					s.add(su.short+".gap."+network+"."+verb, ms(took[su]-d))
+				}
+			}
+		}
+	}
+	for _, network := range networks {
+		for _, su := range []*suite{v, r} {
+			l.delAll(pods[network][su])
+		}
+	}
+	// Let the kernel finish tearing those namespaces down before the next
+	// section measures anything.
+	time.Sleep(3 * time.Second)
+	return nil
+}
+
 func row2(metric string, v, r float64, unit string) row {
 	return row{metric: metric, village: v, reference: r, unit: unit, ratio: math.NaN()}
 }
 
-// burst: o.burst pods, o.width at a time; wall time of all ADDs, then of
-// all DELs, o.rounds times per suite, alternating.
-func burst(l *lab, o options, v, r *suite, s samples, t *table) error {
-	logf("burst: %d pods, %d at a time, %d rounds per suite", o.burst, o.width, o.rounds)
+// burstRounds: o.rounds times per suite, alternating, o.burst pods ADDed
+// o.width at a time on network, then DELed the same way. Samples:
+// <suite>.<key>.<verb> (wall of all) and <suite>.<key>cpu.<verb> (CPU of all).
+func burstRounds(l *lab, o options, v, r *suite, s samples, network, key string) error {
+	logf("burst %s: %d pods, %d at a time, %d rounds per suite", network, o.burst, o.width, o.rounds)
 	for round := 0; round < o.rounds; round++ {
 		pods := map[*suite][]string{}
 		for _, su := range []*suite{v, r} {
@@ -364,25 +399,34 @@ func burst(l *lab, o options, v, r *suite, s samples, t *table) error {
 				cpus := make([]time.Duration, o.burst)
 				start := time.Now()
 				parallel(o.burst, o.width, func(i int) {
-					_, cpus[i], errs[i] = su.cnitoolCPU(verb, "burst", pods[su][i])
+					_, cpus[i], errs[i] = su.cnitoolCPU(verb, network, pods[su][i])
 				})
 				wall := time.Since(start)
 				var cpu time.Duration
 				for _, c := range cpus {
 					cpu += c
 				}
-				s.add(su.short+".burstcpu."+verb, ms(cpu))
+				s.add(su.short+"."+key+"cpu."+verb, ms(cpu))
 				for _, err := range errs {
 					if err != nil {
 						return err
 					}
 				}
-				s.add(su.short+".burst."+verb, ms(wall))
+				s.add(su.short+"."+key+"."+verb, ms(wall))
 			}
 		}
 		for _, su := range []*suite{v, r} {
 			l.delAll(pods[su])
 		}
+	}
+	return nil
+}
+
+// burst: o.burst pods, o.width at a time; wall time of all ADDs, then of
+// all DELs, o.rounds times per suite, alternating.
+func burst(l *lab, o options, v, r *suite, s samples, t *table) error {
+	if err := burstRounds(l, o, v, r, s, "burst", "burst"); err != nil {
+		return err
 	}
 	add, radd := s.med("v.burst.add"), s.med("r.burst.add")
 	rw := row2(fmt.Sprintf("burst ADD wall, %d pods %d at a time", o.burst, o.width), add, radd, "ms")

@@ -11,39 +11,42 @@ import (
 	"github.com/village-cni/village/pkg/masq"
 )
 
-// backends: sequential ADD/DEL with ipMasq on through each masquerade
-// backend, against the reference bridge with the same ipMasqBackend.
+// backends: the masquerade rows with the same ipMasqBackend on both sides
+// (the defaults differ: Village's is automatic, the reference's iptables).
+// Per backend: sequential ADD/DEL with the exec floor after each operation
+// (both backends interleaved per pod, as in latency), and the burst.
 func backends(l *lab, o options, v, r *suite, s samples, t *table) error {
-	for _, b := range []string{"iptables", "nftables"} {
-		network := "m" + b[:3]
-		logf("sequential ipMasqBackend %s: %d pods per suite", b, o.seq)
-		pods := map[*suite][]string{}
-		for _, su := range []*suite{v, r} {
-			p, err := l.newPods("b"+b[:1]+su.short, o.seq)
-			if err != nil {
-				return err
-			}
-			pods[su] = p
-		}
-		for _, verb := range []string{"add", "del"} {
-			for i := 0; i < o.seq; i++ {
-				for _, su := range order(i, v, r) {
-					d, err := su.cnitoolRun(verb, network, pods[su][i])
-					if err != nil {
-						return err
-					}
-					s.add(su.short+"."+network+"."+verb, ms(d))
-				}
-			}
-		}
-		for _, su := range []*suite{v, r} {
-			l.delAll(pods[su])
-		}
-		for _, verb := range []string{"ADD", "DEL"} {
-			k := network + "." + map[string]string{"ADD": "add", "DEL": "del"}[verb]
-			t.add(row2(fmt.Sprintf("%s, sequential, ipMasq on, ipMasqBackend %s (%d pods)", verb, b, o.seq), s.med("v."+k), s.med("r."+k), "ms"))
+	names := []string{"iptables", "nftables"}
+	var networks []string
+	for _, b := range names {
+		networks = append(networks, "m"+b[:3])
+	}
+	if err := sequential(l, o, v, r, s, networks, "b"); err != nil {
+		return err
+	}
+	for _, b := range names {
+		if err := burstRounds(l, o, v, r, s, "b"+b[:3], "burst"+b[:3]); err != nil {
+			return err
 		}
 	}
+	for _, b := range names {
+		n := "m" + b[:3]
+		for _, verb := range []string{"ADD", "DEL"} {
+			k := n + "." + strings.ToLower(verb)
+			t.add(row2(fmt.Sprintf("%s, sequential, ipMasq on, ipMasqBackend %s on both (%d pods)", verb, b, o.seq), s.med("v."+k), s.med("r."+k), "ms"))
+		}
+		for _, verb := range []string{"ADD", "DEL"} {
+			k := "gap." + n + "." + strings.ToLower(verb)
+			t.add(row2(fmt.Sprintf("%s, ipMasq on, ipMasqBackend %s on both, above the exec floor", verb, b), s.med("v."+k), s.med("r."+k), "ms"))
+		}
+		k := "cpu." + n + ".add"
+		t.add(row2(fmt.Sprintf("CPU time of one ADD, ipMasqBackend %s on both", b), s.med("v."+k), s.med("r."+k), "ms"))
+		bk := "burst" + b[:3]
+		t.add(row2(fmt.Sprintf("burst ADD wall, %d pods %d at a time, ipMasqBackend %s on both", o.burst, o.width, b), s.med("v."+bk+".add"), s.med("r."+bk+".add"), "ms"))
+		t.add(row2(fmt.Sprintf("burst ADD, CPU time of all %d ADDs, ipMasqBackend %s on both", o.burst, b), s.med("v."+bk+"cpu.add"), s.med("r."+bk+"cpu.add"), "ms"))
+		t.add(row2(fmt.Sprintf("burst DEL wall, %d pods %d at a time, ipMasqBackend %s on both", o.burst, o.width, b), s.med("v."+bk+".del"), s.med("r."+bk+".del"), "ms"))
+	}
+	t.add(row{metric: "exec floor in this section: loopback-only ADD via cnitool", village: s.med("v.lob.add"), reference: s.med("r.lob.add"), unit: "ms", ratio: math.NaN()})
 	return nil
 }
 

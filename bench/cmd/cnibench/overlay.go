@@ -84,6 +84,8 @@ func durMS(s string) float64 {
 // tputPath is one pod-to-pod path: a client pod and the server pod's address.
 type tputPath struct {
 	client, server, serverIP string
+	nodes                    []string // the node namespaces (one, or two joined by lan0)
+	lanIPs                   []string // their lan0 addresses (two nodes only)
 }
 
 // throughput: iperf3 TCP between two pods, same node, and across two nodes
@@ -95,7 +97,7 @@ func throughput(l *lab, o options, v *suite, s samples, t *table) error {
 	}
 	for i, mode := range []string{"same-node", "host-gw", "vxlan"} {
 		logf("throughput %s: iperf3 %d s x %d per path", mode, o.iperfSecs, o.iperfRounds)
-		vp, err := villagePath(l, v, mode, i)
+		vp, err := villagePath(l, v, mode, i, false)
 		if err != nil {
 			return fmt.Errorf("village %s path: %w", mode, err)
 		}
@@ -130,8 +132,10 @@ func throughput(l *lab, o options, v *suite, s samples, t *table) error {
 // villagePath wires two pods through cnitool and Village: on one node, or
 // one pod on each of two nodes joined by a veth "LAN" with the backend's
 // static node list. ipMasq is off: pod-to-pod traffic inside clusterCIDR is
-// never masqueraded, and the hand-built path has no iptables rules either.
-func villagePath(l *lab, v *suite, mode string, n int) (tputPath, error) {
+// never masqueraded, and the hand-built path has no iptables rules either
+// (masq: on anyway, as the DaemonSet ships it, for a row with netfilter's
+// hooks and conntrack in the path).
+func villagePath(l *lab, v *suite, mode string, n int, masq bool) (tputPath, error) {
 	nodes := 1
 	if mode != "same-node" {
 		nodes = 2
@@ -171,7 +175,7 @@ func villagePath(l *lab, v *suite, mode string, n int) (tputPath, error) {
 			}
 			extra += fmt.Sprintf(`,"backend":{"type":%q,"underlay":"lan0","vni":7,"nodes":[%s]}`, mode, strings.Join(entries, ","))
 		}
-		if err := su.writeConf("tput", su.netConf("tput", "cbr9", fmt.Sprintf("10.100.%d.0/24", 10*n+nodeIdx+1), false, extra)); err != nil {
+		if err := su.writeConf("tput", su.netConf("tput", "cbr9", fmt.Sprintf("10.100.%d.0/24", 10*n+nodeIdx+1), masq, extra)); err != nil {
 			return tputPath{}, err
 		}
 		pod, err := l.newNS("tvp")
@@ -187,7 +191,11 @@ func villagePath(l *lab, v *suite, mode string, n int) (tputPath, error) {
 		}
 		pods, ips = append(pods, pod), append(ips, ip)
 	}
-	return tputPath{client: pods[0], server: pods[1], serverIP: ips[1]}, nil
+	p := tputPath{client: pods[0], server: pods[1], serverIP: ips[1], nodes: names}
+	if nodes == 2 {
+		p.lanIPs = []string{lanNet + ".1", lanNet + ".2"}
+	}
+	return p, nil
 }
 
 // lan joins two nodes with a veth pair lan0 <-> lan0 at prefix.1 and .2.
@@ -288,7 +296,11 @@ func handPath(l *lab, mode string, n int) (tputPath, error) {
 		}
 		pods, ips = append(pods, pod), append(ips, ip)
 	}
-	return tputPath{client: pods[0], server: pods[1], serverIP: ips[1]}, nil
+	p := tputPath{client: pods[0], server: pods[1], serverIP: ips[1], nodes: names}
+	if nodes == 2 {
+		p.lanIPs = []string{lanNet + ".1", lanNet + ".2"}
+	}
+	return p, nil
 }
 
 func podIP(pod string) (string, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -38,18 +39,43 @@ type row struct {
 	target     string
 	met        string // "yes", "NO", or "" (informational)
 	comparison string // what the ratio compares, when not village/reference
+	load       string // 1-minute load average when its section began and when the row was taken
 }
 
 type table struct {
-	title string
-	rows  []row
+	title     string
+	rows      []row
+	sectionAt string // 1-minute load average when the current section began
 }
+
+// section marks the start of a section: its rows say the machine's load
+// from here to when each is added.
+func (t *table) section() { t.sectionAt = loadavg()[0] }
 
 func (t *table) add(r row) {
 	if math.IsNaN(r.ratio) && !math.IsNaN(r.reference) && r.reference != 0 {
 		r.ratio = r.village / r.reference
 	}
+	if t.sectionAt == "" {
+		t.section()
+	}
+	r.load = t.sectionAt + "→" + loadavg()[0]
 	t.rows = append(t.rows, r)
+}
+
+// loadavg is /proc/loadavg's 1, 5 and 15 minute load averages (what
+// uptime prints); "?" each when it cannot be read.
+func loadavg() [3]string {
+	out := [3]string{"?", "?", "?"}
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return out
+	}
+	f := strings.Fields(string(b))
+	for i := 0; i < 3 && i < len(f); i++ {
+		out[i] = f[i]
+	}
+	return out
 }
 
 func fmtNum(v float64, unit string) string {
@@ -70,15 +96,15 @@ func fmtNum(v float64, unit string) string {
 // the README).
 func (t *table) print(w io.Writer) {
 	fmt.Fprintf(w, "\n%s\n\n", t.title)
-	fmt.Fprintln(w, "| measurement | village | reference / baseline | ratio | target | met |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---|---|")
+	fmt.Fprintln(w, "| measurement | village | reference / baseline | ratio | target | met | load 1 min (section start→row) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---|---|---|")
 	for _, r := range t.rows {
 		ratio := "-"
 		if !math.IsNaN(r.ratio) {
 			ratio = fmt.Sprintf("%.2f×", r.ratio)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.metric, fmtNum(r.village, r.unit), fmtNum(r.reference, r.unit),
-			ratio, r.target, r.met)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", r.metric, fmtNum(r.village, r.unit), fmtNum(r.reference, r.unit),
+			ratio, r.target, r.met, r.load)
 	}
 }
 
