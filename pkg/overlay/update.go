@@ -11,7 +11,8 @@ import (
 
 // ErrNeedSet is returned by Update when it has no baseline to apply a change
 // to: no Set since New (or since Teardown), a Set or Update whose writes
-// failed, another self, or a closed reconciler. The caller runs Set with the
+// failed, another self, a closed reconciler, or (auto) a change that makes
+// the VXLAN device needed or no longer needed. The caller runs Set with the
 // full peer list instead; that also makes the next Update possible.
 var ErrNeedSet = errors.New("overlay: no baseline for an incremental update; run Set with the full peer list")
 
@@ -73,6 +74,15 @@ func (r *Reconciler) Update(ctx context.Context, self Node, change PeerChange) (
 	}
 	peers := applyChange(b.peers, change)
 	d, problems := plan(backendFor(b.mode), b.e, self, peers)
+	if need, have := len(d.fdbs) > 0, b.e.vtep.index != 0; b.mode == ModeAuto && need != have {
+		// auto's first VXLAN peer needs the device made, the last one's
+		// departure needs it removed: Set's job.
+		what := "made"
+		if have {
+			what = "removed"
+		}
+		return Report{}, fmt.Errorf("%w: auto: the VXLAN device %s is to be %s", ErrNeedSet, r.Device(), what)
+	}
 	rc := &recorder{ctx: ctx}
 	r.apply(rc, d, believed(b.d))
 	rep := Report{Applied: rc.applied, Failed: append(problems, rc.failed...), Device: b.out.device, Underlay: b.out.underlay, MTU: b.out.mtu}
