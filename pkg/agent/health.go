@@ -4,22 +4,59 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/village-cni/village/pkg/ipam/store/disk"
 	"github.com/village-cni/village/pkg/metrics"
 )
 
 // health is what /readyz reports (why this node cannot network pods yet, nil
-// when it can): the agent writes it, the HTTP server reads it, so it is the
-// one piece of agent state behind a lock. It starts as "no pod subnet yet"
-// and becomes the last reconcile's outcome once the loop runs.
+// when it can) and what /healthz reports (whether the reconcile loop still
+// makes progress): the agent writes it, the HTTP server reads it, so it is
+// the one piece of agent state behind a lock. err starts as "no pod subnet
+// yet" and becomes the last reconcile's outcome once the loop runs.
 type health struct {
 	mu  sync.Mutex
 	err error
+	// beat is when the loop last went round (zero: not started); bound is
+	// how long it may take before liveness fails; now is the clock (a test
+	// moves it instead of waiting).
+	beat  time.Time
+	bound time.Duration
+	now   func() time.Time
 }
 
 func newHealth(node string) *health {
-	return &health{err: fmt.Errorf("node %s holds no pod subnet yet", node)}
+	return &health{err: fmt.Errorf("node %s holds no pod subnet yet", node), now: time.Now}
+}
+
+// liveBound is how long the loop may go without coming round before
+// /healthz fails: six repair periods and four pass timeouts (3 min with the
+// defaults). An idle loop comes round every period; a pass is bounded by
+// passTimeout, but the masquerade repair and the reclaim pass of the same
+// tick are not, hence the margin. Only a loop stuck for minutes (a hung
+// netlink or netfilter call, a deadlock) fails it.
+func liveBound(period time.Duration) time.Duration { return 6*period + 4*passTimeout }
+
+// beatNow records that the loop went round; the first call starts the
+// liveness check with bound.
+func (h *health) beatNow(bound time.Duration) {
+	h.mu.Lock()
+	h.beat, h.bound = h.now(), bound
+	h.mu.Unlock()
+}
+
+// alive is nil until the loop runs and while it came round within bound.
+func (h *health) alive() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.beat.IsZero() {
+		return nil
+	}
+	if idle := h.now().Sub(h.beat); idle > h.bound {
+		return fmt.Errorf("the reconcile loop has not come round for %s (more than %s): stuck", idle.Round(time.Second), h.bound)
+	}
+	return nil
 }
 
 func (h *health) set(err error) {
@@ -35,13 +72,14 @@ func (h *health) get() error {
 }
 
 // probes are the agent's answers to the kubelet. Liveness: the process
-// serves, so its goroutines (the start's retries, then the loop) run; a
-// node that waits for its subnet or a failing reconcile is not a reason to
-// restart it. Readiness: this node can network pods: the subnet is held,
-// the loop's last reconcile succeeded and the conflist is in place.
+// serves and, once the loop runs, the loop came round within liveBound
+// (its heartbeat); a node that waits for its subnet or a failing reconcile
+// is not a reason to restart it, a stuck loop is. Readiness: this node can
+// network pods: the subnet is held, the loop's last reconcile succeeded and
+// the conflist is in place.
 func (a *agent) probes() metrics.Probes {
 	return metrics.Probes{
-		Live: func() error { return nil },
+		Live: a.health.alive,
 		Ready: func() error {
 			if err := a.health.get(); err != nil {
 				return err

@@ -94,7 +94,7 @@ func Run(ctx context.Context, opts Options) error {
 	a.self = n.self(ip, cidrs)
 	if opts.PublishConfDir != "" {
 		if err := retry(ctx, opts, "publishing the conflist in "+opts.PublishConfDir, func() error {
-			published, err := c.publishConf(opts.PublishConfDir)
+			published, err := c.publishConf(opts.PublishConfDir, opts.logf)
 			if published {
 				opts.logf("conflist published as %s: the node can network pods", a.confPath())
 			}
@@ -146,13 +146,16 @@ type agent struct {
 	m        *metrics.Metrics // nil: metrics off (its methods do nothing)
 	health   *health
 	reclaim  *reclaimer // nil: no registry, or reclaiming is off
+	onTick   func()     // a test's stand-in for the periodic work (nil: the work)
 }
 
 func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records chan registry.Node, kernel <-chan struct{}) {
 	tick := time.NewTicker(a.opts.Period)
 	defer tick.Stop()
 	var settled <-chan time.Time
+	bound := liveBound(a.opts.Period)
 	for {
+		a.health.beatNow(bound) // liveness: the loop comes round
 		select {
 		case <-ctx.Done():
 			return
@@ -175,6 +178,10 @@ func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records 
 			a.checkSelf(records)
 			a.pass(ctx, "kernel change", true)
 		case <-tick.C:
+			if a.onTick != nil {
+				a.onTick()
+				continue
+			}
 			a.checkSelf(records)
 			a.pass(ctx, "periodic repair", true)
 			a.repairMasq()

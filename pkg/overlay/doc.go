@@ -39,9 +39,15 @@
 //
 // auto picks host-gw for a peer whose underlay address is on the underlay's
 // L2 subnet and the pod subnet is of the same family, and vxlan otherwise
-// (so IPv6 pods over an IPv4 underlay go over VXLAN). vxlan and auto always
-// keep the device, and report its MTU for pods, so a peer can move between
-// the two paths without an MTU change.
+// (so IPv6 pods over an IPv4 underlay go over VXLAN). vxlan always keeps
+// the device and reports its MTU for pods. auto keeps it only while at least
+// one peer goes over VXLAN, and reports its MTU then, the underlay's
+// otherwise: on one L2 segment there is no device and pods get the full
+// MTU. The device comes and goes with Set only (Update answers ErrNeedSet to
+// a change that needs it made or removed); [Reconciler.PodMTU] is what a pod
+// added now gets. auto assumes the nodes agree on who is on-link (one prefix
+// length per segment): a node that sees a peer on-link sends it plain
+// packets and has no device to receive that peer's VXLAN.
 //
 // IPv4 and IPv6 pod subnets and underlays go through the same code: an
 // address family only changes the VTEP address length, the MTU overhead and

@@ -92,7 +92,7 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 	}
 	out := outcome{underlay: u.name(), mtu: u.mtu()}
 	e := env{u: u, metric: r.metric}
-	needsVTEP := mode != ModeHostGW
+	needsVTEP := needsDevice(mode, e, self, peers)
 	if needsVTEP {
 		if _, _, err := r.ownVTEP(); err != nil {
 			return out, err
@@ -127,4 +127,22 @@ func (r *Reconciler) sweep(rc *recorder) error {
 	r.apply(rc, desired{}, o)
 	r.removeVTEP(rc)
 	return nil
+}
+
+// needsDevice says whether a pass in mode makes (or keeps) the VXLAN
+// device: vxlan always; auto only while at least one peer subnet it can
+// plan goes over VXLAN (off the underlay's subnets, or of the other address
+// family), found by planning once without the device, which only names it
+// in the objects. host-gw never. So auto on one L2 segment has no device,
+// and pods get the underlay's MTU (see PodMTU for what a pod added before
+// an off-link peer joins keeps).
+func needsDevice(mode Mode, e env, self Node, peers []Node) bool {
+	switch mode {
+	case ModeVXLAN:
+		return true
+	case ModeAuto:
+		d, _ := plan(autoBackend{}, e, self, peers)
+		return len(d.fdbs) > 0
+	}
+	return false
 }

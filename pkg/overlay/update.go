@@ -16,8 +16,9 @@ import (
 
 // ErrNeedSet is returned by Update when it has no baseline to apply a change
 // to: no Set since New (or since Teardown), a Set or Update whose writes
-// failed, another self, a Set given two peers of one name, or a closed
-// reconciler. The caller runs Set with the full peer list instead; that
+// failed, another self, a Set given two peers of one name, a closed
+// reconciler, or (auto) a change that makes the VXLAN device needed or no
+// longer needed. The caller runs Set with the full peer list instead; that
 // also makes the next Update possible.
 var ErrNeedSet = errors.New("overlay: no baseline for an incremental update; run Set with the full peer list")
 
@@ -124,6 +125,9 @@ func (r *Reconciler) Update(ctx context.Context, self Node, change PeerChange) (
 	rc := &recorder{ctx: ctx}
 	var problems []Failure
 	if nd, ok := b.planDelta(touched); ok {
+		if err := r.autoDeviceStays(b, len(nd.fdbs) > 0 || b.untouchedFDB(touched)); err != nil {
+			return Report{}, err
+		}
 		r.apply(rc, nd, believed(b.objectsOf(touched)))
 		if len(rc.failed) == 0 && rc.stopped == nil {
 			b.commitDelta(touched, nd)
@@ -138,6 +142,9 @@ func (r *Reconciler) Update(ctx context.Context, self Node, change PeerChange) (
 		}
 		var d desired
 		d, problems = plan(backendFor(b.mode), b.e, self, slices.Collect(maps.Values(peers)))
+		if err := r.autoDeviceStays(b, len(d.fdbs) > 0); err != nil {
+			return Report{}, err
+		}
 		r.apply(rc, d, believed(b.d))
 		if len(rc.failed) == 0 && rc.stopped == nil {
 			b.reset(peers, d, problems)
@@ -149,6 +156,32 @@ func (r *Reconciler) Update(ctx context.Context, self Node, change PeerChange) (
 	}
 	rc.failed = rep.Failed
 	return rep, rc.err()
+}
+
+// autoDeviceStays refuses an Update under auto whose new peer set needs the
+// VXLAN device made (its first VXLAN peer) or removed (its last one): that
+// is Set's job.
+func (r *Reconciler) autoDeviceStays(b *baseline, need bool) error {
+	have := b.e.vtep.index != 0
+	if b.mode != ModeAuto || need == have {
+		return nil
+	}
+	what := "made"
+	if have {
+		what = "removed"
+	}
+	return fmt.Errorf("%w: auto: the VXLAN device %s is to be %s", ErrNeedSet, r.Device(), what)
+}
+
+// untouchedFDB tells whether a peer the change does not name keeps an FDB
+// entry (so still needs the VXLAN device).
+func (b *baseline) untouchedFDB(touched map[string]*Node) bool {
+	for _, f := range b.d.fdbs {
+		if _, ok := touched[f.peer]; !ok {
+			return true
+		}
+	}
+	return false
 }
 
 // touchedBy is every peer the change names, with its new record (nil when

@@ -46,6 +46,44 @@ func (r *Reconciler) vtepSpecFor(u underlay, self Node) vtepSpec {
 	return s
 }
 
+// PodMTU is the MTU for a pod added now, read without writing anything or
+// knowing the peers (the plugin's ADD when villaged owns them): 0 for none;
+// the underlay's for host-gw; the VXLAN device's (the underlay's less
+// Overhead) for vxlan; for auto the device's while this network's device
+// exists, that is while the last pass reached at least one peer over VXLAN
+// (needsDevice), else the underlay's. A pod keeps its MTU: one added under
+// auto while every peer was on the underlay's subnet has the underlay MTU,
+// and its packets to an off-link peer that joins later are larger than the
+// device's; the node answers those with ICMP "fragmentation needed" /
+// "packet too big" (TCP and DF traffic adapt, IPv4 without DF is
+// fragmented). A device of another network is an error wrapping
+// ErrConflict.
+func (r *Reconciler) PodMTU(self Node) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.h == nil {
+		return 0, errClosed
+	}
+	if r.cfg.Mode == ModeNone {
+		return 0, nil
+	}
+	u, err := r.resolveUnderlay(self)
+	if err != nil {
+		return 0, err
+	}
+	if r.cfg.Mode == ModeHostGW {
+		return u.mtu(), nil
+	}
+	link, mine, err := r.ownVTEP()
+	if err != nil {
+		return 0, err
+	}
+	if r.cfg.Mode == ModeAuto && (link == nil || !mine) {
+		return u.mtu(), nil
+	}
+	return r.vtepSpecFor(u, self).mtu, nil
+}
+
 func (s vtepSpec) object() Object {
 	return Object{Kind: KindDevice, Desc: fmt.Sprintf("%s (vxlan id %d local %s dstport %d nolearning mtu %d address %s)",
 		s.name, s.vni, s.local, s.port, s.mtu, s.mac)}

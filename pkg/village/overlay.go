@@ -28,7 +28,8 @@ func podSubnets(ips []*current.IPConfig) []*net.IPNet {
 // syncOverlay makes the kernel carry traffic to the other nodes and returns
 // the MTU pods should use. With static peers it reconciles them (a peer
 // removed from the list is removed here); with a registry villaged owns the
-// peers and this only reads the pod MTU without writing anything. A second
+// peers and this only reads the pod MTU without writing anything (for auto:
+// the device's while villaged keeps one, else the underlay's). A second
 // ADD on an unchanged node costs a few netlink dumps.
 func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
 	b := conf.Overlay
@@ -44,11 +45,11 @@ func syncOverlay(conf *netconf.NetConf, ips []*current.IPConfig) (int, error) {
 	defer cancel()
 	self := overlay.Node{PodCIDRs: podSubnets(ips)}
 	if b.Registry != nil {
-		d, err := r.Status(ctx, self, nil)
+		mtu, err := r.PodMTU(self)
 		if err != nil {
 			return 0, fmt.Errorf("backend %s: reading the underlay: %w", b.Type, err)
 		}
-		return d.MTU, nil
+		return mtu, nil
 	}
 	rep, err := r.Set(ctx, self, b.Peers())
 	if err != nil {

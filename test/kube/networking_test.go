@@ -102,6 +102,31 @@ func checkNetworking(t *testing.T, c *kubecluster.Cluster) {
 			}
 		}
 	})
+	t.Run("PodMTU", func(t *testing.T) {
+		// Both nodes share one LAN and the pods are IPv4 only: host-gw and
+		// auto (the manifest's default) route every peer plainly, so there is
+		// no village.1 and pods get the underlay's MTU; vxlan gives it less 50.
+		vxlan := c.Options().Backend == "vxlan"
+		for name, p := range pods {
+			nd := node(t, c, p.Spec.NodeName)
+			under, err := nd.Exec("ip", "-o", "link", "show", "eth0")
+			mtu := linkMTU(string(under))
+			if err != nil || mtu == 0 {
+				t.Fatalf("%s's underlay MTU: %v: %s", nd.Name, err, under)
+			}
+			if vxlan {
+				mtu -= 50
+			}
+			out, err := f.exec(name, "ip", "-o", "link", "show", "eth0")
+			if got := linkMTU(out); err != nil || got != mtu {
+				t.Errorf("pod %s on %s: eth0 MTU %d (%v), want %d: %s", name, nd.Name, got, err, mtu, out)
+			}
+			dev, err := nd.Exec("ip", "-o", "link", "show", "village.1")
+			if (err == nil) != vxlan {
+				t.Errorf("%s with backend %q: village.1 present %v, want %v: %s", nd.Name, c.Options().Backend, err == nil, vxlan, dev)
+			}
+		}
+	})
 	t.Run("SameNodePodToPod", func(t *testing.T) {
 		expect(t, "c1 -> s1 (node-1)", "s1", f.tcpFromPod("c1", ip("s1"), 8080))
 	})
@@ -175,4 +200,16 @@ func checkNetworking(t *testing.T, c *kubecluster.Cluster) {
 			t.Fatalf("deleting pod gone did not release %s: %v", addr, err)
 		}
 	})
+}
+
+// linkMTU is the MTU in a line of `ip -o link show`, 0 when there is none.
+func linkMTU(line string) int {
+	f := strings.Fields(line)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "mtu" {
+			n, _ := strconv.Atoi(f[i+1])
+			return n
+		}
+	}
+	return 0
 }
