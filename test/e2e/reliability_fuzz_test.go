@@ -21,6 +21,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/netconf":         {"FuzzParse", "FuzzParseBackend", "FuzzCNIArgs", "FuzzParseLAN"},
 	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
 	"./pkg/subnetfile":      {"FuzzRead"},
+	"./pkg/netpol":          {"FuzzCompile"},
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
 	"./pkg/validate": {"FuzzLinkName", "FuzzMAC", "FuzzMTU", "FuzzNodeName", "FuzzNamespaceName",
