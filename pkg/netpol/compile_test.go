@@ -144,7 +144,7 @@ func TestCompile(t *testing.T) {
 		{"bad peers and ports match nothing and are problems", []*networkingv1.NetworkPolicy{
 			policy("a", "p", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "web"),
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{
-					From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "nonsense"}}, {}},
+					From:  []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "nonsense"}}, {}},
 					Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr(corev1.Protocol("ICMP"))}}}}}),
 		}, "a/web in[] eg-\n" +
 			"problem NetworkPolicy a/p: spec.ingress[0].from[0].ipBlock.cidr \"nonsense\": netip.ParsePrefix(\"nonsense\"): no '/': the peer matches nothing\n" +
