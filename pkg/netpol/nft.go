@@ -258,6 +258,7 @@ func ensurePending(c *nftables.Conn, network string) error {
 	prio := nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 5)
 	fw := c.AddChain(forwardChain(t, prio))
 	c.FlushChain(fw)
+	c.AddRule(rule(t, fw, neighbourDiscovery(), []expr.Any{verdict(expr.VerdictAccept)}))
 	for i, s := range sets {
 		for _, src := range []bool{true, false} {
 			c.AddRule(rule(t, fw, nfproto(i == 1), []expr.Any{addr(i == 1, src), inSet(s), &expr.Counter{}, verdict(expr.VerdictDrop)}))
@@ -400,7 +401,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	slices.Sort(out)
 	return out
 }
-
 
 // tableExists says whether table inet name is there.
 func tableExists(c *nftables.Conn, name string) (bool, error) {

@@ -25,6 +25,7 @@ import (
 // and fd09::1/64, and pods a, b, c on it, each with a TCP server on ports
 // 80 and 8080.
 type lab struct {
+	t    *testing.T
 	node ns.NetNS
 	pods map[string]ns.NetNS
 	v4   map[string]string
@@ -34,7 +35,7 @@ type lab struct {
 const dialBound = 3 * time.Second // a dropped SYN: the connect gives up after this
 
 func newLab(t *testing.T) *lab {
-	l := &lab{node: testenv.NewNS(t), pods: map[string]ns.NetNS{}, v4: map[string]string{}, v6: map[string]string{}}
+	l := &lab{t: t, node: testenv.NewNS(t), pods: map[string]ns.NetNS{}, v4: map[string]string{}, v6: map[string]string{}}
 	testenv.MustIP(t, l.node, "link", "add", "br0", "type", "bridge", "nf_call_iptables", "1", "nf_call_ip6tables", "1")
 	testenv.MustIP(t, l.node, "addr", "add", "10.9.0.1/24", "dev", "br0")
 	testenv.MustIP(t, l.node, "addr", "add", "fd09::1/64", "dev", "br0", "nodad")
@@ -56,35 +57,13 @@ func newLab(t *testing.T) *lab {
 		testenv.MustIP(t, p, "route", "add", "default", "via", "10.9.0.1")
 		testenv.MustIP(t, p, "-6", "route", "add", "default", "via", "fd09::1")
 		for _, port := range []int{80, 8080} {
-			serve(t, p, port)
+			testenv.ServeTCP(t, p, fmt.Sprintf("[::]:%d", port), "ok")
 		}
 	}
 	if v4, v6 := testenv.BridgeNfCalls(t, l.node, "br0"); v4 != 1 || v6 != 1 {
 		t.Fatalf("bridge nf_call options %d %d", v4, v6)
 	}
 	return l
-}
-
-// serve answers every TCP connection to port (both families) with "ok".
-func serve(t *testing.T, n ns.NetNS, port int) {
-	var ln net.Listener
-	if err := testenv.InNS(n, func() (err error) {
-		ln, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", port))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("ok"))
-			c.Close()
-		}
-	}()
 }
 
 // dial connects from netns n to addr:port and reads the server's answer.
@@ -107,25 +86,39 @@ func dial(n ns.NetNS, addr string, port int) error {
 // reach asserts which connections pass.
 func (l *lab) reach(t *testing.T, from, to string, port int, want bool) {
 	t.Helper()
+	errs := make(chan func(), 2)
 	for _, addrs := range []map[string]string{l.v4, l.v6} {
+		go func() { errs <- l.check(from, to, addrs[to], port, want) }()
+	}
+	for range 2 {
+		if f := <-errs; f != nil {
+			f()
+		}
+	}
+}
+
+// check is one connection of reach; it returns the failure to report.
+func (l *lab) check(from, to, dst string, port int, want bool) func() {
+	{
 		var src ns.NetNS
-		var dst string
 		if from == "node" {
 			src = l.node
 		} else {
 			src = l.pods[from]
 		}
-		dst = addrs[to]
 		err := dial(src, dst, port)
-		if want && err != nil {
-			t.Errorf("%s -> %s (%s) port %d: want allowed, got %v", from, to, dst, port, err)
+		var msg string
+		switch {
+		case want && err != nil:
+			msg = fmt.Sprintf("%s -> %s (%s) port %d: want allowed, got %v", from, to, dst, port, err)
+		case !want && err == nil:
+			msg = fmt.Sprintf("%s -> %s (%s) port %d: want denied, got through", from, to, dst, port)
+		case !want && !isTimeout(err):
+			msg = fmt.Sprintf("%s -> %s (%s) port %d: want a silent drop, got %v", from, to, dst, port, err)
+		default:
+			return nil
 		}
-		if !want && err == nil {
-			t.Errorf("%s -> %s (%s) port %d: want denied, got through", from, to, dst, port)
-		}
-		if !want && err != nil && !isTimeout(err) {
-			t.Errorf("%s -> %s (%s) port %d: want a silent drop, got %v", from, to, dst, port, err)
-		}
+		return func() { l.t.Error(msg) }
 	}
 }
 
