@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/village-cni/village/pkg/netpol/table"
+
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,8 +20,8 @@ import (
 // never fails: what it cannot enforce is in the result's Problems (the
 // rest of that policy still applies; a rule it cannot read matches
 // nothing, so an error never opens traffic).
-func Compile(in Input) *Ruleset {
-	c := &compiler{in: in, rs: &Ruleset{Network: in.Network, Sets: map[string]Set{}}, seen: map[Problem]bool{}}
+func Compile(in Input) *table.Ruleset {
+	c := &compiler{in: in, rs: &table.Ruleset{Network: in.Network, Sets: map[string]table.Set{}}, seen: map[table.Problem]bool{}}
 	c.index()
 	for _, p := range c.pods {
 		if !in.Local[p.Key()] || p.HostNetwork || len(p.IPs) == 0 {
@@ -39,7 +41,7 @@ func Compile(in Input) *Ruleset {
 	}
 	c.rs.Namespaces = slices.Sorted(maps.Keys(c.byNS))
 	slices.SortFunc(c.rs.Compiled, netip.Addr.Compare)
-	slices.SortFunc(c.rs.Problems, func(a, b Problem) int {
+	slices.SortFunc(c.rs.Problems, func(a, b table.Problem) int {
 		return strings.Compare(a.Policy+"\x00"+a.Reason, b.Policy+"\x00"+b.Reason)
 	})
 	return c.rs
@@ -47,8 +49,8 @@ func Compile(in Input) *Ruleset {
 
 type compiler struct {
 	in   Input
-	rs   *Ruleset
-	seen map[Problem]bool
+	rs   *table.Ruleset
+	seen map[table.Problem]bool
 	pods []*Pod // sorted by key
 	// byNS are the policies of each namespace, sorted by name.
 	byNS map[string][]*networkingv1.NetworkPolicy
@@ -83,7 +85,7 @@ func (c *compiler) index() {
 func key(pol *networkingv1.NetworkPolicy) string { return pol.Namespace + "/" + pol.Name }
 
 func (c *compiler) problem(pol *networkingv1.NetworkPolicy, reason string) {
-	p := Problem{Policy: key(pol), Reason: reason}
+	p := table.Problem{Policy: key(pol), Reason: reason}
 	if !c.seen[p] {
 		c.seen[p] = true
 		c.rs.Problems = append(c.rs.Problems, p)
@@ -120,8 +122,8 @@ func (c *compiler) types(pol *networkingv1.NetworkPolicy) (ingress, egress bool)
 }
 
 // pod compiles the chains of a local pod; false when no policy isolates it.
-func (c *compiler) pod(p *Pod) (PodRules, bool) {
-	pr := PodRules{Key: p.Key(), IPs: slices.Clone(p.IPs)}
+func (c *compiler) pod(p *Pod) (table.PodRules, bool) {
+	pr := table.PodRules{Key: p.Key(), IPs: slices.Clone(p.IPs)}
 	slices.SortFunc(pr.IPs, netip.Addr.Compare)
 	for _, pol := range c.selecting(p) {
 		in, eg := c.types(pol)
@@ -130,7 +132,7 @@ func (c *compiler) pod(p *Pod) (PodRules, bool) {
 		}
 		if in {
 			if pr.Ingress == nil {
-				pr.Ingress = &Chain{}
+				pr.Ingress = &table.Chain{}
 			}
 			for i, r := range pol.Spec.Ingress {
 				pr.Ingress.Clauses = append(pr.Ingress.Clauses, c.rule(pol, p, false, i, r.From, r.Ports)...)
@@ -138,7 +140,7 @@ func (c *compiler) pod(p *Pod) (PodRules, bool) {
 		}
 		if eg {
 			if pr.Egress == nil {
-				pr.Egress = &Chain{}
+				pr.Egress = &table.Chain{}
 			}
 			for i, r := range pol.Spec.Egress {
 				pr.Egress.Clauses = append(pr.Egress.Clauses, c.rule(pol, p, true, i, r.To, r.Ports)...)
@@ -150,12 +152,12 @@ func (c *compiler) pod(p *Pod) (PodRules, bool) {
 }
 
 // dedupe drops repeated clauses (two policies allowing the same).
-func dedupe(ch *Chain) *Chain {
+func dedupe(ch *table.Chain) *table.Chain {
 	if ch == nil {
 		return nil
 	}
-	seen := map[Clause]bool{}
-	out := &Chain{Clauses: []Clause{}}
+	seen := map[table.Clause]bool{}
+	out := &table.Chain{Clauses: []table.Clause{}}
 	for _, cl := range ch.Clauses {
 		if !seen[cl] {
 			seen[cl] = true
@@ -169,7 +171,7 @@ func dedupe(ch *Chain) *Chain {
 type peers struct {
 	any    bool
 	pods   []*Pod
-	blocks []Range
+	blocks []table.Range
 }
 
 func (c *compiler) peers(pol *networkingv1.NetworkPolicy, origin string, list []networkingv1.NetworkPolicyPeer) peers {
@@ -233,14 +235,14 @@ func (c *compiler) peers(pol *networkingv1.NetworkPolicy, origin string, list []
 }
 
 // block is an ipBlock less its excepts.
-func (c *compiler) block(pol *networkingv1.NetworkPolicy, where string, b *networkingv1.IPBlock) []Range {
+func (c *compiler) block(pol *networkingv1.NetworkPolicy, where string, b *networkingv1.IPBlock) []table.Range {
 	p, err := netip.ParsePrefix(b.CIDR)
 	if err != nil {
 		c.problem(pol, fmt.Sprintf("%s.ipBlock.cidr %q: %v: the peer matches nothing", where, b.CIDR, err))
 		return nil
 	}
 	p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-map[bool]int{true: 96, false: 0}[p.Addr().Is4In6()])
-	var cut []Range
+	var cut []table.Range
 	for _, e := range b.Except {
 		ep, err := netip.ParsePrefix(e)
 		if err != nil {
@@ -258,7 +260,7 @@ func (c *compiler) block(pol *networkingv1.NetworkPolicy, where string, b *netwo
 // rule compiles one ingress (egress false) or egress rule for target pod
 // p. Named ports resolve against p for ingress and against each peer pod
 // for egress.
-func (c *compiler) rule(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, i int, list []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) []Clause {
+func (c *compiler) rule(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, i int, list []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) []table.Clause {
 	dir := map[bool]string{false: "ingress", true: "egress"}[egress]
 	field := map[bool]string{false: "from", true: "to"}[egress]
 	origin := fmt.Sprintf("%s|%s|%d|%s", key(pol), dir, i, fmt.Sprintf("spec.%s[%d].%s", dir, i, field))
@@ -267,24 +269,24 @@ func (c *compiler) rule(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, i 
 	if allPorts {
 		ports = []networkingv1.NetworkPolicyPort{{}}
 	}
-	var out []Clause
+	var out []table.Clause
 	for j, port := range ports {
 		where := fmt.Sprintf("spec.%s[%d].ports[%d]", dir, i, j)
-		proto := ProtoTCP
+		proto := table.ProtoTCP
 		if port.Protocol != nil {
 			switch *port.Protocol {
 			case corev1.ProtocolTCP:
 			case corev1.ProtocolUDP:
-				proto = ProtoUDP
+				proto = table.ProtoUDP
 			case corev1.ProtocolSCTP:
-				proto = ProtoSCTP
+				proto = table.ProtoSCTP
 			default:
 				c.problem(pol, fmt.Sprintf("%s: protocol %q: the port matches nothing", where, *port.Protocol))
 				continue
 			}
 		}
 		if allPorts {
-			proto = ProtoAny
+			proto = table.ProtoAny
 		}
 		switch {
 		case port.Port == nil:
@@ -292,7 +294,7 @@ func (c *compiler) rule(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, i 
 				c.problem(pol, where+": endPort without port: the port matches nothing")
 				continue
 			}
-			out = append(out, c.clause(ps, origin, "", Clause{Proto: proto})...)
+			out = append(out, c.clause(ps, origin, "", table.Clause{Proto: proto})...)
 		case port.Port.Type == intstr.Int:
 			from, to := port.Port.IntVal, port.Port.IntVal
 			if port.EndPort != nil {
@@ -302,7 +304,7 @@ func (c *compiler) rule(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, i 
 				c.problem(pol, fmt.Sprintf("%s: port %d..%d out of range: the port matches nothing", where, from, to))
 				continue
 			}
-			out = append(out, c.clause(ps, origin, "", Clause{Proto: proto, PortFrom: uint16(from), PortTo: uint16(to)})...)
+			out = append(out, c.clause(ps, origin, "", table.Clause{Proto: proto, PortFrom: uint16(from), PortTo: uint16(to)})...)
 		default:
 			name := port.Port.StrVal
 			if port.EndPort != nil {
@@ -311,7 +313,7 @@ func (c *compiler) rule(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, i 
 			}
 			if !egress {
 				if n, ok := resolve(p, name, proto); ok {
-					out = append(out, c.clause(ps, origin, "", Clause{Proto: proto, PortFrom: n, PortTo: n})...)
+					out = append(out, c.clause(ps, origin, "", table.Clause{Proto: proto, PortFrom: n, PortTo: n})...)
 				}
 				continue
 			}
@@ -322,7 +324,7 @@ func (c *compiler) rule(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, i 
 }
 
 // resolve finds the number of p's container port called name.
-func resolve(p *Pod, name string, proto Proto) (uint16, bool) {
+func resolve(p *Pod, name string, proto table.Proto) (uint16, bool) {
 	for _, np := range p.Ports {
 		if np.Name == name && np.Protocol == proto {
 			return np.Port, true
@@ -333,7 +335,7 @@ func resolve(p *Pod, name string, proto Proto) (uint16, bool) {
 
 // namedEgress splits the peer pods by the number their port called name
 // has: one clause per number. Addresses of ipBlocks have no named ports.
-func (c *compiler) namedEgress(ps peers, origin, name string, proto Proto) []Clause {
+func (c *compiler) namedEgress(ps peers, origin, name string, proto table.Proto) []table.Clause {
 	cands := ps.pods
 	if ps.any {
 		cands = nil
@@ -349,28 +351,28 @@ func (c *compiler) namedEgress(ps peers, origin, name string, proto Proto) []Cla
 			byPort[n] = append(byPort[n], p)
 		}
 	}
-	var out []Clause
+	var out []table.Clause
 	for _, n := range slices.Sorted(maps.Keys(byPort)) {
 		group := peers{pods: byPort[n]}
-		out = append(out, c.clause(group, origin, fmt.Sprintf("%s/%d", proto, n), Clause{Proto: proto, PortFrom: n, PortTo: n})...)
+		out = append(out, c.clause(group, origin, fmt.Sprintf("%s/%d", proto, n), table.Clause{Proto: proto, PortFrom: n, PortTo: n})...)
 	}
 	return out
 }
 
 // clause fills in the peer sets of cl from ps; none when ps matches no
 // address.
-func (c *compiler) clause(ps peers, origin, group string, cl Clause) []Clause {
+func (c *compiler) clause(ps peers, origin, group string, cl table.Clause) []table.Clause {
 	if ps.any {
 		cl.AnyPeer = true
-		return []Clause{cl}
+		return []table.Clause{cl}
 	}
-	var r4, r6 []Range
+	var r4, r6 []table.Range
 	for _, p := range ps.pods {
 		for _, ip := range p.IPs {
 			if ip.Is4() {
-				r4 = append(r4, Range{ip, ip})
+				r4 = append(r4, table.Range{From: ip, To: ip})
 			} else {
-				r6 = append(r6, Range{ip, ip})
+				r6 = append(r6, table.Range{From: ip, To: ip})
 			}
 		}
 	}
@@ -383,14 +385,14 @@ func (c *compiler) clause(ps peers, origin, group string, cl Clause) []Clause {
 	}
 	if len(r4) > 0 {
 		cl.Set4 = setName(false, origin+"|"+group)
-		c.rs.Sets[cl.Set4] = Set{Ranges: normalize(r4)}
+		c.rs.Sets[cl.Set4] = table.Set{Ranges: normalize(r4)}
 	}
 	if len(r6) > 0 {
 		cl.Set6 = setName(true, origin+"|"+group)
-		c.rs.Sets[cl.Set6] = Set{V6: true, Ranges: normalize(r6)}
+		c.rs.Sets[cl.Set6] = table.Set{V6: true, Ranges: normalize(r6)}
 	}
 	if cl.Set4 == "" && cl.Set6 == "" {
 		return nil
 	}
-	return []Clause{cl}
+	return []table.Clause{cl}
 }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/village-cni/village/pkg/netpol/table"
+
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -56,9 +58,9 @@ var (
 // (remote, port http=9090); c/lan is local with a LAN interface.
 func world(pols ...*networkingv1.NetworkPolicy) Input {
 	web := pod("a", "web", map[string]string{"app": "web"}, "10.0.1.2", "fd00::1:2")
-	web.Ports = []NamedPort{{Name: "http", Protocol: ProtoTCP, Port: 8080}, {Name: "dns", Protocol: ProtoUDP, Port: 53}}
+	web.Ports = []NamedPort{{Name: "http", Protocol: table.ProtoTCP, Port: 8080}, {Name: "dns", Protocol: table.ProtoUDP, Port: 53}}
 	api := pod("b", "api", map[string]string{"app": "api"}, "10.0.2.7")
-	api.Ports = []NamedPort{{Name: "http", Protocol: ProtoTCP, Port: 9090}}
+	api.Ports = []NamedPort{{Name: "http", Protocol: table.ProtoTCP, Port: 9090}}
 	lan := pod("c", "lan", map[string]string{"app": "lan"}, "10.0.1.9")
 	lan.LAN = true
 	host := pod("c", "host", map[string]string{"app": "host"}, "192.168.50.10")
@@ -197,15 +199,15 @@ func TestNamespaces(t *testing.T) {
 }
 
 func TestRanges(t *testing.T) {
-	r := func(a, b string) Range { return Range{netip.MustParseAddr(a), netip.MustParseAddr(b)} }
+	r := func(a, b string) table.Range { return table.Range{From: netip.MustParseAddr(a), To: netip.MustParseAddr(b)} }
 	if got := prefixRange(netip.MustParsePrefix("10.1.2.3/8")); got != r("10.0.0.0", "10.255.255.255") {
 		t.Errorf("prefixRange: %v", got)
 	}
 	if got := prefixRange(netip.MustParsePrefix("::/0")); got != r("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff") {
 		t.Errorf("prefixRange: %v", got)
 	}
-	got := normalize([]Range{r("10.0.0.5", "10.0.0.9"), r("10.0.0.1", "10.0.0.4"), r("10.0.0.20", "10.0.0.30"), r("10.0.0.25", "10.0.0.26"), r("255.255.255.0", "255.255.255.255"), r("255.255.255.255", "255.255.255.255")})
-	want := []Range{r("10.0.0.1", "10.0.0.9"), r("10.0.0.20", "10.0.0.30"), r("255.255.255.0", "255.255.255.255")}
+	got := normalize([]table.Range{r("10.0.0.5", "10.0.0.9"), r("10.0.0.1", "10.0.0.4"), r("10.0.0.20", "10.0.0.30"), r("10.0.0.25", "10.0.0.26"), r("255.255.255.0", "255.255.255.255"), r("255.255.255.255", "255.255.255.255")})
+	want := []table.Range{r("10.0.0.1", "10.0.0.9"), r("10.0.0.20", "10.0.0.30"), r("255.255.255.0", "255.255.255.255")}
 	if len(got) != len(want) {
 		t.Fatalf("normalize: %v", got)
 	}
@@ -215,10 +217,10 @@ func TestRanges(t *testing.T) {
 		}
 	}
 	all := r("0.0.0.0", "255.255.255.255")
-	if got := subtract(all, []Range{all}); len(got) != 0 {
+	if got := subtract(all, []table.Range{all}); len(got) != 0 {
 		t.Errorf("subtract everything: %v", got)
 	}
-	if got := subtract(all, []Range{r("0.0.0.0", "0.0.0.0"), r("255.255.255.255", "255.255.255.255")}); len(got) != 1 || got[0] != r("0.0.0.1", "255.255.255.254") {
+	if got := subtract(all, []table.Range{r("0.0.0.0", "0.0.0.0"), r("255.255.255.255", "255.255.255.255")}); len(got) != 1 || got[0] != r("0.0.0.1", "255.255.255.254") {
 		t.Errorf("subtract the ends: %v", got)
 	}
 }

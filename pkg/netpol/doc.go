@@ -5,20 +5,37 @@
 // namespaces' labels and the names of this node's pods it computes a
 // Ruleset, the declarative model of one nftables table per network:
 //
-//	table inet village-policy-<network>
-//	  set pending4 / pending6          addresses of pods whose rules are not compiled yet (dropped)
+//	table inet village-policy-<network>            (replaced whole by table.Apply)
 //	  map ingress4 / ingress6          pod address : jump ingress.<ns>.<pod>   (isolated pods only)
 //	  map egress4 / egress6            pod address : jump egress.<ns>.<pod>
 //	  set s4-<hash> / s6-<hash>        peers of one rule (pods' addresses, ipBlocks less their excepts), intervals
 //	  chain forward  type filter hook forward priority filter; policy accept
 //	    ct state established,related accept
 //	    icmpv6 type nd-router-solicit..nd-redirect accept      (neighbour discovery keeps working)
-//	    ip daddr @pending4 drop, ip saddr @pending4 drop        (and ip6)
 //	    ip saddr vmap @egress4, ip6 saddr vmap @egress6
 //	    ip daddr vmap @ingress4, ip6 daddr vmap @ingress6
 //	  chain ingress.<ns>.<pod>
 //	    ip saddr @s4-… tcp dport 80 return                     (one rule per peer set and port)
 //	    drop
+//	table inet village-pending-<network>           (kept; ADD adds, Apply removes)
+//	  set pending4 / pending6          addresses of new pods whose rules are not compiled yet
+//	  chain forward  type filter hook forward priority filter - 5; policy accept
+//	    icmpv6 type nd-router-solicit..nd-redirect accept
+//	    ip saddr @pending4 drop, ip daddr @pending4 drop        (and ip6)
+//
+// # No window at a pod's start
+//
+// The agent lists the namespaces that hold a policy in
+// <run dir>/<network>/policy-namespaces after each Apply. ADD of a pod in
+// a listed namespace (the only pods a policy can select) adds the pod's
+// addresses to the pending sets before it returns, that is before any
+// container of the pod runs and before the address is published anywhere.
+// Apply removes the marks of the pods it compiled in the same
+// transaction that installs their rules, so a selected pod goes from "all
+// dropped" to "its rules" with nothing in between, and an unselected pod of
+// such a namespace waits only for the agent to see its address (the
+// kubelet's status update, the watch, one compile). Pods of other
+// namespaces are never marked: ADD reads a file and nothing else.
 //
 // A packet costs one map lookup per direction whatever the number of pods,
 // and one set lookup per rule of the pods it concerns; the number of pods a

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/village-cni/village/pkg/netpol/table"
+
 	networkingv1 "k8s.io/api/networking/v1"
 )
 
@@ -28,12 +30,12 @@ func FuzzCompile(f *testing.F) {
 			if !in.Local[p.Key] {
 				t.Fatalf("compiled remote pod %s", p.Key)
 			}
-			for _, ch := range []*Chain{p.Ingress, p.Egress} {
+			for _, ch := range []*table.Chain{p.Ingress, p.Egress} {
 				if ch == nil {
 					continue
 				}
 				for _, cl := range ch.Clauses {
-					if cl.PortFrom > cl.PortTo || (cl.Proto == ProtoAny && cl.PortFrom != 0) {
+					if cl.PortFrom > cl.PortTo || (cl.Proto == table.ProtoAny && cl.PortFrom != 0) {
 						t.Fatalf("bad ports in %+v", cl)
 					}
 					if !cl.AnyPeer && cl.Set4 == "" && cl.Set6 == "" {
@@ -55,7 +57,7 @@ func FuzzCompile(f *testing.F) {
 	})
 }
 
-func checkSet(t *testing.T, name string, s Set) {
+func checkSet(t *testing.T, name string, s table.Set) {
 	var last netip.Addr
 	for i, r := range s.Ranges {
 		if r.From.Is4() == s.V6 || r.To.Is4() == s.V6 || r.To.Less(r.From) {

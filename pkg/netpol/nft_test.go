@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/village-cni/village/pkg/netpol/table"
+
 	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -134,20 +136,20 @@ func (l *lab) input(pols ...*networkingv1.NetworkPolicy) Input {
 	in := Input{Network: "t", Policies: pols, Local: map[string]bool{}, Namespaces: map[string]map[string]string{"ns": {"name": "ns"}}}
 	for name := range l.pods {
 		p := pod("ns", name, map[string]string{"app": name}, l.v4[name], l.v6[name])
-		p.Ports = []NamedPort{{Name: "alt", Protocol: ProtoTCP, Port: 8080}}
+		p.Ports = []NamedPort{{Name: "alt", Protocol: table.ProtoTCP, Port: 8080}}
 		in.Pods = append(in.Pods, p)
 		in.Local[p.Key()] = true
 	}
 	return in
 }
 
-func (l *lab) apply(t *testing.T, in Input) *Ruleset {
+func (l *lab) apply(t *testing.T, in Input) *table.Ruleset {
 	t.Helper()
 	rs := Compile(in)
 	if len(rs.Problems) > 0 {
 		t.Fatalf("problems: %v", rs.Problems)
 	}
-	if err := testenv.InNS(l.node, func() error { return Apply(rs) }); err != nil {
+	if err := testenv.InNS(l.node, func() error { return table.Apply(rs) }); err != nil {
 		t.Fatal(err)
 	}
 	return rs
@@ -178,7 +180,7 @@ func TestEnforce(t *testing.T) {
 	l.reach(t, "c", "b", 8080, false)
 	l.reach(t, "b", "a", 80, true)
 	l.reach(t, "node", "b", 80, true)
-	if out := nft(t, l.node, "list", "chain", "inet", PolicyTable("t"), "in.ns/b"); !strings.Contains(out, "drop") || strings.Contains(out, "packets 0 ") {
+	if out := nft(t, l.node, "list", "chain", "inet", table.PolicyTable("t"), "in.ns/b"); !strings.Contains(out, "drop") || strings.Contains(out, "packets 0 ") {
 		t.Errorf("the drop rule of b's ingress chain counted nothing:\n%s", out)
 	}
 
@@ -210,12 +212,12 @@ func TestEnforce(t *testing.T) {
 	l.apply(t, l.input())
 	l.reach(t, "a", "c", 80, true)
 	l.reach(t, "a", "b", 80, true)
-	if out := nft(t, l.node, "list", "table", "inet", PolicyTable("t")); strings.Contains(out, "in.ns/") || strings.Contains(out, "eg.ns/") {
+	if out := nft(t, l.node, "list", "table", "inet", table.PolicyTable("t")); strings.Contains(out, "in.ns/") || strings.Contains(out, "eg.ns/") {
 		t.Errorf("per-pod chains left after the policies went:\n%s", out)
 	}
 
 	// Remove: nothing of either table is left.
-	if err := testenv.InNS(l.node, func() error { return Remove("t") }); err != nil {
+	if err := testenv.InNS(l.node, func() error { return table.Remove("t") }); err != nil {
 		t.Fatal(err)
 	}
 	if out := nft(t, l.node, "list", "tables"); strings.Contains(out, "village") {
@@ -228,8 +230,8 @@ func TestEnforce(t *testing.T) {
 func TestPending(t *testing.T) {
 	l := newLab(t)
 	b := []netip.Addr{netip.MustParseAddr(l.v4["b"]), netip.MustParseAddr(l.v6["b"])}
-	mark := func() error { return testenv.InNS(l.node, func() error { return MarkPending("t", b) }) }
-	if err := mark(); !errors.Is(err, ErrNoController) {
+	mark := func() error { return testenv.InNS(l.node, func() error { return table.MarkPending("t", b) }) }
+	if err := mark(); !errors.Is(err, table.ErrNoController) {
 		t.Fatalf("marking with no controller: %v", err)
 	}
 	in := l.input()
@@ -244,14 +246,14 @@ func TestPending(t *testing.T) {
 	l.apply(t, in)
 	l.reach(t, "a", "b", 80, false)
 	var left []netip.Addr
-	_ = testenv.InNS(l.node, func() (err error) { left, err = Pending("t"); return err })
+	_ = testenv.InNS(l.node, func() (err error) { left, err = table.Pending("t"); return err })
 	if len(left) != 2 {
 		t.Fatalf("pending after an apply that did not compile b: %v", left)
 	}
 	l.apply(t, l.input())
 	l.reach(t, "a", "b", 80, true)
 	l.reach(t, "b", "c", 80, true)
-	_ = testenv.InNS(l.node, func() (err error) { left, err = Pending("t"); return err })
+	_ = testenv.InNS(l.node, func() (err error) { left, err = table.Pending("t"); return err })
 	if len(left) != 0 {
 		t.Fatalf("pending after compiling b: %v", left)
 	}

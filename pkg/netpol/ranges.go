@@ -5,44 +5,46 @@ import (
 	"encoding/hex"
 	"net/netip"
 	"slices"
+
+	"github.com/village-cni/village/pkg/netpol/table"
 )
 
 // prefixRange is the range a prefix covers.
-func prefixRange(p netip.Prefix) Range {
+func prefixRange(p netip.Prefix) table.Range {
 	p = p.Masked()
 	b := p.Addr().AsSlice()
 	for i := p.Bits(); i < len(b)*8; i++ {
 		b[i/8] |= 0x80 >> (i % 8)
 	}
 	to, _ := netip.AddrFromSlice(b)
-	return Range{From: p.Addr(), To: to}
+	return table.Range{From: p.Addr(), To: to}
 }
 
 // subtract is r less the ranges in cut (all of r's family).
-func subtract(r Range, cut []Range) []Range {
+func subtract(r table.Range, cut []table.Range) []table.Range {
 	cut = normalize(cut)
-	out := []Range{}
+	out := []table.Range{}
 	cur := r.From
 	for _, c := range cut {
 		if c.To.Less(cur) || r.To.Less(c.From) {
 			continue
 		}
 		if cur.Less(c.From) {
-			out = append(out, Range{From: cur, To: c.From.Prev()})
+			out = append(out, table.Range{From: cur, To: c.From.Prev()})
 		}
 		if !c.To.Less(r.To) {
 			return out
 		}
 		cur = c.To.Next()
 	}
-	return append(out, Range{From: cur, To: r.To})
+	return append(out, table.Range{From: cur, To: r.To})
 }
 
 // normalize sorts ranges and merges the ones that overlap or touch.
-func normalize(rs []Range) []Range {
+func normalize(rs []table.Range) []table.Range {
 	rs = slices.Clone(rs)
-	slices.SortFunc(rs, func(a, b Range) int { return a.From.Compare(b.From) })
-	var out []Range
+	slices.SortFunc(rs, func(a, b table.Range) int { return a.From.Compare(b.From) })
+	var out []table.Range
 	for _, r := range rs {
 		if n := len(out); n > 0 {
 			last := &out[n-1]

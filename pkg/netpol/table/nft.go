@@ -1,4 +1,4 @@
-package netpol
+package table
 
 import (
 	"crypto/sha256"
