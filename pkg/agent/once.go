@@ -135,6 +135,9 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 	if err != nil {
 		return false, err
 	}
+	var policyOK bool
+	st.policy, policyOK = policyStatus(v.c, opts.RunDir) // netpol.go
+	st.clean = st.clean && policyOK
 	st.print(w)
 	return st.clean, nil
 }
@@ -153,6 +156,7 @@ type status struct {
 	bridgeNF     string              // whether bridged pod traffic reaches netfilter
 	orphans      []string
 	foreign      []string
+	policy       []string // NetworkPolicy lines (netpol.go)
 	clean        bool
 }
 
@@ -269,6 +273,9 @@ func (st *status) print(w io.Writer) {
 	}
 	for _, f := range st.foreign {
 		fmt.Fprintf(w, "not Village's: %s\n", f)
+	}
+	for _, l := range st.policy {
+		fmt.Fprintln(w, l)
 	}
 	if st.clean {
 		fmt.Fprintln(w, "status: in sync")

@@ -60,6 +60,8 @@ type Metrics struct {
 	Allocations        *prometheus.GaugeVec // labels: network, pool
 	LeaseRenewals      prometheus.Counter
 	LeaseRenewalErrors prometheus.Counter
+
+	policy *PolicyMetrics // netpol.go
 }
 
 // New makes the collectors and registers them (and the Go runtime and
@@ -89,6 +91,7 @@ func New() *Metrics {
 	info := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "build_info",
 		Help: "Always 1; the version label says which villaged runs.", ConstLabels: prometheus.Labels{"version": buildinfo.Version}})
 	info.Set(1)
+	m.policy = newPolicyMetrics(m.Registry)
 	m.Registry.MustRegister(m.Peers, m.ReconcileRuns, m.ReconcileErrors, m.ReconcileDuration, m.DriftFound,
 		m.DriftRepaired, m.Allocations, m.LeaseRenewals, m.LeaseRenewalErrors, info,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
