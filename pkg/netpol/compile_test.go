@@ -199,7 +199,9 @@ func TestNamespaces(t *testing.T) {
 }
 
 func TestRanges(t *testing.T) {
-	r := func(a, b string) table.Range { return table.Range{From: netip.MustParseAddr(a), To: netip.MustParseAddr(b)} }
+	r := func(a, b string) table.Range {
+		return table.Range{From: netip.MustParseAddr(a), To: netip.MustParseAddr(b)}
+	}
 	if got := prefixRange(netip.MustParsePrefix("10.1.2.3/8")); got != r("10.0.0.0", "10.255.255.255") {
 		t.Errorf("prefixRange: %v", got)
 	}
