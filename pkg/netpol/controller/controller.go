@@ -57,6 +57,9 @@ type Config struct {
 	Repair  time.Duration
 	Metrics *metrics.Metrics
 	Logf    func(string, ...any)
+	// InNS runs its argument in the node's network namespace (nil: the
+	// calling thread's, which is the node's for villaged).
+	InNS func(func() error) error
 }
 
 // StatusName is the status file under <run dir>/<network>/.
@@ -100,6 +103,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.InNS == nil {
+		cfg.InNS = func(f func() error) error { return f() }
 	}
 	f := informers.NewSharedInformerFactory(cfg.Client, 0)
 	pods := f.Core().V1().Pods().Informer()
@@ -227,7 +233,7 @@ func (c *ctl) sync(why string) {
 		return
 	}
 	c.report(rs)
-	err := table.Apply(rs)
+	err := c.cfg.InNS(func() error { return table.Apply(rs) })
 	if err == nil {
 		err = table.WriteNamespaces(table.NamespacesPath(c.cfg.RunDir, c.cfg.Network), rs.Namespaces)
 	}
@@ -252,7 +258,12 @@ func (c *ctl) repair() {
 		c.sync("retry")
 		return
 	}
-	have, ok, err := table.Observe(c.cfg.Network)
+	var have table.Summary
+	var ok bool
+	err := c.cfg.InNS(func() (err error) {
+		have, ok, err = table.Observe(c.cfg.Network)
+		return err
+	})
 	if err != nil {
 		c.cfg.Logf("network policy: reading the kernel: %v", err)
 		return
