@@ -127,6 +127,9 @@ type npPod struct {
 func (l *npLab) namespace(name string) {
 	_, err := l.kube.Client.CoreV1().Namespaces().Create(l.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	must(l.t, err, "creating namespace %s", name)
+	// no kube-controller-manager here to make it
+	_, err = l.kube.Client.CoreV1().ServiceAccounts(name).Create(l.ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	must(l.t, err, "creating the default ServiceAccount of %s", name)
 }
 
 // addK8s is the ADD kubelet makes, with its CNI_ARGS.
