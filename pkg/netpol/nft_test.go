@@ -2,6 +2,7 @@ package netpol
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/masq"
 )
 
 type lab struct{ *testenv.PodLab }
@@ -145,6 +147,16 @@ func TestPending(t *testing.T) {
 	}
 	l.reach(t, "a", "b", 80, false)
 	l.reach(t, "b", "c", 80, false)
+	// the network's masquerade with forwardAccept (nftables) leaves the
+	// pending chain alone: its accept at the top would let b through
+	_, cluster, _ := net.ParseCIDR("10.9.0.0/16")
+	if err := testenv.InNS(l.Node, func() error {
+		return masq.Ensure(masq.Spec{Network: "t", PodSubnets: []*net.IPNet{cluster}, Cluster: []*net.IPNet{cluster}, Backend: masq.NFTables, ForwardAccept: true})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = testenv.InNS(l.Node, func() error { return masq.Teardown("t") }) })
+	l.reach(t, "a", "b", 80, false)
 	// an Apply that does not know b keeps the mark
 	l.apply(t, in)
 	l.reach(t, "a", "b", 80, false)

@@ -93,18 +93,18 @@ func TestNetworkPolicyAgents(t *testing.T) {
 
 	// a deleted policy's rules go
 	must(t, lab.kube.Client.NetworkingV1().NetworkPolicies("np").Delete(np.ctx, "deny-web", metav1.DeleteOptions{}), "deleting deny-web")
-	np.waitPolicies(n1, 1)
+	np.waitPolicies(n1, 2) // far-to-web and deny-new
 	np.reach(far, web, 8080, true)
 	np.reach(far, web, 80, false) // far-to-web still isolates web
 	must(t, lab.kube.Client.NetworkingV1().NetworkPolicies("np").Delete(np.ctx, "far-to-web", metav1.DeleteOptions{}), "deleting far-to-web")
-	np.waitPolicies(n1, 0)
+	np.waitPolicies(n1, 1)
 	np.reach(far, web, 80, true)
 	np.reach(local, web, 8080, true)
 
 	// a hand-flushed table is put back by the periodic check
 	np.policy("deny-web", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
 		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}})
-	np.waitPolicies(n1, 1)
+	np.waitPolicies(n1, 2)
 	np.reach(far, web, 80, false)
 	inNS(t, n1.NS, "nft", "delete", "table", "inet", table.PolicyTable("agt"))
 	waitFor(t, 60*time.Second, "the deleted policy table is back", func() (bool, string) {

@@ -228,7 +228,8 @@ func (c *ctl) sync(why string) {
 	start := time.Now()
 	in := c.input()
 	rs := netpol.Compile(in)
-	text := rs.String() + fmt.Sprint(rs.Sets, rs.Compiled, rs.Namespaces)
+	// the counts too: the status file reports them
+	text := rs.String() + fmt.Sprint(rs.Sets, rs.Compiled, rs.Namespaces, len(in.Policies), len(in.Local))
 	if !c.failed && c.last != nil && text == c.lastText {
 		return
 	}

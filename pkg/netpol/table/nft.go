@@ -264,6 +264,11 @@ func ensurePending(c *nftables.Conn, network string) error {
 			c.AddRule(rule(t, fw, nfproto(i == 1), []expr.Any{addr(i == 1, src), inSet(s), &expr.Counter{}, verdict(expr.VerdictDrop)}))
 		}
 	}
+	// A last rule that is not a drop: pkg/masq's forwardAccept puts its
+	// accept rules at the top of every forward base chain that ends in a
+	// drop, and an accept there would let a pending pod's traffic skip
+	// the drops above.
+	c.AddRule(rule(t, fw, []expr.Any{&expr.Counter{}}))
 	return nil
 }
 
