@@ -57,6 +57,7 @@ type compiler struct {
 	// podSel and peerCache memoise selectors and peers per policy.
 	podSel    map[*networkingv1.NetworkPolicy]labels.Selector
 	peerCache map[string]peers
+	setCache  map[string][2]string
 }
 
 func (c *compiler) index() {
@@ -65,6 +66,7 @@ func (c *compiler) index() {
 	c.byNS = map[string][]*networkingv1.NetworkPolicy{}
 	c.podSel = map[*networkingv1.NetworkPolicy]labels.Selector{}
 	c.peerCache = map[string]peers{}
+	c.setCache = map[string][2]string{}
 	for _, pol := range c.in.Policies {
 		if pol == nil {
 			continue
@@ -366,6 +368,23 @@ func (c *compiler) clause(ps peers, origin, group string, cl table.Clause) []tab
 		cl.AnyPeer = true
 		return []table.Clause{cl}
 	}
+	k := origin + "|" + group
+	names, ok := c.setCache[k]
+	if !ok {
+		names = c.sets(ps, k)
+		c.setCache[k] = names
+	}
+	cl.Set4, cl.Set6 = names[0], names[1]
+	if cl.Set4 == "" && cl.Set6 == "" {
+		return nil
+	}
+	return []table.Clause{cl}
+}
+
+// sets makes the peer sets of ps, named after their origin k, once per
+// compile (every pod a rule applies to shares them): the IPv4 and IPv6
+// set names, "" for a family without an address.
+func (c *compiler) sets(ps peers, k string) [2]string {
 	var r4, r6 []table.Range
 	for _, p := range ps.pods {
 		for _, ip := range p.IPs {
@@ -383,16 +402,14 @@ func (c *compiler) clause(ps peers, origin, group string, cl table.Clause) []tab
 			r6 = append(r6, b)
 		}
 	}
+	var names [2]string
 	if len(r4) > 0 {
-		cl.Set4 = setName(false, origin+"|"+group)
-		c.rs.Sets[cl.Set4] = table.Set{Ranges: normalize(r4)}
+		names[0] = setName(false, k)
+		c.rs.Sets[names[0]] = table.Set{Ranges: normalize(r4)}
 	}
 	if len(r6) > 0 {
-		cl.Set6 = setName(true, origin+"|"+group)
-		c.rs.Sets[cl.Set6] = table.Set{V6: true, Ranges: normalize(r6)}
+		names[1] = setName(true, k)
+		c.rs.Sets[names[1]] = table.Set{V6: true, Ranges: normalize(r6)}
 	}
-	if cl.Set4 == "" && cl.Set6 == "" {
-		return nil
-	}
-	return []table.Clause{cl}
+	return names
 }

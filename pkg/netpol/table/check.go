@@ -45,7 +45,7 @@ func Summarize(rs *Ruleset) Summary {
 // Observe reads the Summary of network's policy table from the kernel;
 // ok false when the table is missing.
 func Observe(network string) (s Summary, ok bool, err error) {
-	c, err := nftables.New()
+	c, err := open()
 	if err != nil {
 		return s, false, fmt.Errorf("failed to open nftables: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -276,7 +277,7 @@ func ensurePending(c *nftables.Conn, network string) error {
 // pending table made if missing, and the pending marks of the addresses
 // rs compiled removed. It works in the calling thread's network namespace.
 func Apply(rs *Ruleset) error {
-	c, err := nftables.New()
+	c, err := open()
 	if err != nil {
 		return fmt.Errorf("failed to open nftables for the policies of network %q: %w", rs.Network, err)
 	}
@@ -321,7 +322,7 @@ func Apply(rs *Ruleset) error {
 // Pending lists the addresses marked pending (none when the table is
 // missing).
 func Pending(network string) ([]netip.Addr, error) {
-	c, err := nftables.New()
+	c, err := open()
 	if err != nil {
 		return nil, fmt.Errorf("failed to open nftables: %w", err)
 	}
@@ -353,7 +354,7 @@ var ErrNoController = errors.New("no policy controller on this node")
 // drops until Apply compiles them. ErrNoController when the pending table
 // is missing.
 func MarkPending(network string, ips []netip.Addr) error {
-	c, err := nftables.New()
+	c, err := open()
 	if err != nil {
 		return fmt.Errorf("failed to open nftables: %w", err)
 	}
@@ -383,7 +384,7 @@ func MarkPending(network string, ips []netip.Addr) error {
 
 // Remove deletes both tables of the network (absent ones are fine).
 func Remove(network string) error {
-	c, err := nftables.New()
+	c, err := open()
 	if err != nil {
 		return fmt.Errorf("failed to open nftables: %w", err)
 	}
@@ -419,4 +420,38 @@ func tableExists(c *nftables.Conn, name string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// bufSize is the netlink socket buffer a transaction gets: a table of a
+// thousand isolated pods is a batch of some megabytes, sent in one
+// sendmsg (a batch cannot span two), which the default buffer (about
+// 200 KiB) refuses with EMSGSIZE; the kernel's acks of every message of
+// it come back through the receive buffer.
+const bufSize = 64 << 20
+
+// bigBuffers raises both buffers past the sysctl limits (SO_*BUFFORCE
+// needs CAP_NET_ADMIN, which whoever writes nftables has), or as far as
+// they allow.
+func bigBuffers(c *netlink.Conn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var forced error
+	if err := raw.Control(func(fd uintptr) {
+		forced = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bufSize),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bufSize))
+	}); err != nil {
+		return err
+	}
+	if forced != nil {
+		_ = c.SetWriteBuffer(bufSize)
+		_ = c.SetReadBuffer(bufSize)
+	}
+	return nil
+}
+
+// open is nftables.New with bigBuffers.
+func open() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(bigBuffers))
 }
