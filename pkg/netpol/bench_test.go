@@ -59,3 +59,38 @@ func BenchmarkApply(b *testing.B) {
 		}
 	}
 }
+
+// TestLargeTable: the bench world (1,000 isolated pods, 100 policies) and
+// a rule whose peer set holds 5,000 pods go into the kernel in one
+// transaction each, and the kernel holds what was compiled.
+func TestLargeTable(t *testing.T) {
+	node := testenv.NewNS(t)
+	in := benchWorld()
+	for i := range 5000 {
+		ip := netip.AddrFrom4([4]byte{10, 201, byte(i / 125), byte(i%125*2 + 2)}) // not adjacent: no ranges merge
+		in.Pods = append(in.Pods, pod("far", fmt.Sprintf("f%d", i), map[string]string{"app": "far"}, ip.String()))
+	}
+	in.Namespaces["far"] = map[string]string{}
+	in.Policies = append(in.Policies, policy("ns0", "from-far", networkingv1.NetworkPolicySpec{PodSelector: *sel(),
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel(), PodSelector: sel("app", "far")}}}}}))
+	rs := Compile(in)
+	largest := 0
+	for _, s := range rs.Sets {
+		largest = max(largest, len(s.Ranges))
+	}
+	if len(rs.Pods) != 1000 || largest != 5000 {
+		t.Fatalf("compiled %d isolated pods, largest set %d", len(rs.Pods), largest)
+	}
+	var have table.Summary
+	if err := testenv.InNS(node, func() (err error) {
+		if err = table.Apply(rs); err == nil {
+			have, _, err = table.Observe("bench")
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if d := table.Diff(table.Summarize(rs), have); d != "" {
+		t.Errorf("the kernel differs from the compile: %s", d)
+	}
+}

@@ -172,7 +172,7 @@ func build(c *nftables.Conn, rs *Ruleset) error {
 	for _, name := range sortedKeys(rs.Sets) {
 		s := rs.Sets[name]
 		spec := setSpec(t, name, s.V6)
-		if err := c.AddSet(spec, intervalElements(s.Ranges)); err != nil {
+		if err := addSet(c, spec, intervalElements(s.Ranges)); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
 		sets[name] = spec
@@ -219,7 +219,7 @@ func build(c *nftables.Conn, rs *Ruleset) error {
 		}
 	}
 	for _, name := range []string{"ingress4", "ingress6", "egress4", "egress6"} {
-		if err := c.AddSet(maps[name], mapElems[name]); err != nil {
+		if err := addSet(c, maps[name], mapElems[name]); err != nil {
 			return fmt.Errorf("map %s: %w", name, err)
 		}
 	}
@@ -232,6 +232,30 @@ func build(c *nftables.Conn, rs *Ruleset) error {
 			c.AddRule(rule(t, fw, nfproto(v6), []expr.Any{addr(v6, dir == "egress"),
 				&expr.Lookup{SourceRegister: 1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: 0}}))
 		}
+	}
+	return nil
+}
+
+// chunk is how many elements go in one netlink message: the element list
+// is one attribute, whose length field has 16 bits (64 KiB), and an
+// element takes up to about 100 bytes (an IPv6 key and a jump verdict).
+const chunk = 400
+
+// addSet queues a set and its elements, chunk elements a message (an
+// interval's start and end stay in one message).
+func addSet(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement) error {
+	if err := c.AddSet(s, nil); err != nil {
+		return err
+	}
+	for len(elems) > 0 {
+		n := min(chunk, len(elems))
+		if n < len(elems) && elems[n].IntervalEnd {
+			n++
+		}
+		if err := c.SetAddElements(s, elems[:n]); err != nil {
+			return err
+		}
+		elems = elems[n:]
 	}
 	return nil
 }
@@ -307,8 +331,8 @@ func Apply(rs *Ruleset) error {
 		}
 	}
 	for i, s := range sets {
-		if len(drop[i]) > 0 {
-			if err := c.SetDeleteElements(s, addrElements(drop[i])); err != nil {
+		for part := range slices.Chunk(drop[i], chunk) {
+			if err := c.SetDeleteElements(s, addrElements(part)); err != nil {
 				return err
 			}
 		}
