@@ -5,9 +5,12 @@
 # nftables mode (test/kube/conformance_test.go), and prints the
 # passed / failed / skipped table of each.
 #
-# Usage: sudo scripts/conformance.sh [granular|full]   (default: full)
-#   granular: [sig-network] Networking Granular Checks (pods and Services)
-#   full:     those and every [sig-network] [Conformance] test
+# Usage: sudo scripts/conformance.sh [granular|full|netpol]   (default: full)
+#   granular: [sig-network] Networking Granular Checks (pods and Services) and
+#             five tests of [sig-network] Netpol (what the test command runs)
+#   full:     those, every [sig-network] [Conformance] test and the whole
+#             [sig-network] Netpol suite (NetworkPolicy)
+#   netpol:   the [sig-network] Netpol suite alone
 # VILLAGE_CONFORMANCE_PROCS: Ginkgo processes (default 3).
 # Builds what it needs first: the binaries and the DaemonSet image
 # (./build_linux.sh image) and the Kubernetes binaries, e2e.test, agnhost,
@@ -18,7 +21,7 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 
 set_="${1:-full}"
-case "$set_" in granular|full) ;; *) echo "conformance.sh: unknown set $set_ (granular or full)" >&2; exit 2 ;; esac
+case "$set_" in granular|full|netpol) ;; *) echo "conformance.sh: unknown set $set_ (granular, full or netpol)" >&2; exit 2 ;; esac
 
 ./scripts/deps.sh
 ./build_linux.sh image

@@ -137,6 +137,9 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 		return false, err
 	}
 	st.lan = lanStatus(ctx, v.c, opts.RunDir)
+	var policyOK bool
+	st.policy, policyOK = policyStatus(v.c, opts.RunDir) // netpol.go
+	st.clean = st.clean && policyOK
 	st.print(w)
 	return st.clean, nil
 }
@@ -156,6 +159,7 @@ type status struct {
 	orphans      []string
 	foreign      []string
 	lan          []string // the node's LAN pods (lanpods.go)
+	policy       []string // NetworkPolicy lines (netpol.go)
 	clean        bool
 }
 
@@ -275,6 +279,9 @@ func (st *status) print(w io.Writer) {
 	}
 	for _, f := range st.foreign {
 		fmt.Fprintf(w, "not Village's: %s\n", f)
+	}
+	for _, l := range st.policy {
+		fmt.Fprintln(w, l)
 	}
 	if st.clean {
 		fmt.Fprintln(w, "status: in sync")

@@ -111,6 +111,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	kernel := make(chan struct{}, 1)
 	wg.Go(func() { watchKernel(ctx, a.r, kernel, opts.logf) })
+	a.startPolicy(ctx, &wg) // netpol.go
 
 	var snaps chan registry.Snapshot
 	var records chan registry.Node

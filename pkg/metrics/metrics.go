@@ -64,6 +64,8 @@ type Metrics struct {
 	LeaseRenewalErrors prometheus.Counter
 	NetfilterPasses    prometheus.Counter
 	NetfilterErrors    prometheus.Counter
+
+	policy *PolicyMetrics // netpol.go
 }
 
 // New makes the collectors and registers them (and the Go runtime and
@@ -97,6 +99,7 @@ func New() *Metrics {
 	info := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "build_info",
 		Help: "Always 1; the version label says which villaged runs.", ConstLabels: prometheus.Labels{"version": buildinfo.Version}})
 	info.Set(1)
+	m.policy = newPolicyMetrics(m.Registry)
 	m.Registry.MustRegister(m.Peers, m.ReconcileRuns, m.ReconcileErrors, m.ReconcileDuration, m.DriftFound,
 		m.DriftRepaired, m.Allocations, m.LeaseRenewals, m.LeaseRenewalErrors, m.NetfilterPasses, m.NetfilterErrors, info,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -191,7 +191,7 @@ func (a *adder) sendPodClaim() error {
 // run makes the attachment while the IPAM plugins claim the addresses: the
 // bridge and the veth do not need them.
 func (a *adder) run() (*current.Result, error) {
-	steps := []func() error{a.checkLive, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.podAddresses, a.describeLinks, a.ensureSpoofCheck, a.configurePod, a.configureHost, a.addLAN, a.waitClaims}
+	steps := []func() error{a.checkLive, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.podAddresses, a.describeLinks, a.ensureSpoofCheck, a.configurePod, a.markPolicyPending, a.configureHost, a.addLAN, a.waitClaims}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err

@@ -325,7 +325,8 @@ func TestRBAC(t *testing.T) {
 	}
 	want := map[string][]string{
 		"ClusterRole village": {"[] [nodes] [] [get list patch watch]", "[] [pods] [] [get list patch watch]",
-			"[] [namespaces] [] [get list watch]", "[] [events] [] [create]"},
+			"[] [namespaces] [] [get list watch]", "[networking.k8s.io] [networkpolicies] [] [list watch]",
+			"[ events.k8s.io] [events] [] [create patch]"},
 		"ClusterRole village-ipam": {"[] [nodes] [] [get]"},
 		"Role village":             {"[] [serviceaccounts/token] [village-ipam] [create]"},
 		"Role village-ipam":        {"[coordination.k8s.io] [leases] [] [create delete get list update]"},

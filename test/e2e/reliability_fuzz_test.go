@@ -22,6 +22,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/agentsock":       {"FuzzHandle"},
 	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
 	"./pkg/subnetfile":      {"FuzzRead"},
+	"./pkg/netpol":          {"FuzzCompile"},
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
 	"./pkg/landhcp":         {"FuzzReadRequest"},

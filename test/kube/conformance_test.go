@@ -24,7 +24,9 @@ import (
 // k8s.io/kubernetes release scripts/kube.sh builds) against a cluster of
 // internal/kubecluster, once per kube-proxy mode. VILLAGE_CONFORMANCE picks
 // the set: "granular" (default) runs the Networking Granular Checks (pods
-// and Services); "full" adds every [sig-network] [Conformance] test.
+// and Services) and a subset of the Netpol suite (netpolSubset); "full"
+// adds every [sig-network] [Conformance] test and the whole Netpol suite;
+// "netpol" is the Netpol suite alone.
 // VILLAGE_CONFORMANCE_PROCS is the number of Ginkgo processes (default 3);
 // VILLAGE_CONFORMANCE_FOCUS, a regular expression, replaces the set's focus.
 
@@ -39,10 +41,21 @@ const clusterDNS = "10.96.0.10"
 
 const granularFocus = `\[sig-network\] Networking Granular Checks`
 
+// netpolSubset are the upstream Netpol tests the default set runs: default
+// deny, selectors of both kinds together, a named port, ipBlock with
+// except (egress), a deleted policy. The whole suite is in "full".
+const netpolSubset = `\[sig-network\] Netpol NetworkPolicy between server and client should (` +
+	`support a 'default-deny-ingress' policy|` +
+	`enforce policy based on PodSelector and NamespaceSelector|` +
+	`allow ingress access on one named port|` +
+	`enforce except clause while egress access to server in CIDR block|` +
+	`stop enforcing policies after they are deleted) `
+
 // conformanceFocus is what each set runs.
 var conformanceFocus = map[string]string{
-	"granular": granularFocus,
-	"full":     granularFocus + `|\[sig-network\].*\[Conformance\]`,
+	"granular": granularFocus + "|" + netpolSubset,
+	"full":     granularFocus + `|\[sig-network\].*\[Conformance\]|\[sig-network\] Netpol`,
+	"netpol":   `\[sig-network\] Netpol`,
 }
 
 // conformanceSkips are the tests of the focus that do not run, each with
@@ -59,7 +72,7 @@ func TestConformance(t *testing.T) {
 	}
 	focus, ok := conformanceFocus[set]
 	if !ok {
-		t.Fatalf("VILLAGE_CONFORMANCE=%q: want granular or full", set)
+		t.Fatalf("VILLAGE_CONFORMANCE=%q: want granular, full or netpol", set)
 	}
 	// VILLAGE_CONFORMANCE_FOCUS replaces the set's focus (re-running one
 	// failed test, for example); the skip list still applies.

@@ -1,0 +1,117 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/netpol/controller"
+	"github.com/village-cni/village/pkg/netpol/table"
+)
+
+// NetworkPolicy enforcement is the village entry's key "networkPolicy"
+// (default false). On, `villaged run` runs pkg/netpol/controller against
+// the Kubernetes API (the kubernetes registry's kubeconfig, else the
+// in-cluster configuration); off, it removes whatever an earlier run with
+// it on installed, so nothing of it is left.
+
+// policyOn reads the networkPolicy key of the conflist's village entry.
+func (c *Conf) policyOn() (bool, error) {
+	raw, err := os.ReadFile(c.File)
+	if err != nil {
+		return false, fmt.Errorf("reading the network configuration: %w", err)
+	}
+	entry, err := villageEntry(raw)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", c.File, err)
+	}
+	var k struct {
+		NetworkPolicy *bool `json:"networkPolicy"`
+	}
+	if err := json.Unmarshal(entry, &k); err != nil {
+		return false, fmt.Errorf("%s: networkPolicy: %w", c.File, err)
+	}
+	return k.NetworkPolicy != nil && *k.NetworkPolicy, nil
+}
+
+// startPolicy starts the controller in wg when the key is on, and removes
+// its tables and files when it is off.
+func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
+	on, err := a.c.policyOn()
+	if err != nil {
+		a.opts.logf("network policy: %v: off", err)
+	}
+	if !on {
+		if err := controller.Disable(a.opts.RunDir, a.c.Net.Name); err != nil {
+			a.opts.logf("network policy is off; removing its tables: %v", err)
+		}
+		return
+	}
+	path := ""
+	if r := a.c.Registry(); r != nil && r.Type == netconf.RegistryKubernetes {
+		path = r.Kubeconfig
+	}
+	rc, err := kuberegistry.RESTConfig(path)
+	if err == nil {
+		var cs *kubernetes.Clientset
+		if cs, err = kubernetes.NewForConfig(rc); err == nil {
+			wg.Go(func() {
+				err := controller.Run(ctx, controller.Config{Network: a.c.Net.Name, Node: a.c.Node, Client: cs,
+					RunDir: a.opts.RunDir, Metrics: a.m, Logf: a.opts.logf})
+				if err != nil && ctx.Err() == nil {
+					a.opts.logf("network policy controller stopped: %v", err)
+				}
+			})
+			a.opts.logf("network policy: enforcing NetworkPolicy of network %q in nftables table inet %s", a.c.Net.Name, table.PolicyTable(a.c.Net.Name))
+			return
+		}
+	}
+	a.opts.logf("network policy: no Kubernetes API client: %v: NOT ENFORCED", err)
+}
+
+// policyStatus are `villaged status` lines about the network's policy
+// tables; ok is false when the kernel does not hold what the controller
+// last compiled.
+func policyStatus(c *Conf, runDir string) (lines []string, ok bool) {
+	on, err := c.policyOn()
+	if err != nil {
+		return []string{"network policy: " + err.Error()}, false
+	}
+	have, present, err := table.Observe(c.Net.Name)
+	if err != nil {
+		return []string{"network policy: " + err.Error()}, false
+	}
+	if !on {
+		if present {
+			return []string{fmt.Sprintf("network policy: off, but table inet %s is present", table.PolicyTable(c.Net.Name))}, false
+		}
+		return []string{"network policy: off"}, true
+	}
+	st, err := controller.ReadStatus(runDir, c.Net.Name)
+	if err != nil || st == nil {
+		return []string{fmt.Sprintf("network policy: on, no compile yet (%v)", err)}, false
+	}
+	kernel := "kernel matches"
+	ok = present && st.Error == ""
+	switch {
+	case !present:
+		kernel = "kernel: table inet " + table.PolicyTable(c.Net.Name) + " MISSING"
+	case table.Diff(st.Want, have) != "":
+		kernel, ok = "kernel DRIFTED: "+table.Diff(st.Want, have), false
+	}
+	lines = append(lines, fmt.Sprintf("network policy: %d policies, %d local pods compiled, %d isolated; %s (compiled %s)",
+		st.Policies, st.Compiled, st.Pods, kernel, st.Time.Format("15:04:05")))
+	if st.Error != "" {
+		lines = append(lines, "network policy: last apply failed: "+st.Error)
+	}
+	for _, p := range st.Problems {
+		lines = append(lines, "network policy: not enforced: "+p)
+	}
+	return lines, ok
+}

@@ -1,0 +1,359 @@
+// Package controller is villaged's NetworkPolicy controller: it follows
+// NetworkPolicies, Pods and Namespaces with informers, compiles them with
+// pkg/netpol for this node's pods whenever they change (a burst of changes
+// is one compile), installs the result with pkg/netpol/table, repairs the
+// kernel when it drifts, reports what it cannot enforce as Events and log
+// lines, and writes the namespaces file ADD reads and a status file
+// `villaged status` reads.
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/village-cni/village/pkg/metrics"
+	"github.com/village-cni/village/pkg/netpol"
+	"github.com/village-cni/village/pkg/netpol/table"
+	"github.com/village-cni/village/pkg/subnetfile"
+)
+
+// LANAnnotation is where the plugin writes a pod's LAN address: such a pod
+// has a net1 no policy filters.
+const LANAnnotation = "village.cni.io/lan-address"
+
+// Defaults.
+const (
+	DefaultSettle = 100 * time.Millisecond
+	DefaultRepair = 10 * time.Second
+)
+
+// Config says which network and node the controller works for.
+type Config struct {
+	Network string
+	Node    string
+	Client  kubernetes.Interface
+	// RunDir is where the namespaces and status files go ("" = the
+	// default run directory).
+	RunDir string
+	// Settle is how long after a change the compile waits for more.
+	Settle time.Duration
+	// Repair is how often the kernel is compared with the last compile.
+	Repair  time.Duration
+	Metrics *metrics.Metrics
+	Logf    func(string, ...any)
+	// InNS runs its argument in the node's network namespace (nil: the
+	// calling thread's, which is the node's for villaged).
+	InNS func(func() error) error
+}
+
+// StatusName is the status file under <run dir>/<network>/.
+const StatusName = "policy-status.json"
+
+// Status is what the controller last did, for `villaged status`.
+type Status struct {
+	Time     time.Time     `json:"time"`
+	Policies int           `json:"policies"`
+	Pods     int           `json:"pods"`     // local pods isolated in a direction
+	Compiled int           `json:"compiled"` // local pods seen
+	Problems []string      `json:"problems,omitempty"`
+	Error    string        `json:"error,omitempty"`
+	Want     table.Summary `json:"want"`
+}
+
+// StatusPath is the status file of network.
+func StatusPath(runDir, network string) string {
+	if runDir == "" {
+		runDir = subnetfile.RunDir()
+	}
+	return filepath.Join(runDir, network, StatusName)
+}
+
+// Disable removes everything the controller installs: both tables, the
+// namespaces file (so ADD marks nothing) and the status file.
+func Disable(runDir, network string) error {
+	_ = os.Remove(table.NamespacesPath(runDir, network))
+	_ = os.Remove(StatusPath(runDir, network))
+	return table.Remove(network)
+}
+
+// Run works until ctx is done; the tables stay when it returns, so
+// enforcement continues while villaged restarts.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Settle <= 0 {
+		cfg.Settle = DefaultSettle
+	}
+	if cfg.Repair <= 0 {
+		cfg.Repair = DefaultRepair
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.InNS == nil {
+		cfg.InNS = func(f func() error) error { return f() }
+	}
+	f := informers.NewSharedInformerFactory(cfg.Client, 0)
+	pods := f.Core().V1().Pods().Informer()
+	if err := pods.SetTransform(slim); err != nil {
+		return err
+	}
+	nss := f.Core().V1().Namespaces().Informer()
+	pols := f.Networking().V1().NetworkPolicies().Informer()
+	changed := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	h := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() }}
+	for _, inf := range []cache.SharedIndexInformer{pods, nss, pols} {
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return err
+		}
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	for _, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return ctx.Err()
+		}
+	}
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Client.CoreV1().Events("")})
+	defer b.Shutdown()
+	c := &ctl{cfg: cfg, pods: pods.GetStore(), nss: nss.GetStore(), pols: pols.GetStore(),
+		rec: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "villaged", Host: cfg.Node}), reported: map[table.Problem]bool{}}
+	c.sync("start")
+	repair := time.NewTicker(cfg.Repair)
+	defer repair.Stop()
+	var settled <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			if settled == nil {
+				settled = time.After(cfg.Settle)
+			}
+		case <-settled:
+			settled = nil
+			c.sync("change")
+		case <-repair.C:
+			c.repair()
+		}
+	}
+}
+
+type ctl struct {
+	cfg             Config
+	pods, nss, pols cache.Store
+	rec             record.EventRecorder
+	reported        map[table.Problem]bool
+	last            *table.Ruleset
+	lastText        string
+	failed          bool
+}
+
+// input reads the caches.
+func (c *ctl) input() netpol.Input {
+	in := netpol.Input{Network: c.cfg.Network, Namespaces: map[string]map[string]string{}, Local: map[string]bool{}}
+	for _, o := range c.pols.List() {
+		in.Policies = append(in.Policies, o.(*networkingv1.NetworkPolicy))
+	}
+	for _, o := range c.nss.List() {
+		ns := o.(*corev1.Namespace)
+		in.Namespaces[ns.Name] = ns.Labels
+	}
+	for _, o := range c.pods.List() {
+		p := o.(*corev1.Pod)
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue // its address may already be another pod's
+		}
+		np := podOf(p)
+		in.Pods = append(in.Pods, np)
+		if p.Spec.NodeName == c.cfg.Node {
+			in.Local[np.Key()] = true
+		}
+	}
+	return in
+}
+
+func podOf(p *corev1.Pod) *netpol.Pod {
+	np := &netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, HostNetwork: p.Spec.HostNetwork}
+	_, np.LAN = p.Annotations[LANAnnotation]
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			np.IPs = append(np.IPs, a.Unmap())
+		}
+	}
+	for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for _, ct := range cs {
+			for _, cp := range ct.Ports {
+				if cp.Name == "" {
+					continue
+				}
+				proto := table.ProtoTCP
+				switch cp.Protocol {
+				case corev1.ProtocolUDP:
+					proto = table.ProtoUDP
+				case corev1.ProtocolSCTP:
+					proto = table.ProtoSCTP
+				}
+				np.Ports = append(np.Ports, netpol.NamedPort{Name: cp.Name, Protocol: proto, Port: uint16(cp.ContainerPort)})
+			}
+		}
+	}
+	return np
+}
+
+// sync compiles and, when the result differs from the last one applied
+// (or that failed), applies it.
+func (c *ctl) sync(why string) {
+	start := time.Now()
+	in := c.input()
+	rs := netpol.Compile(in)
+	// the counts too: the status file reports them
+	text := rs.String() + fmt.Sprint(rs.Sets, rs.Compiled, rs.Namespaces, len(in.Policies), len(in.Local))
+	if !c.failed && c.last != nil && text == c.lastText {
+		return
+	}
+	c.report(rs)
+	err := c.cfg.InNS(func() error { return table.Apply(rs) })
+	if err == nil {
+		err = table.WriteNamespaces(table.NamespacesPath(c.cfg.RunDir, c.cfg.Network), rs.Namespaces)
+	}
+	d := time.Since(start)
+	c.cfg.Metrics.ObservePolicy(c.cfg.Network, d, err, len(rs.Pods), len(rs.Problems))
+	c.failed = err != nil
+	if err != nil {
+		c.cfg.Logf("network policy (%s): %v", why, err)
+	} else {
+		c.last, c.lastText = rs, text
+		c.cfg.Logf("network policy (%s): %d policies, %d of %d local pods isolated, %d peer sets, in the kernel after %s", why, len(in.Policies), len(rs.Pods), countLocal(in), len(rs.Sets), d.Round(time.Microsecond))
+	}
+	c.writeStatus(in, rs, err)
+}
+
+func countLocal(in netpol.Input) int { return len(in.Local) }
+
+// repair compares the kernel with the last compile and applies again when
+// they differ (a flushed table, a hand edit) or the last apply failed.
+func (c *ctl) repair() {
+	if c.failed || c.last == nil {
+		c.sync("retry")
+		return
+	}
+	var have table.Summary
+	var ok bool
+	err := c.cfg.InNS(func() (err error) {
+		have, ok, err = table.Observe(c.cfg.Network)
+		return err
+	})
+	if err != nil {
+		c.cfg.Logf("network policy: reading the kernel: %v", err)
+		return
+	}
+	diff := "table missing"
+	if ok {
+		diff = table.Diff(table.Summarize(c.last), have)
+	}
+	if diff == "" {
+		return
+	}
+	c.cfg.Logf("network policy: the kernel drifted (%s): applying again", diff)
+	c.failed = true
+	c.sync("repair")
+}
+
+// report logs and records as an Event each problem once (again after it
+// went away and came back).
+func (c *ctl) report(rs *table.Ruleset) {
+	now := map[table.Problem]bool{}
+	for _, p := range rs.Problems {
+		now[p] = true
+		if c.reported[p] {
+			continue
+		}
+		c.cfg.Logf("network policy: not enforced: %s", p)
+		if o, ok, _ := c.pols.GetByKey(p.Policy); ok {
+			c.rec.Event(o.(*networkingv1.NetworkPolicy), corev1.EventTypeWarning, "NetworkPolicyNotEnforced", "node "+c.cfg.Node+": "+p.Reason)
+		}
+	}
+	c.reported = now
+}
+
+func (c *ctl) writeStatus(in netpol.Input, rs *table.Ruleset, err error) {
+	st := Status{Time: time.Now().UTC(), Policies: len(in.Policies), Pods: len(rs.Pods), Compiled: countLocal(in), Want: table.Summarize(rs)}
+	for _, p := range rs.Problems {
+		st.Problems = append(st.Problems, p.String())
+	}
+	if err != nil {
+		st.Error = err.Error()
+	}
+	b, _ := json.MarshalIndent(st, "", "  ")
+	path := StatusPath(c.cfg.RunDir, c.cfg.Network)
+	if werr := os.WriteFile(path+".tmp", b, 0o644); werr == nil {
+		_ = os.Rename(path+".tmp", path)
+	}
+}
+
+// ReadStatus reads the status file of network (nil, nil when missing).
+func ReadStatus(runDir, network string) (*Status, error) {
+	b, err := os.ReadFile(StatusPath(runDir, network))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st Status
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("%s: %w", StatusPath(runDir, network), err)
+	}
+	return &st, nil
+}
+
+// slim keeps of a Pod only what the compile reads, so the cache of every
+// pod of the cluster stays small.
+func slim(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
+		ResourceVersion: p.ResourceVersion, Labels: p.Labels}}
+	if v, ok := p.Annotations[LANAnnotation]; ok {
+		out.Annotations = map[string]string{LANAnnotation: v}
+	}
+	out.Spec.NodeName, out.Spec.HostNetwork = p.Spec.NodeName, p.Spec.HostNetwork
+	out.Spec.Containers = portsOnly(p.Spec.Containers)
+	out.Spec.InitContainers = portsOnly(p.Spec.InitContainers)
+	out.Status.Phase, out.Status.PodIPs = p.Status.Phase, p.Status.PodIPs
+	return out, nil
+}
+
+func portsOnly(cs []corev1.Container) []corev1.Container {
+	var out []corev1.Container
+	for _, c := range cs {
+		if slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name != "" }) {
+			out = append(out, corev1.Container{Name: c.Name, Ports: c.Ports})
+		}
+	}
+	return out
+}

@@ -1,0 +1,45 @@
+package controller
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestSlimKeepsWhatCompileReads: the cached copy of a Pod still yields the
+// same netpol.Pod, and drops the rest.
+func TestSlimKeepsWhatCompileReads(t *testing.T) {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{"app": "x"},
+			Annotations: map[string]string{LANAnnotation: "net1=192.168.50.210/24", "other": "big"}},
+		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: false,
+			InitContainers: []corev1.Container{{Name: "side", Image: "i", Ports: []corev1.ContainerPort{{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP}}}},
+			Containers: []corev1.Container{{Name: "c", Image: "i", Command: []string{"serve"},
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {ContainerPort: 9}, {Name: "s", ContainerPort: 7, Protocol: corev1.ProtocolSCTP}}},
+				{Name: "noports", Image: "i"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.5"}, {IP: "fd00::5"}, {IP: "bogus"}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady}}},
+	}
+	o, err := slim(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := o.(*corev1.Pod)
+	if len(s.Annotations) != 1 || len(s.Spec.Containers) != 1 || s.Spec.Containers[0].Image != "" || len(s.Status.Conditions) != 0 {
+		t.Errorf("slim kept too much: %+v", s)
+	}
+	a, b := podOf(p), podOf(s)
+	if a.Key() != "ns/p" || !a.LAN || len(a.IPs) != 2 || len(a.Ports) != 3 {
+		t.Errorf("podOf: %+v", a)
+	}
+	if len(a.IPs) != len(b.IPs) || len(a.Ports) != len(b.Ports) || a.LAN != b.LAN || a.Labels["app"] != b.Labels["app"] {
+		t.Errorf("slim changed what compile reads: %+v vs %+v", a, b)
+	}
+	if b.Ports[0].Name != "dns" || b.Ports[0].Protocol != 17 || b.Ports[2].Protocol != 132 || b.Ports[1].Protocol != 6 {
+		t.Errorf("ports: %+v", b.Ports)
+	}
+	if o, _ := slim("not a pod"); o != "not a pod" {
+		t.Errorf("slim of a tombstone: %v", o)
+	}
+}

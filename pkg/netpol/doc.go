@@ -1,0 +1,65 @@
+// Package netpol compiles Kubernetes NetworkPolicy into nftables and keeps
+// the kernel in step with what it compiled.
+//
+// Compile is pure: from the policies, every pod's labels and addresses, the
+// namespaces' labels and the names of this node's pods it computes a
+// Ruleset, the declarative model of one nftables table per network:
+//
+//	table inet village-policy-<network>            (replaced whole by table.Apply)
+//	  map ingress4 / ingress6          pod address : jump ingress.<ns>.<pod>   (isolated pods only)
+//	  map egress4 / egress6            pod address : jump egress.<ns>.<pod>
+//	  set s4-<hash> / s6-<hash>        peers of one rule (pods' addresses, ipBlocks less their excepts), intervals
+//	  chain forward  type filter hook forward priority filter; policy accept
+//	    ct state established,related accept
+//	    icmpv6 type nd-router-solicit..nd-redirect accept      (neighbour discovery keeps working)
+//	    ip saddr vmap @egress4, ip6 saddr vmap @egress6
+//	    ip daddr vmap @ingress4, ip6 daddr vmap @ingress6
+//	  chain ingress.<ns>.<pod>
+//	    ip saddr @s4-… tcp dport 80 return                     (one rule per peer set and port)
+//	    drop
+//	table inet village-pending-<network>           (kept; ADD adds, Apply removes)
+//	  set pending4 / pending6          addresses of new pods whose rules are not compiled yet
+//	  chain forward  type filter hook forward priority filter - 5; policy accept
+//	    icmpv6 type nd-router-solicit..nd-redirect accept
+//	    ip saddr @pending4 drop, ip daddr @pending4 drop        (and ip6)
+//
+// # No window at a pod's start
+//
+// The agent lists the namespaces that hold a policy in
+// <run dir>/<network>/policy-namespaces after each Apply. ADD of a pod in
+// a listed namespace (the only pods a policy can select) adds the pod's
+// addresses to the pending sets before it returns, that is before any
+// container of the pod runs and before the address is published anywhere.
+// Apply removes the marks of the pods it compiled in the same
+// transaction that installs their rules, so a selected pod goes from "all
+// dropped" to "its rules" with nothing in between, and an unselected pod of
+// such a namespace waits only for the agent to see its address (the
+// kubelet's status update, the watch, one compile). Pods of other
+// namespaces are never marked: ADD reads a file and nothing else.
+//
+// A packet costs one map lookup per direction whatever the number of pods,
+// and one set lookup per rule of the pods it concerns; the number of pods a
+// rule selects only grows its set. The per-pod chains return instead of
+// accepting, so a packet between two pods of this node passes the egress
+// chain of its source and then the ingress chain of its destination.
+//
+// # Traffic of the node itself
+//
+// The table hooks forward only: the node's own packets to its pods (the
+// kubelet's probes, a hostNetwork pod, kube-proxy's DNAT from the node)
+// leave through output, and the pods' packets to the node's addresses
+// arrive through input, so neither is filtered, as Kubernetes asks ("traffic
+// to and from the node where a Pod is running is always allowed"). Nothing
+// is recognised by address, so a pod cannot pose as the node. Packets of
+// other nodes (their hostNetwork pods, their kubelets) are forwarded and
+// follow the policies like any other source.
+//
+// # What is not covered
+//
+// The LAN interface (net1, a macvlan) hands frames to the master's driver
+// below the host's IP stack: they never cross the node's netfilter, so
+// policies do not filter it. Compile reports a policy that selects a pod
+// with a LAN interface as a Problem, which the agent turns into an Event.
+// hostNetwork pods share the node's addresses and are neither selected nor
+// selectable (also a Problem when a policy selects one).
+package netpol

@@ -1,0 +1,481 @@
+package table
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Two tables per network, both hooked at forward:
+//
+//   - inet village-policy-<network> holds the compiled rules; Apply
+//     replaces it whole (add, delete, add in one transaction), so a packet
+//     sees the old rules or the new ones, never a mix.
+//   - inet village-pending-<network> holds the sets pending4 and pending6
+//     of pod addresses whose rules are not compiled yet and a chain that
+//     drops their traffic. ADD (MarkPending) adds to them; Apply removes the
+//     addresses it compiled in the very transaction that installs their
+//     rules. This table outlives Apply, so a mark ADD makes while the agent
+//     compiles is never lost.
+//
+// A drop in any base chain of a hook is final, so the two tables combine
+// without an order between them.
+
+// PolicyTable and PendingTable name the network's tables.
+func PolicyTable(network string) string  { return "village-policy-" + network }
+func PendingTable(network string) string { return "village-pending-" + network }
+
+func inet(name string) *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: name}
+}
+
+func forwardChain(t *nftables.Table, prio *nftables.ChainPriority) *nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	return &nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: prio, Policy: &accept}
+}
+
+// chainName is the per-pod chain of one direction ("in" or "eg"), hashed
+// when namespace and name are too long for the kernel's 255 bytes.
+func chainName(dir, key string) string {
+	n := dir + "." + key
+	if len(n) > 255 {
+		h := sha256.Sum256([]byte(key))
+		n = dir + "." + hex.EncodeToString(h[:16])
+	}
+	return n
+}
+
+func setSpec(t *nftables.Table, name string, v6 bool) *nftables.Set {
+	kt := nftables.TypeIPAddr
+	if v6 {
+		kt = nftables.TypeIP6Addr
+	}
+	return &nftables.Set{Table: t, Name: name, KeyType: kt, Interval: true}
+}
+
+func vmapSpec(t *nftables.Table, name string, v6 bool) *nftables.Set {
+	kt := nftables.TypeIPAddr
+	if v6 {
+		kt = nftables.TypeIP6Addr
+	}
+	return &nftables.Set{Table: t, Name: name, KeyType: kt, DataType: nftables.TypeVerdict, IsMap: true}
+}
+
+// intervalElements are the elements of an interval set holding rs.
+func intervalElements(rs []Range) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, r := range rs {
+		out = append(out, nftables.SetElement{Key: r.From.AsSlice()})
+		if next := r.To.Next(); next.IsValid() {
+			out = append(out, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+func addrElements(as []netip.Addr) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(as))
+	for i, a := range as {
+		out[i] = nftables.SetElement{Key: a.AsSlice()}
+	}
+	return out
+}
+
+// Expression builders.
+
+func nfproto(v6 bool) []expr.Any {
+	p := byte(unix.NFPROTO_IPV4)
+	if v6 {
+		p = unix.NFPROTO_IPV6
+	}
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+}
+
+// addr loads the source (src) or destination address into register 1.
+func addr(v6, src bool) *expr.Payload {
+	off, n := uint32(16), uint32(4)
+	switch {
+	case v6 && src:
+		off, n = 8, 16
+	case v6:
+		off, n = 24, 16
+	case src:
+		off = 12
+	}
+	return &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
+}
+
+func inSet(s *nftables.Set) *expr.Lookup {
+	return &expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID}
+}
+
+func ports(cl Clause) []expr.Any {
+	if cl.Proto == ProtoAny {
+		return nil
+	}
+	out := []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{byte(cl.Proto)}}}
+	if cl.PortFrom == 0 {
+		return out
+	}
+	out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+	if cl.PortFrom == cl.PortTo {
+		return append(out, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(cl.PortFrom)})
+	}
+	return append(out, &expr.Range{Op: expr.CmpOpEq, Register: 1,
+		FromData: binaryutil.BigEndian.PutUint16(cl.PortFrom), ToData: binaryutil.BigEndian.PutUint16(cl.PortTo)})
+}
+
+func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
+
+func rule(t *nftables.Table, ch *nftables.Chain, parts ...[]expr.Any) *nftables.Rule {
+	var e []expr.Any
+	for _, p := range parts {
+		e = append(e, p...)
+	}
+	return &nftables.Rule{Table: t, Chain: ch, Exprs: e}
+}
+
+func ctEstablished() []expr.Any {
+	mask := binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED)
+	return []expr.Any{&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)}}
+}
+
+// neighbourDiscovery matches ICMPv6 types 133 to 137 (router and
+// neighbour solicitation and advertisement, redirect): without them an
+// isolated IPv6 pod could not even resolve its peers' MACs.
+func neighbourDiscovery() []expr.Any {
+	return append(nfproto(true),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{133}, ToData: []byte{137}})
+}
+
+// build queues the policy table of rs on c (after deleting what is there).
+func build(c *nftables.Conn, rs *Ruleset) error {
+	t := inet(PolicyTable(rs.Network))
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+	sets := map[string]*nftables.Set{}
+	for _, name := range sortedKeys(rs.Sets) {
+		s := rs.Sets[name]
+		spec := setSpec(t, name, s.V6)
+		if err := addSet(c, spec, intervalElements(s.Ranges)); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+		sets[name] = spec
+	}
+	maps := map[string]*nftables.Set{}
+	mapElems := map[string][]nftables.SetElement{}
+	for _, dir := range []string{"ingress", "egress"} {
+		for _, v6 := range []bool{false, true} {
+			name := dir + map[bool]string{false: "4", true: "6"}[v6]
+			maps[name] = vmapSpec(t, name, v6)
+		}
+	}
+	for _, p := range rs.Pods {
+		for _, d := range []struct {
+			name  string
+			chain *Chain
+		}{{"ingress", p.Ingress}, {"egress", p.Egress}} {
+			if d.chain == nil {
+				continue
+			}
+			ch := c.AddChain(&nftables.Chain{Name: chainName(d.name[:2], p.Key), Table: t})
+			for _, ip := range p.IPs {
+				name := d.name + map[bool]string{false: "4", true: "6"}[ip.Is6()]
+				mapElems[name] = append(mapElems[name], nftables.SetElement{Key: ip.AsSlice(),
+					VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}})
+			}
+			peerIsSrc := d.name == "ingress"
+			for _, cl := range d.chain.Clauses {
+				if cl.AnyPeer {
+					c.AddRule(rule(t, ch, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
+					continue
+				}
+				for _, fam := range []struct {
+					v6  bool
+					set string
+				}{{false, cl.Set4}, {true, cl.Set6}} {
+					if fam.set == "" {
+						continue
+					}
+					c.AddRule(rule(t, ch, nfproto(fam.v6), []expr.Any{addr(fam.v6, peerIsSrc), inSet(sets[fam.set])}, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
+				}
+			}
+			c.AddRule(rule(t, ch, []expr.Any{&expr.Counter{}, verdict(expr.VerdictDrop)}))
+		}
+	}
+	for _, name := range []string{"ingress4", "ingress6", "egress4", "egress6"} {
+		if err := addSet(c, maps[name], mapElems[name]); err != nil {
+			return fmt.Errorf("map %s: %w", name, err)
+		}
+	}
+	fw := c.AddChain(forwardChain(t, nftables.ChainPriorityFilter))
+	c.AddRule(rule(t, fw, ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)}))
+	c.AddRule(rule(t, fw, neighbourDiscovery(), []expr.Any{verdict(expr.VerdictAccept)}))
+	for _, dir := range []string{"egress", "ingress"} {
+		for _, v6 := range []bool{false, true} {
+			m := maps[dir+map[bool]string{false: "4", true: "6"}[v6]]
+			c.AddRule(rule(t, fw, nfproto(v6), []expr.Any{addr(v6, dir == "egress"),
+				&expr.Lookup{SourceRegister: 1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: 0}}))
+		}
+	}
+	return nil
+}
+
+// chunk is how many elements go in one netlink message: the element list
+// is one attribute, whose length field has 16 bits (64 KiB), and an
+// element takes up to about 100 bytes (an IPv6 key and a jump verdict).
+const chunk = 400
+
+// addSet queues a set and its elements, chunk elements a message (an
+// interval's start and end stay in one message).
+func addSet(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement) error {
+	if err := c.AddSet(s, nil); err != nil {
+		return err
+	}
+	for len(elems) > 0 {
+		n := min(chunk, len(elems))
+		if n < len(elems) && elems[n].IntervalEnd {
+			n++
+		}
+		if err := c.SetAddElements(s, elems[:n]); err != nil {
+			return err
+		}
+		elems = elems[n:]
+	}
+	return nil
+}
+
+// pendingSets are the network's pending sets (pending4, pending6).
+func pendingSets(network string) (*nftables.Table, [2]*nftables.Set) {
+	t := inet(PendingTable(network))
+	return t, [2]*nftables.Set{
+		{Table: t, Name: "pending4", KeyType: nftables.TypeIPAddr},
+		{Table: t, Name: "pending6", KeyType: nftables.TypeIP6Addr},
+	}
+}
+
+// ensurePending queues the pending table (kept when present: AddTable,
+// AddSet and AddChain without a delete do not touch what exists) and its
+// chain's rules, replaced.
+func ensurePending(c *nftables.Conn, network string) error {
+	t, sets := pendingSets(network)
+	c.AddTable(t)
+	for _, s := range sets {
+		if err := c.AddSet(s, nil); err != nil {
+			return err
+		}
+	}
+	prio := nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 5)
+	fw := c.AddChain(forwardChain(t, prio))
+	c.FlushChain(fw)
+	c.AddRule(rule(t, fw, neighbourDiscovery(), []expr.Any{verdict(expr.VerdictAccept)}))
+	for i, s := range sets {
+		for _, src := range []bool{true, false} {
+			c.AddRule(rule(t, fw, nfproto(i == 1), []expr.Any{addr(i == 1, src), inSet(s), &expr.Counter{}, verdict(expr.VerdictDrop)}))
+		}
+	}
+	// A last rule that is not a drop: pkg/masq's forwardAccept puts its
+	// accept rules at the top of every forward base chain that ends in a
+	// drop, and an accept there would let a pending pod's traffic skip
+	// the drops above.
+	c.AddRule(rule(t, fw, []expr.Any{&expr.Counter{}}))
+	return nil
+}
+
+// Apply installs rs in one transaction: the policy table replaced, the
+// pending table made if missing, and the pending marks of the addresses
+// rs compiled removed. It works in the calling thread's network namespace.
+func Apply(rs *Ruleset) error {
+	c, err := open()
+	if err != nil {
+		return fmt.Errorf("failed to open nftables for the policies of network %q: %w", rs.Network, err)
+	}
+	// The marks to remove: only those present (deleting an absent element
+	// fails the whole transaction). ADD never removes marks, so one
+	// present now is present at Flush.
+	marked, err := Pending(rs.Network)
+	if err != nil {
+		return err
+	}
+	if err := ensurePending(c, rs.Network); err != nil {
+		return fmt.Errorf("pending table of network %q: %w", rs.Network, err)
+	}
+	if err := build(c, rs); err != nil {
+		return fmt.Errorf("policy table of network %q: %w", rs.Network, err)
+	}
+	compiled := map[netip.Addr]bool{}
+	for _, a := range rs.Compiled {
+		compiled[a] = true
+	}
+	_, sets := pendingSets(rs.Network)
+	var drop [2][]netip.Addr
+	for _, a := range marked {
+		if compiled[a] {
+			i := map[bool]int{false: 0, true: 1}[a.Is6()]
+			drop[i] = append(drop[i], a)
+		}
+	}
+	for i, s := range sets {
+		for part := range slices.Chunk(drop[i], chunk) {
+			if err := c.SetDeleteElements(s, addrElements(part)); err != nil {
+				return err
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("failed to write the nftables policy tables of network %q: %w", rs.Network, err)
+	}
+	return nil
+}
+
+// Pending lists the addresses marked pending (none when the table is
+// missing).
+func Pending(network string) ([]netip.Addr, error) {
+	c, err := open()
+	if err != nil {
+		return nil, fmt.Errorf("failed to open nftables: %w", err)
+	}
+	if ok, err := tableExists(c, PendingTable(network)); !ok {
+		return nil, err
+	}
+	_, sets := pendingSets(network)
+	var out []netip.Addr
+	for _, s := range sets {
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return nil, fmt.Errorf("failed to list set %s of table inet %s: %w", s.Name, s.Table.Name, err)
+		}
+		for _, e := range elems {
+			if a, ok := netip.AddrFromSlice(e.Key); ok {
+				out = append(out, a)
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+// ErrNoController says the network has no pending table: its policy
+// controller is off or has not started, so there is nothing to wait for.
+var ErrNoController = errors.New("no policy controller on this node")
+
+// MarkPending adds ips to the network's pending sets, so their traffic
+// drops until Apply compiles them. ErrNoController when the pending table
+// is missing.
+func MarkPending(network string, ips []netip.Addr) error {
+	c, err := open()
+	if err != nil {
+		return fmt.Errorf("failed to open nftables: %w", err)
+	}
+	if ok, err := tableExists(c, PendingTable(network)); err != nil {
+		return err
+	} else if !ok {
+		return ErrNoController
+	}
+	_, sets := pendingSets(network)
+	var by [2][]netip.Addr
+	for _, a := range ips {
+		a = a.Unmap()
+		by[map[bool]int{false: 0, true: 1}[a.Is6()]] = append(by[map[bool]int{false: 0, true: 1}[a.Is6()]], a)
+	}
+	for i, s := range sets {
+		if len(by[i]) > 0 {
+			if err := c.SetAddElements(s, addrElements(by[i])); err != nil {
+				return err
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("failed to mark %v pending in table inet %s: %w", ips, PendingTable(network), err)
+	}
+	return nil
+}
+
+// Remove deletes both tables of the network (absent ones are fine).
+func Remove(network string) error {
+	c, err := open()
+	if err != nil {
+		return fmt.Errorf("failed to open nftables: %w", err)
+	}
+	for _, name := range []string{PolicyTable(network), PendingTable(network)} {
+		t := inet(name)
+		c.AddTable(t)
+		c.DelTable(t)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("failed to remove the nftables policy tables of network %q: %w", network, err)
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// tableExists says whether table inet name is there.
+func tableExists(c *nftables.Conn, name string) (bool, error) {
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false, fmt.Errorf("failed to list nftables tables: %w", err)
+	}
+	for _, t := range tables {
+		if t.Name == name {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// bufSize is the netlink socket buffer a transaction gets: a table of a
+// thousand isolated pods is a batch of some megabytes, sent in one
+// sendmsg (a batch cannot span two), which the default buffer (about
+// 200 KiB) refuses with EMSGSIZE; the kernel's acks of every message of
+// it come back through the receive buffer.
+const bufSize = 64 << 20
+
+// bigBuffers raises both buffers past the sysctl limits (SO_*BUFFORCE
+// needs CAP_NET_ADMIN, which whoever writes nftables has), or as far as
+// they allow.
+func bigBuffers(c *netlink.Conn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var forced error
+	if err := raw.Control(func(fd uintptr) {
+		forced = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bufSize),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, bufSize))
+	}); err != nil {
+		return err
+	}
+	if forced != nil {
+		_ = c.SetWriteBuffer(bufSize)
+		_ = c.SetReadBuffer(bufSize)
+	}
+	return nil
+}
+
+// open is nftables.New with bigBuffers.
+func open() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(bigBuffers))
+}

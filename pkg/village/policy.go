@@ -1,0 +1,34 @@
+package village
+
+import (
+	"net/netip"
+	"strings"
+
+	"github.com/village-cni/village/pkg/netpol/table"
+)
+
+// markPolicyPending marks the pod's addresses pending in the network's
+// policy tables when its namespace holds a NetworkPolicy (see
+// table.MarkNewPod): its traffic drops until villaged has compiled its
+// rules, so a pod a deny policy selects is never reachable before them.
+// Nothing happens (no nftables call) without villaged's namespace file.
+func (a *adder) markPolicyPending() error {
+	var ips []netip.Addr
+	for _, ipc := range a.result.IPs {
+		if ip, ok := netip.AddrFromSlice(ipc.Address.IP); ok {
+			ips = append(ips, ip.Unmap())
+		}
+	}
+	_, err := table.MarkNewPod("", a.conf.Name, cniArg(a.args.Args, "K8S_POD_NAMESPACE"), ips)
+	return err
+}
+
+// cniArg is the value of key in CNI_ARGS ("K=V;K=V"), "" when absent.
+func cniArg(args, key string) string {
+	for _, kv := range strings.Split(args, ";") {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}

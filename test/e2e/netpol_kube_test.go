@@ -1,0 +1,311 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/netpol/table"
+)
+
+// TestNetworkPolicyAgents runs the real `villaged run` with
+// "networkPolicy": true on three node namespaces of a kube-apiserver the
+// test starts (the agents authenticate as the DaemonSet's ServiceAccount,
+// bound only by deploy/kubernetes/rbac.yaml). Pods are added by the real
+// plugins with kubelet's CNI_ARGS; the test plays kubelet by writing the
+// Pod objects with their addresses. Traffic proves what is enforced:
+// across nodes (the VXLAN overlay into node1's forward hook), on one
+// node (bridged), named ports, a deleted policy, an agent restart, the
+// pending mark of a new pod (a loop of connections while it starts), and
+// `villaged status`.
+func TestNetworkPolicyAgents(t *testing.T) {
+	lab := newKubeLab(t, "vxlan")
+	text := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"agt","plugins":[{"type":"village","bridge":"village0","isDefaultGateway":true,
+		"ipMasq":true,"clusterCIDR":%q,"networkPolicy":true,
+		"ipam":{"type":"village-ipam","dataDir":%q},
+		"backend":{"type":"vxlan","underlay":"lan0","vni":9,
+			"registry":{"type":"kubernetes","kubeconfig":%q}}}]}`, agentCluster, filepath.Join(t.TempDir(), "ipam"), lab.kube.AgentKubeconfig)
+	must(t, os.WriteFile(lab.conf, []byte(text), 0o644), "writing the conflist")
+	lab.list = ConfList(t, text)
+	for i, n := range lab.nodes {
+		lab.createNode(n, fmt.Sprintf("10.70.%d.0/24", i+1))
+	}
+	lab.startAll()
+	np := &npLab{kubeLab: lab, ctx: context.Background()}
+	np.namespace("np")
+	n1, n2 := lab.nodes[0], lab.nodes[1]
+	web := np.pod(n1, "web", true)     // node1
+	local := np.pod(n1, "local", true) // node1, same bridge
+	far := np.pod(n2, "far", true)     // node2
+	np.waitCompiled(n1, 2, 0)
+	np.reach(far, web, 80, true)
+	np.reach(local, web, 8080, true)
+
+	// deny all ingress to web; node1 itself still reaches it (kubelet)
+	np.policy("deny-web", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}})
+	np.waitCompiled(n1, 2, 1)
+	np.reach(far, web, 80, false)
+	np.reach(local, web, 8080, false)
+	must(t, dialFrom(n1.NS, web.ip, 80), "node1 -> web (the node's own traffic)")
+
+	// allow far to web's named port "alt" (8080)
+	alt := intstr.FromString("alt")
+	np.policy("far-to-web", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{
+			From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "far"}}}},
+			Ports: []networkingv1.NetworkPolicyPort{{Port: &alt}}}}})
+	np.waitPolicies(n1, 2)
+	np.reach(far, web, 8080, true)
+	np.reach(far, web, 80, false)
+	np.reach(local, web, 8080, false)
+	np.statusLine(n1, "network policy: 2 policies, 2 local pods compiled, 1 isolated; kernel matches")
+
+	// restart: the tables stay while the agent is down, and it takes over
+	must(t, n1.stop(t, syscall.SIGTERM), "stopping villaged on node1")
+	np.reach(local, web, 8080, false)
+	np.reach(far, web, 8080, true)
+	lab.start(n1)
+	np.reach(local, web, 8080, false)
+
+	// no window: a new pod a deny policy selects is never reachable
+	np.newPodNeverReachable(n1, far)
+	// ... and a new pod of that namespace nothing selects is reachable
+	// once its agent has seen it
+	np.newPodReachable(n1, far)
+
+	// a deleted policy's rules go
+	must(t, lab.kube.Client.NetworkingV1().NetworkPolicies("np").Delete(np.ctx, "deny-web", metav1.DeleteOptions{}), "deleting deny-web")
+	np.waitPolicies(n1, 2) // far-to-web and deny-new
+	np.reach(far, web, 8080, true)
+	np.reach(far, web, 80, false) // far-to-web still isolates web
+	must(t, lab.kube.Client.NetworkingV1().NetworkPolicies("np").Delete(np.ctx, "far-to-web", metav1.DeleteOptions{}), "deleting far-to-web")
+	np.waitPolicies(n1, 1)
+	np.reach(far, web, 80, true)
+	np.reach(local, web, 8080, true)
+
+	// a hand-flushed table is put back by the periodic check
+	np.policy("deny-web", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}})
+	np.waitPolicies(n1, 2)
+	np.reach(far, web, 80, false)
+	inNS(t, n1.NS, "nft", "delete", "table", "inet", table.PolicyTable("agt"))
+	waitFor(t, 60*time.Second, "the deleted policy table is back", func() (bool, string) {
+		return dialFrom(far.pod.NS, web.ip, 80) != nil, n1.log.String()
+	})
+	np.statusLine(n1, "kernel matches")
+}
+
+type npLab struct {
+	*kubeLab
+	ctx context.Context
+}
+
+type npPod struct {
+	pod  *Pod
+	name string
+	ip   string
+}
+
+func (l *npLab) namespace(name string) {
+	_, err := l.kube.Client.CoreV1().Namespaces().Create(l.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	must(l.t, err, "creating namespace %s", name)
+	// no kube-controller-manager here to make it
+	_, err = l.kube.Client.CoreV1().ServiceAccounts(name).Create(l.ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	must(l.t, err, "creating the default ServiceAccount of %s", name)
+}
+
+// addK8s is the ADD kubelet makes, with its CNI_ARGS.
+func addK8s(t *testing.T, n *agentNode, list *libcni.NetworkConfigList, p *Pod, ns, name string) *current.Result {
+	rt := p.rt()
+	rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", ns}, {"K8S_POD_NAME", name}}
+	var res *current.Result
+	must(t, n.in(func() error {
+		r, err := n.CNI.AddNetworkList(context.Background(), list, rt)
+		if err == nil {
+			res, err = current.NewResultFromResult(r)
+		}
+		return err
+	}), "ADD %s/%s", ns, name)
+	return res
+}
+
+// pod makes a pod on n with servers on 80 and 8080 (named "alt"),
+// labelled app=name; with publish it also writes its Pod object (else
+// publishPod does).
+func (l *npLab) pod(n *agentNode, name string, publish bool) *npPod {
+	p := n.NewPod()
+	for _, port := range []int{80, 8080} {
+		testenv.ServeTCP(l.t, p.NS, fmt.Sprintf("[::]:%d", port), "ok")
+	}
+	r := addK8s(l.t, n, l.list, p, "np", name)
+	pp := &npPod{pod: p, name: name, ip: r.IPs[0].Address.IP.String()}
+	if publish {
+		l.publishPod(n, pp)
+	}
+	return pp
+}
+
+// publishPod writes the Pod object as kubelet would, with its address.
+func (l *npLab) publishPod(n *agentNode, p *npPod) {
+	obj := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "np", Name: p.name, Labels: map[string]string{"app": p.name}},
+		Spec: corev1.PodSpec{NodeName: n.name, Containers: []corev1.Container{{Name: "c", Image: "none",
+			Ports: []corev1.ContainerPort{{Name: "alt", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}}}}
+	obj, err := l.kube.Client.CoreV1().Pods("np").Create(l.ctx, obj, metav1.CreateOptions{})
+	must(l.t, err, "creating Pod %s", p.name)
+	obj.Status.Phase = corev1.PodRunning
+	obj.Status.PodIP, obj.Status.PodIPs = p.ip, []corev1.PodIP{{IP: p.ip}}
+	_, err = l.kube.Client.CoreV1().Pods("np").UpdateStatus(l.ctx, obj, metav1.UpdateOptions{})
+	must(l.t, err, "writing the status of Pod %s", p.name)
+}
+
+func (l *npLab) policy(name string, spec networkingv1.NetworkPolicySpec) {
+	_, err := l.kube.Client.NetworkingV1().NetworkPolicies("np").Create(l.ctx,
+		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "np", Name: name}, Spec: spec}, metav1.CreateOptions{})
+	must(l.t, err, "creating NetworkPolicy %s", name)
+}
+
+func dialFrom(n ns.NetNS, ip string, port int) error {
+	return testenv.Dial(n, ip, port, testenv.DialBound)
+}
+
+func (l *npLab) reach(from, to *npPod, port int, want bool) {
+	l.t.Helper()
+	err := dialFrom(from.pod.NS, to.ip, port)
+	switch {
+	case want && err != nil:
+		l.t.Fatalf("%s -> %s (%s) port %d: want allowed, got %v", from.name, to.name, to.ip, port, err)
+	case !want && err == nil:
+		l.t.Fatalf("%s -> %s (%s) port %d: want denied, got through", from.name, to.name, to.ip, port)
+	case !want && !isTimeout(err):
+		l.t.Fatalf("%s -> %s (%s) port %d: want a silent drop, got %v", from.name, to.name, to.ip, port, err)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// status is node n's `villaged status` output.
+func (l *npLab) status(n *agentNode) string {
+	out, _ := n.villaged(l.t, "status", "--conf", l.conf, "--node-name", n.name, "--run-dir", n.runDir).CombinedOutput()
+	return string(out)
+}
+
+func (l *npLab) statusLine(n *agentNode, want string) {
+	waitFor(l.t, 30*time.Second, n.name+" status says "+want, func() (bool, string) {
+		out := l.status(n)
+		return strings.Contains(out, want), out
+	})
+}
+
+func (l *npLab) waitCompiled(n *agentNode, pods, isolated int) {
+	l.statusLine(n, fmt.Sprintf("%d local pods compiled, %d isolated; kernel matches", pods, isolated))
+}
+
+func (l *npLab) waitPolicies(n *agentNode, policies int) {
+	l.statusLine(n, fmt.Sprintf("network policy: %d policies,", policies))
+}
+
+// newPodNeverReachable: while a loop connects from far to the address the
+// new pod gets (asked for with CNI_ARGS IP=), the pod is added (its
+// servers listen from the start) and only later published; deny-new
+// selects it. No connection of the loop ever gets through, before or after the agent
+// compiled it.
+func (l *npLab) newPodNeverReachable(n *agentNode, far *npPod) {
+	t := l.t
+	l.policy("deny-new", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "new"}},
+		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}})
+	l.waitPolicies(n, 3)
+	ip := strings.TrimSuffix(n.subnet(t), "0/24") + "200"
+	var tries, after, got atomic.Int64
+	var added atomic.Bool
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			err := testenv.Dial(far.pod.NS, ip, 80, 300*time.Millisecond)
+			tries.Add(1)
+			if added.Load() {
+				after.Add(1)
+			}
+			if err == nil {
+				got.Add(1)
+			}
+		}
+	}()
+	p := n.NewPod()
+	for _, port := range []int{80, 8080} {
+		testenv.ServeTCP(t, p.NS, fmt.Sprintf("[::]:%d", port), "ok")
+	}
+	rt := p.rt()
+	rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "np"}, {"K8S_POD_NAME", "new"}, {"IP", ip}}
+	must(t, n.in(func() error { _, err := n.CNI.AddNetworkList(context.Background(), l.list, rt); return err }), "ADD new")
+	added.Store(true)
+	// the window a mark closes: the pod exists, the agent does not know it
+	waitFor(t, 30*time.Second, "connections to the new pod before it is published", func() (bool, string) {
+		return after.Load() >= 5, fmt.Sprint(after.Load())
+	})
+	l.publishPod(n, &npPod{pod: p, name: "new", ip: ip})
+	l.waitCompiled(n, 3, 2)
+	mark := after.Load()
+	waitFor(t, 30*time.Second, "connections to the new pod after its rules", func() (bool, string) {
+		return after.Load() >= mark+5, fmt.Sprint(after.Load())
+	})
+	close(stop)
+	<-done
+	if got.Load() != 0 {
+		t.Fatalf("%d of %d connections reached the new pod a deny policy selects", got.Load(), tries.Load())
+	}
+	t.Logf("new pod: %d connections while it started, %d after ADD, none through", tries.Load(), after.Load())
+	must(t, dialFrom(n.NS, ip, 80), "node -> new pod")
+}
+
+// newPodReachable: a new pod of the namespace that no policy selects is
+// marked at ADD (the namespace holds policies) and reachable once
+// published.
+func (l *npLab) newPodReachable(n *agentNode, far *npPod) {
+	t := l.t
+	p := l.pod(n, "open", false)
+	var pending []string
+	must(t, testenv.InNS(n.NS, func() error {
+		as, err := table.Pending("agt")
+		for _, a := range as {
+			pending = append(pending, a.String())
+		}
+		return err
+	}), "listing pending")
+	if !strings.Contains(strings.Join(pending, ","), p.ip) {
+		t.Fatalf("ADD of a pod in a namespace with policies did not mark %s pending: %v", p.ip, pending)
+	}
+	l.reach(far, p, 80, false)
+	l.publishPod(n, p)
+	waitFor(t, 30*time.Second, "the published open pod is reachable", func() (bool, string) {
+		err := dialFrom(far.pod.NS, p.ip, 80)
+		return err == nil, fmt.Sprint(err)
+	})
+}
