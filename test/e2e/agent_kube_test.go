@@ -65,8 +65,7 @@ func newKubeLab(t *testing.T, mode string) *kubeLab {
 	return lab
 }
 
-// applyRBAC creates the ClusterRole and ClusterRoleBinding of
-// deploy/kubernetes/rbac.yaml.
+// applyRBAC creates the roles and bindings of deploy/kubernetes/rbac.yaml.
 func applyRBAC(t *testing.T, kube *kubetest.Server) {
 	root, err := testenv.ModuleRoot()
 	must(t, err, "module root")
@@ -87,6 +86,10 @@ func applyRBAC(t *testing.T, kube *kubetest.Server) {
 			_, err = kube.Client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.ClusterRoleBinding:
 			_, err = kube.Client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = kube.Client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = kube.Client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		default:
 			t.Fatalf("rbac.yaml: unexpected %T", obj)
 		}
