@@ -193,24 +193,24 @@ var ErrRetry = errors.New("try again")
 // RequestTimeout bounds the handling of one request on the server.
 const RequestTimeout = 30 * time.Second
 
-// Listen makes the socket at path (replacing a stale one), 0600 in a 0700
-// directory it creates when missing.
+// Listen makes a root-only socket at path (replacing a stale one), 0600 in
+// a 0700 directory it creates when missing: the agent's and pkg/landhcp's.
 func Listen(path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("agent socket %s: %w", path, err)
+		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("agent socket %s: removing the old one: %w", path, err)
+		return nil, fmt.Errorf("socket %s: removing the old one: %w", path, err)
 	}
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return nil, fmt.Errorf("agent socket %s: %w", path, err)
+		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
 	// Between bind and chmod the socket has the umask's mode; the
 	// directory (0700 when made here) and the peer check cover that.
 	if err := os.Chmod(path, 0o600); err != nil {
 		l.Close()
-		return nil, fmt.Errorf("agent socket %s: %w", path, err)
+		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
 	return l, nil
 }
@@ -243,7 +243,7 @@ func Serve(ctx context.Context, l *net.UnixListener, h Handler, logf func(string
 func serveConn(ctx context.Context, conn *net.UnixConn, h Handler, logf func(string, ...any)) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(RequestTimeout + 5*time.Second))
-	if uid, err := peerUID(conn); err != nil || uid != 0 {
+	if uid, err := PeerUID(conn); err != nil || uid != 0 {
 		logf("agent socket: refusing a peer (uid %d, %v): only root may ask", uid, err)
 		return
 	}

@@ -6,9 +6,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// peerUID is the uid of the process at the other end of conn
-// (SO_PEERCRED), -1 when unknown.
-func peerUID(conn *net.UnixConn) (int, error) {
+// PeerUID is the uid of the process at the other end of conn
+// (SO_PEERCRED), -1 when unknown: how a root-only socket of the agent's
+// (this one, pkg/landhcp's) refuses other users.
+func PeerUID(conn *net.UnixConn) (int, error) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return -1, err

@@ -3,16 +3,12 @@ package landhcp
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/landhcp/wire"
 )
 
@@ -25,21 +21,9 @@ const connDeadline = acquireTimeout + 30*time.Second
 // (the runtime running the plugin) may ask, since a request opens sockets
 // in the pod namespace it names.
 func Serve(ctx context.Context, path string, m *Manager) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("DHCP socket directory: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("removing the stale DHCP socket %s: %w", path, err)
-	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	l, err := agentsock.Listen(path)
 	if err != nil {
-		return fmt.Errorf("DHCP socket %s: %w", path, err)
-	}
-	// Between bind and chmod the socket has the umask's mode; the peer
-	// check below refuses anyone but root all the same.
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return fmt.Errorf("DHCP socket %s: %w", path, err)
+		return fmt.Errorf("DHCP %w", err)
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -73,22 +57,12 @@ func serveConn(ctx context.Context, conn *net.UnixConn, m *Manager) {
 
 // peerIsRoot checks the connecting process's user (SO_PEERCRED).
 func peerIsRoot(conn *net.UnixConn) error {
-	raw, err := conn.SyscallConn()
+	uid, err := agentsock.PeerUID(conn)
 	if err != nil {
-		return err
+		return fmt.Errorf("reading the peer's credentials: %w", err)
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return fmt.Errorf("reading the peer's credentials: %w", cerr)
-	}
-	if cred.Uid != 0 {
-		return fmt.Errorf("only root may use the DHCP socket (peer uid %d)", cred.Uid)
+	if uid != 0 {
+		return fmt.Errorf("only root may use the DHCP socket (peer uid %d)", uid)
 	}
 	return nil
 }
