@@ -218,8 +218,8 @@ func (n *agentNode) stop(t *testing.T, sig syscall.Signal) error {
 }
 
 // waitFor polls cond every 50 ms until it holds, and returns how long that
-// took; it fails the test after within.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() (bool, string)) time.Duration {
+// took; it fails the test (or benchmark) after within.
+func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool, string)) time.Duration {
 	t.Helper()
 	began := time.Now()
 	last := ""

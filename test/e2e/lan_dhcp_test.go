@@ -62,25 +62,10 @@ func newDHCPLab(t testing.TB) *dhcpLab {
 			t.Logf("dnsmasq log:\n%s", lab.log.String())
 		}
 	})
-	dhcpWait(t, 30*time.Second, "dnsmasq serving DHCP", func() (bool, string) {
+	waitFor(t, 30*time.Second, "dnsmasq serving DHCP", func() (bool, string) {
 		return strings.Contains(lab.log.String(), "DHCP, IP range"), lab.log.String()
 	})
 	return lab
-}
-
-// dhcpWait is waitFor for tests and benchmarks.
-func dhcpWait(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	began, last := time.Now(), ""
-	for time.Since(began) < within {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s; last state:\n%s", what, within, last)
 }
 
 // count is how many lines of the server's log show msg (DHCPDISCOVER,
@@ -151,7 +136,7 @@ func (n *dhcpNode) start(t testing.TB) {
 	must(t, n.cmd.Start(), "starting villaged")
 	n.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(n.cmd, n.done)
-	dhcpWait(t, 30*time.Second, "villaged serving the DHCP socket", func() (bool, string) {
+	waitFor(t, 30*time.Second, "villaged serving the DHCP socket", func() (bool, string) {
 		return strings.Contains(n.log.String(), "dhcp: serving LAN leases on "+n.socket), n.log.String()
 	})
 }
@@ -205,7 +190,7 @@ func TestLANDHCPReservation(t *testing.T) {
 	if d := lab.count("DHCPDISCOVER"); d != 1 {
 		t.Fatalf("%d DISCOVERs: a renewal must not start over", d)
 	}
-	dhcpWait(t, 30*time.Second, "villaged reporting the renewal", func() (bool, string) {
+	waitFor(t, 30*time.Second, "villaged reporting the renewal", func() (bool, string) {
 		return strings.Contains(n1.log.String(), "renewed "+dhcpReserved), n1.log.String()
 	})
 
