@@ -50,22 +50,7 @@ func addService(t *testing.T, n *Node, tool, vip, ep string) {
 // connection with "pong".
 func echoServer(t *testing.T, pod *Pod) {
 	t.Helper()
-	var ln net.Listener
-	must(t, testenv.InNS(pod.NS, func() (err error) {
-		ln, err = net.Listen("tcp", ":8080")
-		return err
-	}), "listen in the endpoint pod")
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("pong"))
-			c.Close()
-		}
-	}()
+	testenv.ServeTCP(t, pod.NS, ":8080", "pong")
 }
 
 // viaVIP opens a TCP connection from pod to vip:80 and reads the answer.
