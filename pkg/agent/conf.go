@@ -83,13 +83,9 @@ func (c *Conf) Registry() *netconf.Registry { return c.Backend.Registry }
 
 // Load reads opts.ConfFile and resolves the node name and file paths.
 func Load(opts Options) (*Conf, error) {
-	raw, err := os.ReadFile(opts.ConfFile)
+	entry, err := readVillageEntry(opts.ConfFile)
 	if err != nil {
-		return nil, fmt.Errorf("reading the network configuration: %w", err)
-	}
-	entry, err := villageEntry(raw)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", opts.ConfFile, err)
+		return nil, err
 	}
 	nc, err := netconf.Parse(entry, "")
 	if err != nil {
@@ -134,6 +130,20 @@ func Load(opts Options) (*Conf, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// readVillageEntry reads the configuration file at path and returns its
+// village entry (see villageEntry).
+func readVillageEntry(path string) ([]byte, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the network configuration: %w", err)
+	}
+	entry, err := villageEntry(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return entry, nil
 }
 
 // villageEntry returns the plugin entry whose type is "village" with the

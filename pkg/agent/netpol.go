@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sync"
 
 	"k8s.io/client-go/kubernetes"
@@ -23,13 +22,9 @@ import (
 
 // policyOn reads the networkPolicy key of the conflist's village entry.
 func (c *Conf) policyOn() (bool, error) {
-	raw, err := os.ReadFile(c.File)
+	entry, err := readVillageEntry(c.File)
 	if err != nil {
-		return false, fmt.Errorf("reading the network configuration: %w", err)
-	}
-	entry, err := villageEntry(raw)
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", c.File, err)
+		return false, err
 	}
 	var k struct {
 		NetworkPolicy *bool `json:"networkPolicy"`

@@ -7,7 +7,6 @@
 package validate
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -139,15 +138,19 @@ const MaxNetworkName = 200
 
 // NetworkName checks a network name as the CNI spec defines it
 // (^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$), at most MaxNetworkName bytes.
-func NetworkName(name string) error {
-	if name == "" {
-		return errors.New("missing network name")
+func NetworkName(name string) error { return cniIdentifier("network name", name, MaxNetworkName) }
+
+// cniIdentifier checks s, a what, against the CNI spec's pattern for network
+// names and container IDs, and against max bytes.
+func cniIdentifier(what, s string, max int) error {
+	if s == "" {
+		return fmt.Errorf("missing %s", what)
 	}
-	if len(name) > MaxNetworkName {
-		return fmt.Errorf("network name %.20q...: longer than %d bytes", name, MaxNetworkName)
+	if len(s) > max {
+		return fmt.Errorf("%s %.20q...: longer than %d bytes", what, s, max)
 	}
-	if !cniName(name) {
-		return fmt.Errorf("network name %q: must start with a letter or digit and contain only letters, digits, '_', '.' and '-'", name)
+	if !cniName(s) {
+		return fmt.Errorf("%s %q: must start with a letter or digit and contain only letters, digits, '_', '.' and '-'", what, s)
 	}
 	return nil
 }
@@ -157,18 +160,7 @@ const MaxContainerID = 1024
 
 // ContainerID checks a container ID as the CNI spec defines it (the network
 // name's pattern), at most MaxContainerID bytes.
-func ContainerID(id string) error {
-	if id == "" {
-		return errors.New("empty container ID")
-	}
-	if len(id) > MaxContainerID {
-		return fmt.Errorf("container ID %.20q...: longer than %d bytes", id, MaxContainerID)
-	}
-	if !cniName(id) {
-		return fmt.Errorf("container ID %q: must start with a letter or digit and contain only letters, digits, '_', '.' and '-'", id)
-	}
-	return nil
-}
+func ContainerID(id string) error { return cniIdentifier("container ID", id, MaxContainerID) }
 
 // cniName reports whether s matches the CNI spec's name and container ID
 // pattern ^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$.
