@@ -62,17 +62,38 @@ func Keep(s Spec, at Node) (Result, error) {
 	if !s.Wants() {
 		return Result{}, nil
 	}
+	key := StampNetwork(s.Stamp())
 	br, err := bridgeOf(at.Bridge)
 	if err != nil {
 		return Result{}, err
 	}
-	alias := ""
-	if br != nil {
-		alias = br.Attrs().Alias
+	prev := FindStamp(aliasOf(br), key)
+	name := at.backend(s, prev)
+	dg := digest(s, name)
+	seen := Fingerprint(name)
+	if covers(prev, dg, seen) {
+		return Result{Stamp: prev}, nil
 	}
-	prev := FindStamp(alias, StampNetwork(s.Stamp()))
-	res, err := syncRules(s, at.backend(s, prev), prev)
-	if err != nil || res.Stamp == prev {
+	unlock, err := lock()
+	if err != nil {
+		return Result{}, err
+	}
+	defer unlock()
+	// The stamp again, now that no one else can write it: while this Keep
+	// waited for the lock, another (an ADD beside it, villaged) may have
+	// looked after seen was read. A hundred ADDs at once on a node whose
+	// ruleset others keep changing then make a few looks, not a hundred.
+	if br != nil {
+		if br, err = bridgeOf(at.Bridge); err != nil {
+			return Result{}, err
+		}
+		prev = FindStamp(aliasOf(br), key)
+		if covers(prev, dg, seen) {
+			return Result{Stamp: prev}, nil
+		}
+	}
+	res, err := syncRules(s, name, dg, prev)
+	if err != nil {
 		return res, err
 	}
 	if br == nil {
@@ -86,10 +107,18 @@ func Keep(s Spec, at Node) (Result, error) {
 			return res, err
 		}
 	}
-	if err := netlink.LinkSetAlias(br, SetStamp(alias, res.Stamp)); err != nil {
+	if err := netlink.LinkSetAlias(br, SetStamp(aliasOf(br), res.Stamp)); err != nil {
 		return res, fmt.Errorf("failed to record the netfilter stamp on bridge %q: %w", at.Bridge, err)
 	}
 	return res, nil
+}
+
+// aliasOf is the bridge's ifalias, "" without a bridge.
+func aliasOf(br netlink.Link) string {
+	if br == nil {
+		return ""
+	}
+	return br.Attrs().Alias
 }
 
 // Check reports, writing nothing, every missing or changed piece of the

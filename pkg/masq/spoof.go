@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/vishvananda/netlink"
 )
 
 // macspoofchk: one rule per pod port in the network's bridge-family table,
@@ -32,6 +33,11 @@ type SpoofCheck struct {
 	Network  string
 	HostVeth string
 	MAC      net.HardwareAddr
+	// Bridge, when set, is the network's bridge: EnsureSpoofCheck moves the
+	// netfilter stamps on it past its own write (see advanceStamps), so the
+	// rule of one pod does not send the next ADD's Keep to look at the
+	// rules again.
+	Bridge string
 }
 
 func spoofTable(network string) *nftables.Table {
@@ -86,9 +92,41 @@ func EnsureSpoofCheck(sc SpoofCheck) error {
 		return err
 	}
 	defer unlock()
+	before, genErr := GenID()
+	if err := writeSpoofCheck(c, sc, nil); err != nil {
+		return err
+	}
+	if sc.Bridge == "" || genErr != nil {
+		return nil
+	}
+	// Exactly one transaction since before: ours, which holds no rule a
+	// stamp vouches for. Anything more (someone else's write in between)
+	// and the stamps stay, and the next Keep looks.
+	if after, err := GenID(); err != nil || after != before+1 {
+		return nil
+	}
+	br, err := bridgeOf(sc.Bridge)
+	if err != nil || br == nil {
+		return err
+	}
+	alias := aliasOf(br)
+	if moved := advanceStamps(alias, before, before+1); moved != alias {
+		if err := netlink.LinkSetAlias(br, moved); err != nil {
+			return fmt.Errorf("failed to record the netfilter stamp on bridge %q: %w", sc.Bridge, err)
+		}
+	}
+	return nil
+}
+
+// writeSpoofCheck replaces the pod port's rule, the lock held; old are
+// the port's rules when the caller has listed them already (nil: listed
+// here).
+func writeSpoofCheck(c *nftables.Conn, sc SpoofCheck, old []*nftables.Rule) error {
 	t := c.AddTable(spoofTable(sc.Network))
 	ch := c.AddChain(spoofChain(t))
-	_, old := spoofRules(c, sc.Network, sc.HostVeth)
+	if old == nil {
+		_, old = spoofRules(c, sc.Network, sc.HostVeth)
+	}
 	for _, r := range old {
 		if err := c.DelRule(r); err != nil {
 			return fmt.Errorf("failed to replace the macspoofchk rule of %q: %w", sc.HostVeth, err)
@@ -180,12 +218,30 @@ func recordSpoofMAC(sc SpoofCheck) error {
 }
 
 // restoreSpoofChecks puts back the macspoofchk rule of every port of the
-// bridge (index bridge) with a recorded pod MAC, when it is missing. It
-// returns the host veths whose rule it restored.
+// bridge (index bridge) with a recorded pod MAC, when it is missing or
+// changed; the caller holds the lock. The chain is read once for all ports.
+// It returns the host veths whose rule it restored.
 func restoreSpoofChecks(network string, bridge int) ([]string, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("failed to list links for macspoofchk of network %q: %w", network, err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("failed to open nftables: %w", err)
+	}
+	byTag := map[string][]*nftables.Rule{}
+	t := spoofTable(network)
+	if ch, err := c.ListChain(t, "macspoofchk"); err == nil {
+		rules, err := c.GetRules(t, ch)
+		if err != nil {
+			return nil, fmt.Errorf("failed to list the macspoofchk rules of network %q: %w", network, err)
+		}
+		for _, r := range rules {
+			if tag, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
+				byTag[tag] = append(byTag[tag], r)
+			}
+		}
 	}
 	var restored []string
 	for _, l := range links {
@@ -202,10 +258,11 @@ func restoreSpoofChecks(network string, bridge int) ([]string, error) {
 			continue
 		}
 		sc := SpoofCheck{Network: network, HostVeth: a.Name, MAC: mac}
-		if CheckSpoofCheck(sc) == nil {
+		have := byTag[spoofTag(network, a.Name)]
+		if len(have) == 1 && sameCmp(have[0].Exprs, sc.exprs()) {
 			continue
 		}
-		if err := EnsureSpoofCheck(sc); err != nil {
+		if err := writeSpoofCheck(c, sc, have); err != nil {
 			return restored, err
 		}
 		restored = append(restored, a.Name)

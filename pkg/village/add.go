@@ -387,7 +387,7 @@ func (a *adder) ensureSpoofCheck() error {
 }
 
 func spoofCheck(conf *netconf.NetConf, hostVeth string, mac net.HardwareAddr) masq.SpoofCheck {
-	return masq.SpoofCheck{Network: conf.Name, HostVeth: hostVeth, MAC: mac}
+	return masq.SpoofCheck{Network: conf.Name, HostVeth: hostVeth, MAC: mac, Bridge: conf.Bridge}
 }
 
 func (a *adder) configurePod() error {
