@@ -55,9 +55,11 @@ func (r Result) Drift() int {
 // masquerade and forward accept rules of s, and the macspoofchk rule of
 // every pod port on the bridge. It costs one read of the netfilter
 // fingerprint when nothing changed since the stamp on the bridge was
-// recorded; otherwise it reads the rules, repairs what is gone, puts back
-// the pods' macspoofchk rules and records the new stamp. A network that
-// wants no netfilter state is left alone.
+// recorded; otherwise, under the node-wide lock, it reads the rules,
+// repairs what is gone, puts back the pods' macspoofchk rules and records
+// the new stamp, unless a stamp recorded while it waited for the lock
+// covers the fingerprint it read (see covers). A network that wants no
+// netfilter state is left alone.
 func Keep(s Spec, at Node) (Result, error) {
 	if !s.Wants() {
 		return Result{}, nil
