@@ -33,10 +33,10 @@ type SpoofCheck struct {
 	Network  string
 	HostVeth string
 	MAC      net.HardwareAddr
-	// Bridge, when set, is the network's bridge: EnsureSpoofCheck moves the
-	// netfilter stamps on it past its own write (see advanceStamps), so the
-	// rule of one pod does not send the next ADD's Keep to look at the
-	// rules again.
+	// Bridge, when set, is the network's bridge: EnsureSpoofCheck and
+	// DeleteSpoofCheck move the netfilter stamps on it past their own write
+	// (see passOwnWrite), so the rule of one pod does not send the next
+	// ADD's Keep to look at the rules again.
 	Bridge string
 }
 
@@ -96,23 +96,30 @@ func EnsureSpoofCheck(sc SpoofCheck) error {
 	if err := writeSpoofCheck(c, sc, nil); err != nil {
 		return err
 	}
-	if sc.Bridge == "" || genErr != nil {
+	return passOwnWrite(sc.Bridge, before, genErr)
+}
+
+// passOwnWrite moves the netfilter stamps on bridge ("" for none) past the
+// caller's own nf_tables transaction, made after it read the generation
+// before (or failed to: genErr), with the lock held. Only when it was
+// exactly one transaction since before: a pod's macspoofchk rule, which
+// holds nothing a stamp vouches for. Anything more (someone else's write in
+// between) and the stamps stay, and the next Keep looks.
+func passOwnWrite(bridge string, before uint32, genErr error) error {
+	if bridge == "" || genErr != nil {
 		return nil
 	}
-	// Exactly one transaction since before: ours, which holds no rule a
-	// stamp vouches for. Anything more (someone else's write in between)
-	// and the stamps stay, and the next Keep looks.
 	if after, err := GenID(); err != nil || after != before+1 {
 		return nil
 	}
-	br, err := bridgeOf(sc.Bridge)
+	br, err := bridgeOf(bridge)
 	if err != nil || br == nil {
 		return err
 	}
 	alias := aliasOf(br)
 	if moved := advanceStamps(alias, before, before+1); moved != alias {
 		if err := netlink.LinkSetAlias(br, moved); err != nil {
-			return fmt.Errorf("failed to record the netfilter stamp on bridge %q: %w", sc.Bridge, err)
+			return fmt.Errorf("failed to record the netfilter stamp on bridge %q: %w", bridge, err)
 		}
 	}
 	return nil
@@ -156,17 +163,19 @@ func CheckSpoofCheck(sc SpoofCheck) error {
 	return nil
 }
 
-// DeleteSpoofCheck removes the pod port's rule; a missing one is fine.
-func DeleteSpoofCheck(network, hostVeth string) error {
+// DeleteSpoofCheck removes the rule of the pod port sc.HostVeth (sc.MAC is
+// not needed); a missing one is fine. With sc.Bridge the stamps on it move
+// past the delete, as EnsureSpoofCheck's do past the write.
+func DeleteSpoofCheck(sc SpoofCheck) error {
 	c, unlock, err := lockedConn()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := os.Remove(spoofFile(network, hostVeth)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("failed to remove the macspoofchk record of %q: %w", hostVeth, err)
+	if err := os.Remove(spoofFile(sc.Network, sc.HostVeth)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("failed to remove the macspoofchk record of %q: %w", sc.HostVeth, err)
 	}
-	_, rules := spoofRules(c, network, hostVeth)
+	_, rules := spoofRules(c, sc.Network, sc.HostVeth)
 	if len(rules) == 0 {
 		return nil
 	}
@@ -175,10 +184,11 @@ func DeleteSpoofCheck(network, hostVeth string) error {
 			return err
 		}
 	}
+	before, genErr := GenID()
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("failed to delete the macspoofchk rule of %q: %w", hostVeth, err)
+		return fmt.Errorf("failed to delete the macspoofchk rule of %q: %w", sc.HostVeth, err)
 	}
-	return nil
+	return passOwnWrite(sc.Bridge, before, genErr)
 }
 
 // deleteSpoofTable drops the network's bridge table with every pod's rule.

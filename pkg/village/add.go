@@ -381,7 +381,7 @@ func (a *adder) ensureSpoofCheck() error {
 		return err
 	}
 	a.undo.Push(fmt.Sprintf("delete macspoofchk rule of %q", sc.HostVeth), func() error {
-		return masq.DeleteSpoofCheck(sc.Network, sc.HostVeth)
+		return masq.DeleteSpoofCheck(sc)
 	})
 	return nil
 }
