@@ -55,24 +55,47 @@ func (r Result) Drift() int {
 // masquerade and forward accept rules of s, and the macspoofchk rule of
 // every pod port on the bridge. It costs one read of the netfilter
 // fingerprint when nothing changed since the stamp on the bridge was
-// recorded; otherwise it reads the rules, repairs what is gone, puts back
-// the pods' macspoofchk rules and records the new stamp. A network that
-// wants no netfilter state is left alone.
+// recorded; otherwise, under the node-wide lock, it reads the rules,
+// repairs what is gone, puts back the pods' macspoofchk rules and records
+// the new stamp, unless a stamp recorded while it waited for the lock
+// covers the fingerprint it read (see covers). A network that wants no
+// netfilter state is left alone.
 func Keep(s Spec, at Node) (Result, error) {
 	if !s.Wants() {
 		return Result{}, nil
 	}
+	key := StampNetwork(s.Stamp())
 	br, err := bridgeOf(at.Bridge)
 	if err != nil {
 		return Result{}, err
 	}
-	alias := ""
-	if br != nil {
-		alias = br.Attrs().Alias
+	prev := FindStamp(aliasOf(br), key)
+	name := at.backend(s, prev)
+	dg := digest(s, name)
+	seen := Fingerprint(name)
+	if covers(prev, dg, seen) {
+		return Result{Stamp: prev}, nil
 	}
-	prev := FindStamp(alias, StampNetwork(s.Stamp()))
-	res, err := syncRules(s, at.backend(s, prev), prev)
-	if err != nil || res.Stamp == prev {
+	unlock, err := lock()
+	if err != nil {
+		return Result{}, err
+	}
+	defer unlock()
+	// The stamp again, now that no one else can write it: while this Keep
+	// waited for the lock, another (an ADD beside it, villaged) may have
+	// looked after seen was read. A hundred ADDs at once on a node whose
+	// ruleset others keep changing then make a few looks, not a hundred.
+	if br != nil {
+		if br, err = bridgeOf(at.Bridge); err != nil {
+			return Result{}, err
+		}
+		prev = FindStamp(aliasOf(br), key)
+		if covers(prev, dg, seen) {
+			return Result{Stamp: prev}, nil
+		}
+	}
+	res, err := syncRules(s, name, dg, prev)
+	if err != nil {
 		return res, err
 	}
 	if br == nil {
@@ -86,10 +109,18 @@ func Keep(s Spec, at Node) (Result, error) {
 			return res, err
 		}
 	}
-	if err := netlink.LinkSetAlias(br, SetStamp(alias, res.Stamp)); err != nil {
+	if err := netlink.LinkSetAlias(br, SetStamp(aliasOf(br), res.Stamp)); err != nil {
 		return res, fmt.Errorf("failed to record the netfilter stamp on bridge %q: %w", at.Bridge, err)
 	}
 	return res, nil
+}
+
+// aliasOf is the bridge's ifalias, "" without a bridge.
+func aliasOf(br netlink.Link) string {
+	if br == nil {
+		return ""
+	}
+	return br.Attrs().Alias
 }
 
 // Check reports, writing nothing, every missing or changed piece of the

@@ -234,29 +234,18 @@ func Teardown(network string) error {
 	return errors.Join(teardownOthers("", network), deleteSpoofTable(network), os.RemoveAll(filepath.Join(SpoofDir, network)))
 }
 
-// syncRules makes sure the rules of s are in place in backend name at the cost
-// of reading the host's netfilter fingerprint when nothing changed since
-// prev (the stamp an earlier syncRules returned, "" when unknown): a stamp of
-// the same spec and backend with the same fingerprint means no rule set
-// changed since the rules were last seen complete. Otherwise the rules are
-// read again and repaired; a different spec (or none) is installed in full,
-// which is not drift: nothing said the rules were complete. The fingerprint
-// recorded is the one read before the look that found the rules complete,
-// so a change racing with syncRules is seen next time.
-func syncRules(s Spec, name, prev string) (Result, error) {
+// syncRules makes sure the rules of s are in place in backend name, with
+// the lock held, when the stamp prev (the one recorded on the bridge, ""
+// when unknown) does not cover the fingerprint Keep read: the rules are
+// read again and repaired; a different spec (or none) is installed in
+// full, which is not drift: nothing said the rules were complete. The
+// fingerprint recorded is the one read before the look that found the
+// rules complete, so a change racing with syncRules is seen next time.
+func syncRules(s Spec, name, digest, prev string) (Result, error) {
 	b, err := pick(name)
 	if err != nil {
 		return Result{}, err
 	}
-	digest := s.Stamp() + "@" + string(backendLetters[name])
-	if prev == digest+Fingerprint(name) {
-		return Result{Stamp: prev}, nil
-	}
-	unlock, err := lock()
-	if err != nil {
-		return Result{}, err
-	}
-	defer unlock()
 	res := Result{Looked: true}
 	if !strings.HasPrefix(prev, digest) {
 		// A new spec or resolved backend: install in full, clear the other.
@@ -303,7 +292,16 @@ func JoinLine(errs []error) error {
 	return fmt.Errorf("%s", strings.Join(msgs, "; "))
 }
 
-// lock takes an exclusive flock on LockFile, waiting at most 30 s.
+// lockWait bounds how long lock waits for LockFile.
+const lockWait = 30 * time.Second
+
+// lock takes an exclusive flock on LockFile, waiting at most lockWait. The
+// wait blocks in the kernel, which wakes the waiters when the holder lets
+// go: a waiter costs no CPU (a poll every few milliseconds by a hundred
+// concurrent ADDs took the holder's CPU away from it), and hands the lock
+// on without sleeping in between. A wait that times out leaves its flock
+// call behind; when that call returns, the file is closed at once, so the
+// lock is never held by nobody.
 func lock() (func(), error) {
 	if err := os.MkdirAll(filepath.Dir(LockFile), 0o700); err != nil {
 		return nil, fmt.Errorf("failed to create %s: %w", filepath.Dir(LockFile), err)
@@ -312,17 +310,31 @@ func lock() (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("failed to open lock %s: %w", LockFile, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { _ = f.Close() }, nil
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		return func() { _ = f.Close() }, nil
+	}
+	got := make(chan error, 1)
+	go func() {
+		for {
+			err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+			if !errors.Is(err, syscall.EINTR) {
+				got <- err
+				return
+			}
 		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+	}()
+	t := time.NewTimer(lockWait)
+	defer t.Stop()
+	select {
+	case err := <-got:
+		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("failed to lock %s: %w", LockFile, err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		return func() { _ = f.Close() }, nil
+	case <-t.C:
+		go func() { <-got; f.Close() }()
+		return nil, fmt.Errorf("failed to lock %s: still held by another process after %v", LockFile, lockWait)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/vishvananda/netlink"
 )
 
 // macspoofchk: one rule per pod port in the network's bridge-family table,
@@ -32,6 +33,11 @@ type SpoofCheck struct {
 	Network  string
 	HostVeth string
 	MAC      net.HardwareAddr
+	// Bridge, when set, is the network's bridge: EnsureSpoofCheck and
+	// DeleteSpoofCheck move the netfilter stamps on it past their own write
+	// (see passOwnWrite), so the rule of one pod does not send the next
+	// ADD's Keep to look at the rules again.
+	Bridge string
 }
 
 func spoofTable(network string) *nftables.Table {
@@ -86,9 +92,48 @@ func EnsureSpoofCheck(sc SpoofCheck) error {
 		return err
 	}
 	defer unlock()
+	before, genErr := GenID()
+	if err := writeSpoofCheck(c, sc, nil); err != nil {
+		return err
+	}
+	return passOwnWrite(sc.Bridge, before, genErr)
+}
+
+// passOwnWrite moves the netfilter stamps on bridge ("" for none) past the
+// caller's own nf_tables transaction, made after it read the generation
+// before (or failed to: genErr), with the lock held. Only when it was
+// exactly one transaction since before: a pod's macspoofchk rule, which
+// holds nothing a stamp vouches for. Anything more (someone else's write in
+// between) and the stamps stay, and the next Keep looks.
+func passOwnWrite(bridge string, before uint32, genErr error) error {
+	if bridge == "" || genErr != nil {
+		return nil
+	}
+	if after, err := GenID(); err != nil || after != before+1 {
+		return nil
+	}
+	br, err := bridgeOf(bridge)
+	if err != nil || br == nil {
+		return err
+	}
+	alias := aliasOf(br)
+	if moved := advanceStamps(alias, before, before+1); moved != alias {
+		if err := netlink.LinkSetAlias(br, moved); err != nil {
+			return fmt.Errorf("failed to record the netfilter stamp on bridge %q: %w", bridge, err)
+		}
+	}
+	return nil
+}
+
+// writeSpoofCheck replaces the pod port's rule, the lock held; old are
+// the port's rules when the caller has listed them already (nil: listed
+// here).
+func writeSpoofCheck(c *nftables.Conn, sc SpoofCheck, old []*nftables.Rule) error {
 	t := c.AddTable(spoofTable(sc.Network))
 	ch := c.AddChain(spoofChain(t))
-	_, old := spoofRules(c, sc.Network, sc.HostVeth)
+	if old == nil {
+		_, old = spoofRules(c, sc.Network, sc.HostVeth)
+	}
 	for _, r := range old {
 		if err := c.DelRule(r); err != nil {
 			return fmt.Errorf("failed to replace the macspoofchk rule of %q: %w", sc.HostVeth, err)
@@ -118,17 +163,19 @@ func CheckSpoofCheck(sc SpoofCheck) error {
 	return nil
 }
 
-// DeleteSpoofCheck removes the pod port's rule; a missing one is fine.
-func DeleteSpoofCheck(network, hostVeth string) error {
+// DeleteSpoofCheck removes the rule of the pod port sc.HostVeth (sc.MAC is
+// not needed); a missing one is fine. With sc.Bridge the stamps on it move
+// past the delete, as EnsureSpoofCheck's do past the write.
+func DeleteSpoofCheck(sc SpoofCheck) error {
 	c, unlock, err := lockedConn()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := os.Remove(spoofFile(network, hostVeth)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("failed to remove the macspoofchk record of %q: %w", hostVeth, err)
+	if err := os.Remove(spoofFile(sc.Network, sc.HostVeth)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("failed to remove the macspoofchk record of %q: %w", sc.HostVeth, err)
 	}
-	_, rules := spoofRules(c, network, hostVeth)
+	_, rules := spoofRules(c, sc.Network, sc.HostVeth)
 	if len(rules) == 0 {
 		return nil
 	}
@@ -137,10 +184,11 @@ func DeleteSpoofCheck(network, hostVeth string) error {
 			return err
 		}
 	}
+	before, genErr := GenID()
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("failed to delete the macspoofchk rule of %q: %w", hostVeth, err)
+		return fmt.Errorf("failed to delete the macspoofchk rule of %q: %w", sc.HostVeth, err)
 	}
-	return nil
+	return passOwnWrite(sc.Bridge, before, genErr)
 }
 
 // deleteSpoofTable drops the network's bridge table with every pod's rule.
@@ -180,12 +228,30 @@ func recordSpoofMAC(sc SpoofCheck) error {
 }
 
 // restoreSpoofChecks puts back the macspoofchk rule of every port of the
-// bridge (index bridge) with a recorded pod MAC, when it is missing. It
-// returns the host veths whose rule it restored.
+// bridge (index bridge) with a recorded pod MAC, when it is missing or
+// changed; the caller holds the lock. The chain is read once for all ports.
+// It returns the host veths whose rule it restored.
 func restoreSpoofChecks(network string, bridge int) ([]string, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("failed to list links for macspoofchk of network %q: %w", network, err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("failed to open nftables: %w", err)
+	}
+	byTag := map[string][]*nftables.Rule{}
+	t := spoofTable(network)
+	if ch, err := c.ListChain(t, "macspoofchk"); err == nil {
+		rules, err := c.GetRules(t, ch)
+		if err != nil {
+			return nil, fmt.Errorf("failed to list the macspoofchk rules of network %q: %w", network, err)
+		}
+		for _, r := range rules {
+			if tag, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
+				byTag[tag] = append(byTag[tag], r)
+			}
+		}
 	}
 	var restored []string
 	for _, l := range links {
@@ -202,10 +268,11 @@ func restoreSpoofChecks(network string, bridge int) ([]string, error) {
 			continue
 		}
 		sc := SpoofCheck{Network: network, HostVeth: a.Name, MAC: mac}
-		if CheckSpoofCheck(sc) == nil {
+		have := byTag[spoofTag(network, a.Name)]
+		if len(have) == 1 && sameCmp(have[0].Exprs, sc.exprs()) {
 			continue
 		}
-		if err := EnsureSpoofCheck(sc); err != nil {
+		if err := writeSpoofCheck(c, sc, have); err != nil {
 			return restored, err
 		}
 		restored = append(restored, a.Name)

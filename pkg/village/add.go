@@ -381,13 +381,13 @@ func (a *adder) ensureSpoofCheck() error {
 		return err
 	}
 	a.undo.Push(fmt.Sprintf("delete macspoofchk rule of %q", sc.HostVeth), func() error {
-		return masq.DeleteSpoofCheck(sc.Network, sc.HostVeth)
+		return masq.DeleteSpoofCheck(sc)
 	})
 	return nil
 }
 
 func spoofCheck(conf *netconf.NetConf, hostVeth string, mac net.HardwareAddr) masq.SpoofCheck {
-	return masq.SpoofCheck{Network: conf.Name, HostVeth: hostVeth, MAC: mac}
+	return masq.SpoofCheck{Network: conf.Name, HostVeth: hostVeth, MAC: mac, Bridge: conf.Bridge}
 }
 
 func (a *adder) configurePod() error {

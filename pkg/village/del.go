@@ -110,7 +110,7 @@ func deleteLinks(conf *netconf.NetConf, args *skel.CmdArgs) error {
 		}
 	}
 	if conf.MacSpoofChk {
-		if err := masq.DeleteSpoofCheck(conf.Name, hostName); err != nil {
+		if err := masq.DeleteSpoofCheck(spoofCheck(conf, hostName, nil)); err != nil {
 			return err
 		}
 	}

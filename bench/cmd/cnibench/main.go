@@ -28,6 +28,8 @@ type options struct {
 	crictl, moduleRoot             string
 	criPods                        int
 	seq, burst, width, rounds      int
+	churn                          time.Duration
+	burstConf                      string
 	scale                          int
 	memRuns                        int
 	overlayCount                   int
@@ -51,6 +53,8 @@ func main() {
 	flag.IntVar(&o.burst, "burst", 30, "pods per burst")
 	flag.IntVar(&o.width, "width", 10, "concurrent operations in a burst")
 	flag.IntVar(&o.rounds, "rounds", 3, "bursts per suite")
+	flag.StringVar(&o.burstConf, "burst-conf", "", `extra keys of the burst network's plugin config, both suites (e.g. '"macspoofchk":true')`)
+	flag.DurationVar(&o.churn, "churn", 0, "during the burst ADDs, commit an nf_tables transaction in the node namespace this often (e.g. 100ms: a node whose ruleset others change); 0: none")
 	flag.IntVar(&o.scale, "scale", 250, "pods on one node for the scaling figure")
 	flag.IntVar(&o.memRuns, "mem-runs", 5, "ADDs per suite for peak memory")
 	flag.IntVar(&o.overlayCount, "overlay-count", 5, "runs of pkg/overlay's TestMeasureScale")
@@ -152,7 +156,7 @@ func benchmark(l *lab, o options) error {
 		confs := map[string]string{
 			"masq":   s.netConf("masq", "cbr0", "10.90.0.0/24", true, ""),
 			"nomasq": s.netConf("nomasq", "cbr1", "10.91.0.0/24", false, ""),
-			"burst":  s.netConf("burst", "cbr2", "10.92.0.0/24", true, ""),
+			"burst":  s.netConf("burst", "cbr2", "10.92.0.0/24", true, extraKeys(o.burstConf)),
 			"scale":  s.netConf("scale", "cbr3", "10.93.0.0/24", true, ""),
 			"mipt":   s.netConf("mipt", "cbr4", "10.94.0.0/24", true, `,"ipMasqBackend":"iptables"`),
 			"mnft":   s.netConf("mnft", "cbr5", "10.95.0.0/24", true, `,"ipMasqBackend":"nftables"`),
@@ -397,11 +401,23 @@ func burstRounds(l *lab, o options, v, r *suite, s samples, network, key string)
 			for _, su := range order(round, v, r) {
 				errs := make([]error, o.burst)
 				cpus := make([]time.Duration, o.burst)
+				var churned <-chan int
+				stop := make(chan struct{})
+				if o.churn > 0 && verb == "add" {
+					var err error
+					if churned, err = churn(su.node, o.churn, stop); err != nil {
+						return err
+					}
+				}
 				start := time.Now()
 				parallel(o.burst, o.width, func(i int) {
 					_, cpus[i], errs[i] = su.cnitoolCPU(verb, network, pods[su][i])
 				})
 				wall := time.Since(start)
+				close(stop)
+				if churned != nil {
+					logf("burst %s %s: %d nf_tables transactions of others during the ADDs", network, su.name, <-churned)
+				}
 				var cpu time.Duration
 				for _, c := range cpus {
 					cpu += c
