@@ -171,7 +171,7 @@ func TestLANPods(t *testing.T) {
 // installLANConfig applies the home-lab example's ConfigMap with the
 // cluster's LAN in place of the example's, restarts the DaemonSet and waits
 // until every node has the new conflist.
-func installLANConfig(t *testing.T, c *kubecluster.Cluster) {
+func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) {
 	t.Helper()
 	root, err := testenv.ModuleRoot()
 	if err != nil {
@@ -182,12 +182,12 @@ func installLANConfig(t *testing.T, c *kubecluster.Cluster) {
 		t.Fatal(err)
 	}
 	s := string(b)
-	for _, r := range [][2]string{
+	for _, r := range append([][2]string{
 		{`"rangeStart": "192.168.50.210"`, `"rangeStart": "` + lanFirst + `"`},
 		{`"rangeEnd": "192.168.50.239"`, `"rangeEnd": "` + lanLast + `"`},
 		{`"subnet": "192.168.50.0/24"`, `"subnet": "` + kubecluster.LANPrefix + `0/24"`},
 		{`"gateway": "192.168.50.1"`, `"gateway": "` + kubecluster.LANIP + `"`},
-	} {
+	}, extra...) {
 		if !strings.Contains(s, r[0]) {
 			t.Fatalf("the home-lab ConfigMap has no %s", r[0])
 		}

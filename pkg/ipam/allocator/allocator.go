@@ -3,6 +3,8 @@
 // reserved address, never the gateway, the network or the (IPv4) broadcast
 // address. It holds no state of its own; the store is the only truth, and
 // the only operation it relies on for exclusivity is the store's atomic Claim.
+// It also keeps a departed pod's address for the pod for a while (sticky
+// addresses, hold.go).
 package allocator
 
 import (
@@ -11,6 +13,7 @@ import (
 	"fmt"
 	"math/big"
 	"net/netip"
+	"time"
 
 	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/ipam/config"
@@ -22,11 +25,19 @@ type Allocator struct {
 	Store     store.Store
 	Network   string
 	RangeSets []config.RangeSet
+	// Sticky is how long a released pod's address stays held for the pod
+	// (ipam "sticky"); 0 frees it at once.
+	Sticky time.Duration
+	// Now is the clock holds are made and ended by (time.Now when nil).
+	Now func() time.Time
 }
 
 // Request is one ADD.
 type Request struct {
 	Owner store.Owner
+	// Pod is the Kubernetes pod of the ADD, when known: with Sticky, an
+	// address held for it is handed back.
+	Pod Pod
 	// RequestedIPs must all be granted, each from the range set holding it.
 	RequestedIPs []netip.Addr
 }
@@ -98,30 +109,56 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (_ []Assignment, 
 	if err != nil {
 		return nil, err
 	}
+	own := make([]Hold, len(a.RangeSets))
+	if a.sticky(req.Pod) {
+		if own, err = a.ownHolds(ctx, req.Pod); err != nil {
+			return nil, err
+		}
+	}
 
 	out := make([]Assignment, len(a.RangeSets))
 	var claimed []netip.Addr
+	retaken := map[netip.Addr]Hold{}
 	defer func() {
 		if err == nil {
 			return
 		}
 		for _, ip := range claimed {
+			if h, ok := retaken[ip]; ok {
+				err = errors.Join(err, a.rehold(ctx, h, req.Owner, a.setOf(ip)))
+				continue
+			}
 			if _, rerr := a.Store.Release(ctx, ip, req.Owner); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("undoing the claim of %s: %w", ip, rerr))
 			}
 		}
 	}()
 	for i, set := range a.RangeSets {
+		if h := own[i]; h.IP.IsValid() && !held[i].IsValid() {
+			if wanted[i].IsValid() && wanted[i] != h.IP {
+				// The pod now asks for another address: its hold goes.
+				if _, err := a.Store.Release(ctx, h.IP, h.owner); err != nil {
+					return nil, wrapHold(h, err)
+				}
+			} else {
+				ok, err := a.retake(ctx, h, req.Owner, i)
+				if err != nil {
+					return nil, err
+				}
+				if ok {
+					claimed = append(claimed, h.IP)
+					retaken[h.IP] = h
+					out[i] = a.assignment(i, h.IP)
+					continue
+				}
+			}
+		}
 		switch {
 		case held[i].IsValid():
 			out[i] = a.assignment(i, held[i])
 		case wanted[i].IsValid():
-			ok, err := a.Store.Claim(ctx, store.Claim{IP: wanted[i], Owner: req.Owner, RangeSet: i})
-			if err != nil {
-				return nil, fmt.Errorf("claiming %s: %w", wanted[i], err)
-			}
-			if !ok {
-				return nil, &AddressError{IP: wanted[i], Reason: fmt.Sprintf("is already allocated in network %q", a.Network)}
+			if err := a.claimWanted(ctx, wanted[i], req.Owner, i); err != nil {
+				return nil, err
 			}
 			claimed = append(claimed, wanted[i])
 			out[i] = a.assignment(i, wanted[i])
@@ -135,6 +172,32 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (_ []Assignment, 
 		}
 	}
 	return out, nil
+}
+
+// claimWanted claims a requested address; one held for a departed pod is
+// refused while the hold lasts and reclaimed once it has ended.
+func (a *Allocator) claimWanted(ctx context.Context, ip netip.Addr, owner store.Owner, set int) error {
+	for range 2 {
+		ok, err := a.Store.Claim(ctx, store.Claim{IP: ip, Owner: owner, RangeSet: set})
+		if err != nil {
+			return fmt.Errorf("claiming %s: %w", ip, err)
+		}
+		if ok {
+			return nil
+		}
+		h, reclaimed, err := a.heldFor(ctx, ip)
+		if err != nil {
+			return err
+		}
+		if reclaimed {
+			continue // an ended hold: claim again
+		}
+		if h.IP.IsValid() {
+			return &AddressError{IP: ip, Reason: fmt.Sprintf("is held for pod %s until %s (ipam.sticky) in network %q", h.Pod, h.Until.UTC().Format(time.RFC3339), a.Network)}
+		}
+		break
+	}
+	return &AddressError{IP: ip, Reason: fmt.Sprintf("is already allocated in network %q", a.Network)}
 }
 
 func (a *Allocator) assignment(set int, ip netip.Addr) Assignment {
@@ -234,15 +297,31 @@ func (a *Allocator) claimNext(ctx context.Context, idx int, set config.RangeSet,
 			}
 		}
 		if c = advance(set, c); c == start {
-			return netip.Addr{}, &ExhaustedError{Network: a.Network, Ranges: set}
+			break
 		}
 	}
+	// Full: the addresses held for departed pods are what is left.
+	ip, err := a.giveUpHold(ctx, idx)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if ip.IsValid() {
+		ok, err := a.Store.Claim(ctx, store.Claim{IP: ip, Owner: owner, RangeSet: idx})
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("claiming %s: %w", ip, err)
+		}
+		if ok {
+			return ip, nil
+		}
+	}
+	return netip.Addr{}, &ExhaustedError{Network: a.Network, Ranges: set}
 }
 
 // Release frees every address owner holds in this network (also ones outside
 // the configured ranges, e.g. after the ranges changed) and returns them.
-// Nothing held is not an error.
-func (a *Allocator) Release(ctx context.Context, owner store.Owner) (_ []netip.Addr, err error) {
+// With Sticky and pod known, an address in a configured range set is held
+// for pod instead of freed (and returned too). Nothing held is not an error.
+func (a *Allocator) Release(ctx context.Context, owner store.Owner, pod Pod) (_ []netip.Addr, err error) {
 	unlock, err := a.Store.Lock(ctx)
 	if err != nil {
 		return nil, err
@@ -259,7 +338,13 @@ func (a *Allocator) Release(ctx context.Context, owner store.Owner) (_ []netip.A
 	var released []netip.Addr
 	var errs []error
 	for _, ip := range ips {
-		ok, err := a.Store.Release(ctx, ip, owner)
+		release := a.Store.Release
+		if set := a.setOf(ip); set >= 0 && a.sticky(pod) {
+			release = func(ctx context.Context, ip netip.Addr, owner store.Owner) (bool, error) {
+				return a.hold(ctx, ip, owner, pod, set)
+			}
+		}
+		ok, err := release(ctx, ip, owner)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("releasing %s: %w", ip, err))
 			continue

@@ -62,7 +62,7 @@ func TestAllocateRoundRobinAndSkips(t *testing.T) {
 	// Round-robin: after releasing .3 and .5 the next pick continues after
 	// the last reserved (.6), wraps, and takes .3.
 	for _, i := range []int{1, 3} {
-		if rel, err := a.Release(ctx, owner(i)); err != nil || len(rel) != 1 {
+		if rel, err := a.Release(ctx, owner(i), Pod{}); err != nil || len(rel) != 1 {
 			t.Fatalf("release %d: %v %v", i, rel, err)
 		}
 	}
@@ -231,7 +231,7 @@ func TestRandomInterleavings(t *testing.T) {
 								}
 							}
 							mu.Unlock()
-							if _, err := a.Release(ctx, o); err != nil {
+							if _, err := a.Release(ctx, o, Pod{}); err != nil {
 								t.Error(err)
 							}
 							continue

@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
@@ -88,7 +89,18 @@ type Config struct {
 	// ValidAttachments is the GC list (cni.dev/valid-attachments, or the
 	// older cni.dev/attachments when the former is absent).
 	ValidAttachments []Attachment
+	// Sticky is ipam.sticky: how long a Kubernetes pod's address stays
+	// held for the pod (its namespace/name) after DEL, so that the same pod
+	// coming back on any node sharing the store gets it again. 0: off.
+	Sticky time.Duration
+	// PodNamespace and PodName are CNI_ARGS K8S_POD_NAMESPACE and
+	// K8S_POD_NAME ("" when the runtime is not Kubernetes).
+	PodNamespace, PodName string
 }
+
+// MaxSticky bounds ipam.sticky: a hold is for a pod being rescheduled, not
+// a reservation (that is a fixed address).
+const MaxSticky = 7 * 24 * time.Hour
 
 // Attachment is one entry of the GC valid-attachments list.
 type Attachment struct {
@@ -227,6 +239,7 @@ type rawIPAM struct {
 	Store      *StoreConfig   `json:"store"`
 	// SubnetFile overrides where the range villaged leased is read from.
 	SubnetFile string `json:"subnetFile"`
+	Sticky     string `json:"sticky"`
 }
 
 type rawNet struct {
@@ -251,7 +264,9 @@ type rawNet struct {
 // envArgs is the part of CNI_ARGS village-ipam reads.
 type envArgs struct {
 	types.CommonArgs
-	IP addrArg `json:"ip,omitempty"`
+	IP                addrArg                    `json:"ip,omitempty"`
+	K8S_POD_NAMESPACE types.UnmarshallableString //nolint:revive // names fixed by kubelet
+	K8S_POD_NAME      types.UnmarshallableString //nolint:revive
 }
 
 // addrArg accepts an address or an address with prefix length ("10.1.0.5" or
@@ -345,6 +360,9 @@ func parse(stdin []byte, cniArgs string, leased bool) (*Config, error) {
 	if err := c.parseRequested(&n, cniArgs); err != nil {
 		return nil, err
 	}
+	if err := c.parseSticky(n.IPAM.Sticky); err != nil {
+		return nil, err
+	}
 	if err := c.parseRanges(&n, leased); err != nil {
 		return nil, err
 	}
@@ -406,6 +424,19 @@ func (c *Config) parseRequested(n *rawNet, cniArgs string) error {
 		if e.IP.IsValid() {
 			add(e.IP.Addr)
 		}
+		// Kubernetes names (never '_', which a sticky hold's record uses
+		// as its separator); either may be absent.
+		c.PodNamespace, c.PodName = string(e.K8S_POD_NAMESPACE), string(e.K8S_POD_NAME)
+		if c.PodNamespace != "" {
+			if err := validate.NamespaceName(c.PodNamespace); err != nil {
+				return fieldErr("CNI_ARGS", "K8S_POD_NAMESPACE: %w", err)
+			}
+		}
+		if c.PodName != "" {
+			if err := validate.PodName(c.PodName); err != nil {
+				return fieldErr("CNI_ARGS", "K8S_POD_NAME: %w", err)
+			}
+		}
 	}
 	if n.Args != nil && n.Args.CNI != nil {
 		for i, s := range n.Args.CNI.IPs {
@@ -423,6 +454,18 @@ func (c *Config) parseRequested(n *rawNet, cniArgs string) error {
 		}
 		add(a)
 	}
+	return nil
+}
+
+func (c *Config) parseSticky(v string) error {
+	if v == "" {
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < time.Second || d > MaxSticky {
+		return fieldErr("ipam.sticky", "%q must be a duration from 1s to %s, such as \"5m\"", v, MaxSticky)
+	}
+	c.Sticky = d
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/subnetfile"
@@ -108,6 +109,11 @@ func TestParseErrors(t *testing.T) {
 		{"end outside", `{"name":"n","ipam":{"ranges":[[{"subnet":"10.0.0.0/24","rangeEnd":"10.0.1.1"}]]}}`, "", "ipam.ranges[0][0].rangeEnd", "not in subnet"},
 		{"gateway outside", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","gateway":"192.168.0.1"}}`, "", "ipam.gateway", "not in subnet"},
 		{"gateway other family", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","gateway":"fd00::1"}}`, "", "ipam.gateway", "not in subnet"},
+		{"sticky not a duration", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","sticky":"5"}}`, "", "ipam.sticky", "duration"},
+		{"sticky too short", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","sticky":"10ms"}}`, "", "ipam.sticky", "from 1s"},
+		{"sticky too long", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","sticky":"200h"}}`, "", "ipam.sticky", "to 168h"},
+		{"pod name with _", `{"name":"n","ipam":{"subnet":"10.0.0.0/24"}}`, "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=a_b", "CNI_ARGS", "K8S_POD_NAME"},
+		{"namespace with .", `{"name":"n","ipam":{"subnet":"10.0.0.0/24"}}`, "K8S_POD_NAMESPACE=a.b;K8S_POD_NAME=db-0", "CNI_ARGS", "K8S_POD_NAMESPACE"},
 		{"start after end", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","rangeStart":"10.0.0.9","rangeEnd":"10.0.0.8"}}`, "", "ipam.rangeStart", "after rangeEnd"},
 		{"bad ip", `{"name":"n","ipam":{"subnet":"10.0.0.0/24","rangeStart":"10.0.0.300"}}`, "", "ipam.rangeStart", "not an IP"},
 		{"empty set", `{"name":"n","ipam":{"ranges":[[]]}}`, "", "ipam.ranges[0]", "empty range set"},
@@ -323,5 +329,19 @@ func TestParseStore(t *testing.T) {
 		if cfg, err := Parse([]byte(full), ""); err != nil || fmt.Sprint(cfg.Store) != fmt.Sprint(got) {
 			t.Errorf("%s: Parse gives %+v (%v), ParseStore %+v", c.block, cfg.Store, err, got)
 		}
+	}
+}
+
+// TestParseSticky: ipam.sticky and the pod's names from CNI_ARGS.
+func TestParseSticky(t *testing.T) {
+	c, err := Parse([]byte(`{"name":"n","ipam":{"subnet":"10.0.0.0/24","sticky":"5m"}}`), "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=db-0;K8S_POD_UID=u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Sticky != 5*time.Minute || c.PodNamespace != "shop" || c.PodName != "db-0" {
+		t.Fatalf("sticky %v pod %q/%q", c.Sticky, c.PodNamespace, c.PodName)
+	}
+	if c, err = Parse([]byte(`{"name":"n","ipam":{"subnet":"10.0.0.0/24"}}`), ""); err != nil || c.Sticky != 0 {
+		t.Fatalf("no sticky: %v %v", c, err)
 	}
 }

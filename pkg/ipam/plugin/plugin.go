@@ -71,6 +71,7 @@ func openDisk(ctx context.Context, c *config.Config) (store.Store, error) {
 type invocation struct {
 	cfg   *config.Config
 	owner store.Owner
+	pod   allocator.Pod // the Kubernetes pod, for sticky addresses
 	store store.Store
 	alloc *allocator.Allocator
 }
@@ -99,7 +100,8 @@ func setup(ctx context.Context, args *skel.CmdArgs, withOwner bool) (*invocation
 		return nil, storeError(fmt.Errorf("opening the %s store of network %q: %w", cfg.Store.Type, cfg.Name, err))
 	}
 	inv.store = st
-	inv.alloc = &allocator.Allocator{Store: st, Network: cfg.Name, RangeSets: cfg.RangeSets}
+	inv.alloc = &allocator.Allocator{Store: st, Network: cfg.Name, RangeSets: cfg.RangeSets, Sticky: cfg.Sticky}
+	inv.pod = allocator.Pod{Namespace: cfg.PodNamespace, Name: cfg.PodName}
 	return inv, nil
 }
 
@@ -157,7 +159,7 @@ func Add(args *skel.CmdArgs) error {
 		}
 		result.DNS = *dns
 	}
-	assigned, err := inv.alloc.Allocate(ctx, allocator.Request{Owner: inv.owner, RequestedIPs: inv.cfg.RequestedIPs})
+	assigned, err := inv.alloc.Allocate(ctx, allocator.Request{Owner: inv.owner, Pod: inv.pod, RequestedIPs: inv.cfg.RequestedIPs})
 	if err != nil {
 		return storeError(err)
 	}
@@ -165,7 +167,8 @@ func Add(args *skel.CmdArgs) error {
 		result.IPs = append(result.IPs, &current.IPConfig{Address: *cidr.IPNet(a.Prefix()), Gateway: net.IP(a.Range.Gateway.AsSlice())})
 	}
 	if err := types.PrintResult(result, inv.cfg.CNIVersion); err != nil {
-		if _, rerr := inv.alloc.Release(ctx, inv.owner); rerr != nil {
+		// Nothing of this ADD reached the runtime: freed, not held.
+		if _, rerr := inv.alloc.Release(ctx, inv.owner, allocator.Pod{}); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("printing the result: %v", err), "")
@@ -173,8 +176,9 @@ func Add(args *skel.CmdArgs) error {
 	return nil
 }
 
-// Del releases every address the attachment holds in this network; nothing
-// held is success.
+// Del releases every address the attachment holds in this network (with
+// ipam.sticky and a Kubernetes pod, holds them for the pod); nothing held
+// is success.
 func Del(args *skel.CmdArgs) error {
 	ctx := context.Background()
 	inv, err := setup(ctx, args, true)
@@ -182,7 +186,7 @@ func Del(args *skel.CmdArgs) error {
 		return err
 	}
 	defer inv.store.Close()
-	if _, err := inv.alloc.Release(ctx, inv.owner); err != nil {
+	if _, err := inv.alloc.Release(ctx, inv.owner, inv.pod); err != nil {
 		return storeError(fmt.Errorf("releasing the addresses of %v in network %q: %w", inv.owner, inv.cfg.Name, err))
 	}
 	return nil
@@ -298,8 +302,9 @@ func Status(args *skel.CmdArgs) error {
 }
 
 // GC releases every allocation of the network whose attachment is not in
-// cni.dev/valid-attachments (or the older cni.dev/attachments). It keeps
-// going after a failure and reports all of them.
+// cni.dev/valid-attachments (or the older cni.dev/attachments), and every
+// sticky hold that has ended. It keeps going after a failure and reports
+// all of them.
 func GC(args *skel.CmdArgs) error {
 	ctx := context.Background()
 	inv, err := setup(ctx, args, false)
@@ -314,7 +319,7 @@ func GC(args *skel.CmdArgs) error {
 	for _, a := range inv.cfg.ValidAttachments {
 		valid = append(valid, store.Owner{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
-	released, err := inv.store.GC(ctx, valid)
+	released, err := inv.alloc.GC(ctx, valid)
 	for _, r := range released {
 		fmt.Fprintf(os.Stderr, "village-ipam: GC released %s of %v in network %q\n", r.IP, r.Owner, inv.cfg.Name)
 	}

@@ -73,12 +73,27 @@ type Store interface {
 	// LastReserved returns the address last claimed from range set
 	// rangeSet, or the zero Addr when none is recorded.
 	LastReserved(ctx context.Context, rangeSet int) (netip.Addr, error)
-	// GC releases every allocation whose owner is not in valid and returns
-	// what it released. It keeps going after a failure and returns the
-	// errors joined.
-	GC(ctx context.Context, valid []Owner) ([]Allocation, error)
+	// GC releases every allocation whose owner keep does not keep and
+	// returns what it released (stores that know which node made an
+	// allocation ask only about their own node's). It keeps going after a
+	// failure and returns the errors joined. Valid builds keep from the
+	// runtime's list of valid attachments.
+	GC(ctx context.Context, keep func(Owner) bool) ([]Allocation, error)
 	// Close releases the store's resources (not its allocations).
 	Close() error
+}
+
+// Valid returns the GC predicate of a runtime's list of valid attachments:
+// an owner in the list, or a record written with only the container ID
+// (very old host-local) whose container is in the list.
+func Valid(valid []Owner) func(Owner) bool {
+	keep := make(map[Owner]bool, len(valid))
+	keepID := make(map[string]bool, len(valid))
+	for _, o := range valid {
+		keep[o] = true
+		keepID[o.ContainerID] = true
+	}
+	return func(o Owner) bool { return keep[o] || (o.IfName == "" && keepID[o.ContainerID]) }
 }
 
 // ErrBusy is wrapped by errors of a store whose lock is held by someone else

@@ -469,18 +469,12 @@ func (d *Disk) LastReserved(ctx context.Context, rangeSet int) (netip.Addr, erro
 
 // GC implements store.Store. Corrupt records belong to no attachment and are
 // released too.
-func (d *Disk) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation, error) {
-	keep := make(map[store.Owner]bool, len(valid))
-	keepID := make(map[string]bool, len(valid))
-	for _, o := range valid {
-		keep[o] = true
-		keepID[o.ContainerID] = true
-	}
+func (d *Disk) GC(ctx context.Context, keep func(store.Owner) bool) ([]store.Allocation, error) {
 	var released []store.Allocation
 	var errs []error
 	err := d.do(ctx, func() error {
 		for ip, e := range d.idx.byIP {
-			if !e.Corrupt && (keep[e.Owner] || (e.Owner.IfName == "" && keepID[e.Owner.ContainerID])) {
+			if !e.Corrupt && keep(e.Owner) {
 				continue
 			}
 			if err := os.Remove(filepath.Join(d.dir, e.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -288,7 +288,7 @@ func TestCorruptRecords(t *testing.T) {
 		t.Fatalf("List = %v", all)
 	}
 	// GC keeps the legacy record of a valid container, drops the corrupt ones.
-	rel, err := d.GC(ctx, []store.Owner{legacy})
+	rel, err := d.GC(ctx, store.Valid([]store.Owner{legacy}))
 	if err != nil || len(rel) != 6 {
 		t.Fatalf("GC released %v, %v", rel, err)
 	}

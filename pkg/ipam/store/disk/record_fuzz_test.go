@@ -137,7 +137,7 @@ func FuzzStoreOverDamagedFiles(f *testing.F) {
 		if _, err := d.List(t.Context()); err != nil {
 			t.Fatalf("List over damage: %v", err)
 		}
-		if _, err := d.GC(t.Context(), []store.Owner{valid}); err != nil {
+		if _, err := d.GC(t.Context(), store.Valid([]store.Owner{valid})); err != nil {
 			t.Fatalf("GC over damage: %v", err)
 		}
 		if got, err := d.ListByOwner(t.Context(), valid); err != nil || len(got) != 1 || got[0] != netip.MustParseAddr("10.0.0.4") {

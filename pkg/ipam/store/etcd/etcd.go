@@ -413,13 +413,9 @@ func (s *Store) LastReserved(ctx context.Context, rangeSet int) (netip.Addr, err
 }
 
 // GC implements store.Store for this node's allocations only: another node's
-// allocation is never released, whatever valid says. Records that cannot be
+// allocation is never released, whatever keep says. Records that cannot be
 // parsed (no node known) are left alone.
-func (s *Store) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation, error) {
-	keep := make(map[store.Owner]bool, len(valid))
-	for _, o := range valid {
-		keep[o] = true
-	}
+func (s *Store) GC(ctx context.Context, keep func(store.Owner) bool) ([]store.Allocation, error) {
 	entries, err := s.list(ctx)
 	if err != nil {
 		return nil, err
@@ -427,7 +423,7 @@ func (s *Store) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation
 	var released []store.Allocation
 	var errs []error
 	for _, e := range entries {
-		if e.corrupt || e.node != s.node || keep[e.Owner] {
+		if e.corrupt || e.node != s.node || keep(e.Owner) {
 			continue
 		}
 		var ok bool

@@ -18,6 +18,7 @@ import (
 	"github.com/village-cni/village/internal/etcdtest"
 	"github.com/village-cni/village/pkg/etcdclient"
 	"github.com/village-cni/village/pkg/ipam/allocator"
+	"github.com/village-cni/village/pkg/ipam/allocator/stickytest"
 	"github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/ipam/store/storetest"
@@ -76,6 +77,19 @@ var (
 func TestConformance(t *testing.T) {
 	srv := etcdtest.Start(t)
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t, srv, Options{}) })
+}
+
+// TestSticky runs the allocator's sticky-address suite over two nodes'
+// stores of one network.
+func TestSticky(t *testing.T) {
+	srv := etcdtest.Start(t)
+	var network string
+	stickytest.Run(t, func(t *testing.T, node string) store.Store {
+		if node == "a" {
+			network = fmt.Sprintf("net%d", netSeq.Add(1))
+		}
+		return open(t, srv, Options{Network: network, NodeName: node})
+	})
 }
 
 func TestKeyLayout(t *testing.T) {
@@ -268,7 +282,7 @@ func TestGCIsScopedToTheNode(t *testing.T) {
 	mustClaim(t, n1, "10.0.0.2", keep)
 	mustClaim(t, n2, "10.0.0.3", ownerB)
 	mustClaim(t, n2, "10.0.0.4", store.Owner{ContainerID: "n2-pod", IfName: "eth0"})
-	released, err := n1.GC(ctx, []store.Owner{keep})
+	released, err := n1.GC(ctx, store.Valid([]store.Owner{keep}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +292,7 @@ func TestGCIsScopedToTheNode(t *testing.T) {
 	if got := listIPs(t, n2); got != "10.0.0.2=keep 10.0.0.3=ctr-b 10.0.0.4=n2-pod" {
 		t.Fatalf("after node1's GC: %s", got)
 	}
-	released, err = n2.GC(ctx, nil)
+	released, err = n2.GC(ctx, store.Valid(nil))
 	if err != nil || len(released) != 2 {
 		t.Fatalf("node2 GC(nil) = %v, %v; want its two", released, err)
 	}
@@ -323,7 +337,7 @@ func TestPrefixesAndNetworksAreApart(t *testing.T) {
 		if got, want := listIPs(t, s), fmt.Sprintf("10.0.0.2=c%d", i); got != want {
 			t.Errorf("store %d (%s) lists %s, want %s", i, s.Base(), got, want)
 		}
-		rel, err := s.GC(ctx, nil)
+		rel, err := s.GC(ctx, store.Valid(nil))
 		if err != nil || len(rel) != 1 {
 			t.Errorf("store %d GC = %v, %v", i, rel, err)
 		}
@@ -399,7 +413,7 @@ func checkUnreachable(t *testing.T, s *Store, ep string, timeout time.Duration) 
 		"ListByOwner":  func() error { _, err := s.ListByOwner(ctx, ownerA); return err },
 		"List":         func() error { _, err := s.List(ctx); return err },
 		"LastReserved": func() error { _, err := s.LastReserved(ctx, 0); return err },
-		"GC":           func() error { _, err := s.GC(ctx, nil); return err },
+		"GC":           func() error { _, err := s.GC(ctx, store.Valid(nil)); return err },
 	}
 	var wg sync.WaitGroup
 	for name, op := range ops {

@@ -399,16 +399,12 @@ func (s *Store) LastReserved(ctx context.Context, rangeSet int) (netip.Addr, err
 	return ip, nil
 }
 
-// GC releases this node's allocations whose owner is not in valid, and
+// GC releases this node's allocations whose owner keep does not keep, and
 // any node's allocations whose Node has been deleted.
-func (s *Store) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation, error) {
+func (s *Store) GC(ctx context.Context, keep func(store.Owner) bool) ([]store.Allocation, error) {
 	es, err := s.list(ctx, nil)
 	if err != nil {
 		return nil, err
-	}
-	keep := map[store.Owner]bool{}
-	for _, o := range valid {
-		keep[o] = true
 	}
 	gone := map[types.UID]bool{}
 	var released []store.Allocation
@@ -416,7 +412,7 @@ func (s *Store) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation
 	for _, e := range es {
 		switch {
 		case e.node == s.node:
-			if keep[e.Owner] {
+			if keep(e.Owner) {
 				continue
 			}
 		case !s.nodeGone(ctx, e.refs, gone):

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/village-cni/village/internal/kubetest"
+	"github.com/village-cni/village/pkg/ipam/allocator/stickytest"
 	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/ipam/store/storetest"
 )
@@ -32,6 +33,19 @@ func TestKubeStore(t *testing.T) {
 	kube := kubetest.Start(t, kubetest.Options{})
 	t.Run("Conformance", func(t *testing.T) {
 		storetest.Run(t, func(t *testing.T) store.Store { return open(t, kube, "n1") })
+	})
+	t.Run("Sticky", func(t *testing.T) {
+		var network string
+		stickytest.Run(t, func(t *testing.T, node string) store.Store {
+			if node == "a" {
+				network = fmt.Sprintf("net%d", nets.Add(1))
+			}
+			s, err := New(Options{Client: kube.Client, Network: network, NodeName: node})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
 	})
 	t.Run("TwoNodesNeverShareAnAddress", func(t *testing.T) { twoNodes(t, kube) })
 	t.Run("DeletedNodeReleased", func(t *testing.T) { deletedNode(t, kube) })
@@ -102,13 +116,13 @@ func deletedNode(t *testing.T, kube *kubetest.Server) {
 		t.Fatalf("allocation Lease %v has no ownerReference to its Node: %v", l, err)
 	}
 	// While the Node exists, another node's GC leaves it alone.
-	if rel, err := live.GC(ctx, []store.Owner{o}); err != nil || len(rel) != 0 {
+	if rel, err := live.GC(ctx, store.Valid([]store.Owner{o})); err != nil || len(rel) != 0 {
 		t.Fatalf("GC with both Nodes present released %v (%v)", rel, err)
 	}
 	if err := kube.Client.CoreV1().Nodes().Delete(ctx, "gone-node", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	rel, err := live.GC(ctx, []store.Owner{o})
+	rel, err := live.GC(ctx, store.Valid([]store.Owner{o}))
 	if err != nil || len(rel) != 1 || rel[0].IP != ipG {
 		t.Fatalf("GC after the Node was deleted released %v (%v), want %s", rel, err, ipG)
 	}

@@ -97,12 +97,12 @@ func (m *Memory) LastReserved(ctx context.Context, rangeSet int) (netip.Addr, er
 	return m.last[rangeSet], nil
 }
 
-func (m *Memory) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation, error) {
+func (m *Memory) GC(ctx context.Context, keep func(store.Owner) bool) ([]store.Allocation, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []store.Allocation
 	for ip, o := range m.allocs {
-		if !slices.Contains(valid, o) {
+		if !keep(o) {
 			delete(m.allocs, ip)
 			out = append(out, store.Allocation{IP: ip, Owner: o})
 		}
@@ -191,7 +191,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		if err != nil || len(all) != 3 {
 			t.Fatalf("List = %v, %v", all, err)
 		}
-		released, err := s.GC(ctx, []store.Owner{a, {ContainerID: "gone", IfName: "eth0"}})
+		released, err := s.GC(ctx, store.Valid([]store.Owner{a, {ContainerID: "gone", IfName: "eth0"}}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,7 +206,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		if got := list(t, s, a); !slices.Equal(got, []netip.Addr{ip1}) {
 			t.Fatalf("after GC a holds %v", got)
 		}
-		if released, err = s.GC(ctx, nil); err != nil || len(released) != 1 {
+		if released, err = s.GC(ctx, store.Valid(nil)); err != nil || len(released) != 1 {
 			t.Fatalf("GC(nil) = %v, %v; want everything released", released, err)
 		}
 	})
