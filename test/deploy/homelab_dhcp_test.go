@@ -115,9 +115,9 @@ func TestHomeLabDHCPExample(t *testing.T) {
 // DaemonSet as `kubectl patch --patch-file` does (a strategic merge), adds
 // exactly what the DHCP client needs to the agent and nothing else: the
 // capability SYS_ADMIN (setns) beside NET_ADMIN and NET_RAW, the host's
-// /var/run/netns read-only with HostToContainer propagation at the same
-// path, and the lease directory writable; still unprivileged, without
-// privilege escalation or hostPID, the installer untouched.
+// /run/netns read-only with HostToContainer propagation at /var/run/netns,
+// and the lease directory writable; still unprivileged, without privilege
+// escalation or hostPID, the installer untouched.
 func TestDHCPDaemonSetPatch(t *testing.T) {
 	o := load(t)
 	shipped := o.daemonSets[0]
@@ -180,11 +180,12 @@ func TestDHCPDaemonSetPatch(t *testing.T) {
 		t.Fatalf("patched agent: nothing mounted at %s", path)
 		return nil
 	}
-	// The path containerd and CRI-O pass as CNI_NETNS, as the host has it.
+	// At the path containerd and CRI-O pass as CNI_NETNS, from the
+	// directory /var/run/netns links to on the host.
 	nm := mount("/var/run/netns")
-	if host, ro := hostMount(t, spec, agentC, nm.MountPath); host != "/var/run/netns" || !ro ||
+	if host, ro := hostMount(t, spec, agentC, nm.MountPath); host != "/run/netns" || !ro ||
 		nm.MountPropagation == nil || *nm.MountPropagation != corev1.MountPropagationHostToContainer {
-		t.Errorf("netns mount %+v from host %s: want the host's /var/run/netns, read-only, HostToContainer", nm, host)
+		t.Errorf("netns mount %+v from host %s: want the host's /run/netns, read-only, HostToContainer", nm, host)
 	}
 	if host, ro := hostMount(t, spec, agentC, landhcp.DefaultDir); host != landhcp.DefaultDir || ro {
 		t.Errorf("lease directory from host %s readOnly %v, want the host's %s writable", host, ro, landhcp.DefaultDir)
