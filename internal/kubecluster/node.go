@@ -303,6 +303,10 @@ func (n *Node) writeFiles() error {
 	for _, d := range privateDirs {
 		fmt.Fprintf(&s, "mount --bind %s %s\n", filepath.Join(fs, d), d)
 	}
+	s.WriteString("# Shared, as a systemd host's /run is: a hostPath under it mounted into a\n")
+	s.WriteString("# container with HostToContainer propagation (the DHCP grant's /var/run/netns)\n")
+	s.WriteString("# sees the mounts made there after the container started (containerd's netns).\n")
+	s.WriteString("mount --make-rshared /run\n")
 	s.WriteString("# Global sysctls kubelet sets, pre-set in files bound over them here.\n")
 	keys := make([]string, 0, len(kernelTunables))
 	for k := range kernelTunables {

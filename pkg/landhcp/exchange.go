@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -195,4 +196,30 @@ func (id identity) present() error {
 		}
 		return nil
 	})
+}
+
+// grantHint names what a containerised villaged lacks when it cannot reach
+// a pod's namespace at ADD (the plugin just made net1 there, so the
+// namespace exists): the host's netns directory mounted into it, or the
+// capability to enter a network namespace.
+const grantHint = "villaged needs the host's netns directory mounted at the same path with mountPropagation HostToContainer and CAP_SYS_ADMIN to enter it (deploy/kubernetes/examples/homelab/daemonset-dhcp.yaml)"
+
+// enterable checks, before an acquire, that villaged can see and enter the
+// pod's namespace, saying what it lacks when not.
+func (id identity) enterable() error {
+	if _, err := os.Stat(id.Netns); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("netns %s is not visible to villaged: %s: %w", id.Netns, grantHint, err)
+		}
+		return fmt.Errorf("netns %s: %w", id.Netns, err)
+	}
+	err := ns.WithNetNSPath(id.Netns, func(ns.NetNS) error { return nil })
+	// ns formats setns's errno with %v, so it is matched by its text.
+	if err != nil && strings.Contains(err.Error(), syscall.EPERM.Error()) {
+		return fmt.Errorf("entering netns %s: %s: %w", id.Netns, grantHint, err)
+	}
+	if err != nil {
+		return fmt.Errorf("entering netns %s: %w", id.Netns, err)
+	}
+	return nil
 }

@@ -185,6 +185,9 @@ func (m *Manager) Acquire(ctx context.Context, req wire.Request) (*wire.Lease, e
 			m.logf("dhcp: %v", err)
 		}
 	}
+	if err := id.enterable(); err != nil {
+		return nil, fmt.Errorf("no lease for %s on %q: %w", req.ContainerID, req.IfName, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, acquireTimeout)
 	defer cancel()
 	l, err := id.discover(ctx, nil)

@@ -38,6 +38,14 @@ func TestAcquireRefusesBadRequests(t *testing.T) {
 			t.Errorf("%s: answer %+v, want an error naming %q", tc.name, resp, tc.want)
 		}
 	}
+	// A namespace the agent cannot see (a containerised villaged without
+	// the host's netns directory): the answer says what to mount.
+	req := good
+	req.Netns = filepath.Join(t.TempDir(), "netns", "cni-x")
+	resp := m.Handle(context.Background(), req)
+	if !strings.Contains(resp.Error, "not visible to villaged") || !strings.Contains(resp.Error, "HostToContainer") {
+		t.Errorf("netns not visible: answer %+v, want an error naming the missing mount", resp)
+	}
 	if resp := m.Handle(context.Background(), wire.Request{Op: "renew"}); !strings.Contains(resp.Error, "unknown op") {
 		t.Errorf("unknown op: %+v", resp)
 	}

@@ -43,13 +43,15 @@ func BenchmarkPodWithLANAddress(b *testing.B) {
 }
 
 // BenchmarkLANAddressSource measures a pod's ADD (DEL untimed) without a
-// LAN interface, with one addressed from a village-ipam pool, and with one
-// addressed by the LAN's DHCP server (dnsmasq in the LAN, through villaged's
-// DHCP client: a full DISCOVER..ACK each time, since DEL releases):
+// LAN interface, with one addressed from a village-ipam pool, with one at a
+// fixed address of that pool (CNI_ARGS VILLAGE_LAN_IP, what the lan-ip
+// annotation becomes), and with one addressed by the LAN's DHCP server
+// (dnsmasq in the LAN, through villaged's DHCP client: a full DISCOVER..ACK
+// each time, since DEL releases):
 //
 //	sudo go test ./test/e2e -run '^$' -bench LANAddressSource -benchtime 20x
 func BenchmarkLANAddressSource(b *testing.B) {
-	for _, source := range []string{"none", "pool", "dhcp"} {
+	for _, source := range []string{"none", "pool", "fixed", "dhcp"} {
 		b.Run(source, func(b *testing.B) {
 			lab := newDHCPLab(b)
 			dn := lab.newNode(b, "192.168.77.10")
@@ -59,8 +61,8 @@ func BenchmarkLANAddressSource(b *testing.B) {
 			case "none":
 				l = fmt.Sprintf(`{"cniVersion":"1.1.0","name":"benchnone","plugins":[{"type":"village","bridge":"vlg-none","isDefaultGateway":true,"ipMasq":true,
 					"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.54.1.0/24"}]]}}]}`, filepath.Join(n.Dir, "pods"))
-			case "pool":
-				l = lanList(n, "benchpool", "10.54.1.0/24", "192.168.77.200", "192.168.77.250", "")
+			case "pool", "fixed":
+				l = lanList(n, "bench"+source, "10.54.1.0/24", "192.168.77.200", "192.168.77.250", "")
 			case "dhcp":
 				dn.start(b)
 				l = dhcpList(n, dn.socket)
@@ -69,7 +71,13 @@ func BenchmarkLANAddressSource(b *testing.B) {
 			pod := n.NewPod()
 			b.ResetTimer()
 			for range b.N {
-				if _, err := n.Add(list, pod); err != nil {
+				var err error
+				if source == "fixed" {
+					_, err = addArgs(n, list, pod, [2]string{"VILLAGE_LAN_IP", "192.168.77.220"})
+				} else {
+					_, err = n.Add(list, pod)
+				}
+				if err != nil {
 					b.Fatal(err)
 				}
 				b.StopTimer()
