@@ -81,6 +81,21 @@ type Preparer interface {
 	Prepare(owner store.Owner)
 }
 
+// lock takes the store's lock. The returned func, deferred with the caller's
+// named error, releases it and reports a failed unlock when nothing else
+// failed.
+func (a *Allocator) lock(ctx context.Context) (func(*error), error) {
+	unlock, err := a.Store.Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return func(err *error) {
+		if uerr := unlock(); uerr != nil && *err == nil {
+			*err = uerr
+		}
+	}, nil
+}
+
 // Allocate returns one address per range set for req.Owner. When the owner
 // already holds addresses (a repeated ADD) they are returned again, and only
 // range sets it holds nothing in get a new one. On error nothing claimed by
@@ -91,15 +106,11 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (_ []Assignment, 
 		// store's record write) does not serialise parallel ADDs.
 		p.Prepare(req.Owner)
 	}
-	unlock, err := a.Store.Lock(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if uerr := unlock(); uerr != nil && err == nil {
-			err = uerr
-		}
-	}()
+	defer unlock(&err)
 
 	held, err := a.held(ctx, req.Owner)
 	if err != nil {
@@ -322,15 +333,11 @@ func (a *Allocator) claimNext(ctx context.Context, idx int, set config.RangeSet,
 // With Sticky and pod known, an address in a configured range set is held
 // for pod instead of freed (and returned too). Nothing held is not an error.
 func (a *Allocator) Release(ctx context.Context, owner store.Owner, pod Pod) (_ []netip.Addr, err error) {
-	unlock, err := a.Store.Lock(ctx)
+	unlock, err := a.lock(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if uerr := unlock(); uerr != nil && err == nil {
-			err = uerr
-		}
-	}()
+	defer unlock(&err)
 	ips, err := a.Store.ListByOwner(ctx, owner)
 	if err != nil {
 		return nil, fmt.Errorf("looking up the addresses of %v: %w", owner, err)
