@@ -337,13 +337,15 @@ func ensurePending(c *nftables.Conn, network string) error {
 // pending table made if missing, and the pending marks of the addresses
 // rs compiled removed. It works in the calling thread's network namespace.
 func Apply(rs *Ruleset) error {
-	return install(rs, func(c *nftables.Conn) error { return build(c, rs) })
+	return install(rs, true, func(c *nftables.Conn) error { return build(c, rs) })
 }
 
-// install is one transaction of rs: the pending table ensured, what queue
-// queues for the policy table, and the pending marks of the addresses rs
-// compiled removed.
-func install(rs *Ruleset, queue func(*nftables.Conn) error) error {
+// install is one transaction of rs: the pending table ensured (always
+// with rewrite, else only when it is missing: rewriting its base chain
+// costs a commit several milliseconds more), what queue queues for the
+// policy table, and the pending marks of the addresses rs compiled
+// removed.
+func install(rs *Ruleset, rewrite bool, queue func(*nftables.Conn) error) error {
 	c, err := open()
 	if err != nil {
 		return fmt.Errorf("failed to open nftables for the policies of network %q: %w", rs.Network, err)
@@ -351,12 +353,14 @@ func install(rs *Ruleset, queue func(*nftables.Conn) error) error {
 	// The marks to remove: only those present (deleting an absent element
 	// fails the whole transaction). ADD never removes marks, so one
 	// present now is present at Flush.
-	marked, err := Pending(rs.Network)
+	marked, there, err := pending(rs.Network)
 	if err != nil {
 		return err
 	}
-	if err := ensurePending(c, rs.Network); err != nil {
-		return fmt.Errorf("pending table of network %q: %w", rs.Network, err)
+	if rewrite || !there {
+		if err := ensurePending(c, rs.Network); err != nil {
+			return fmt.Errorf("pending table of network %q: %w", rs.Network, err)
+		}
 	}
 	if err := queue(c); err != nil {
 		return fmt.Errorf("policy table of network %q: %w", rs.Network, err)
@@ -398,19 +402,25 @@ func unmark(c *nftables.Conn, rs *Ruleset, marked []netip.Addr) error {
 // Pending lists the addresses marked pending (none when the table is
 // missing).
 func Pending(network string) ([]netip.Addr, error) {
+	out, _, err := pending(network)
+	return out, err
+}
+
+// pending is Pending, and whether the table is there.
+func pending(network string) ([]netip.Addr, bool, error) {
 	c, err := open()
 	if err != nil {
-		return nil, fmt.Errorf("failed to open nftables: %w", err)
+		return nil, false, fmt.Errorf("failed to open nftables: %w", err)
 	}
 	if ok, err := tableExists(c, PendingTable(network)); !ok {
-		return nil, err
+		return nil, false, err
 	}
 	_, sets := pendingSets(network)
 	var out []netip.Addr
 	for _, s := range sets {
 		elems, err := c.GetSetElements(s)
 		if err != nil {
-			return nil, fmt.Errorf("failed to list set %s of table inet %s: %w", s.Name, s.Table.Name, err)
+			return nil, true, fmt.Errorf("failed to list set %s of table inet %s: %w", s.Name, s.Table.Name, err)
 		}
 		for _, e := range elems {
 			if a, ok := netip.AddrFromSlice(e.Key); ok {
@@ -419,7 +429,7 @@ func Pending(network string) ([]netip.Addr, error) {
 		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
-	return out, nil
+	return out, true, nil
 }
 
 // ErrNoController says the network has no pending table: its policy

@@ -20,12 +20,12 @@ import (
 //
 // A packet sees the old rules or the new ones, never a mix (one
 // transaction), and the pending marks of the addresses rs compiled go in
-// it, as with Apply.
+// it, as with Apply. The pending table is left as it is (made if missing).
 func Update(old, rs *Ruleset) error {
 	if old == nil || old.Network != rs.Network {
 		return Apply(rs)
 	}
-	return install(rs, func(c *nftables.Conn) error { return queueChanges(c, old, rs) })
+	return install(rs, false, func(c *nftables.Conn) error { return queueChanges(c, old, rs) })
 }
 
 // Changes counts what Update would write for old to rs: set elements
