@@ -50,7 +50,9 @@
 # benchmarks at 100 policies / 1,000 pods (a change from compile to kernel,
 # whole table against the difference; iperf3 pod to pod with and without the
 # policies) and BenchmarkNetpolAdd in test/e2e (ADD with the controller off
-# and on), each row with the load average.
+# and on), each row with the load average; then BenchmarkNetpolAgent (a real
+# villaged and kube-apiserver with 1,000 Pods and 100 policies: RSS, policy
+# update in the API to its rule in the kernel).
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -87,6 +89,10 @@ netpol_bench() {
   go test -run '^$' -bench '^BenchmarkNetpolAdd$' -benchtime 30x -count 3 -timeout 20m ./test/e2e | grep -E '^Benchmark' |
     while read -r l; do echo "$l   (load $(cut -d' ' -f1 /proc/loadavg))"; done
   rm -f /tmp/village-netpol.test
+  echo "load $(cut -d' ' -f1 /proc/loadavg)"
+  VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" \
+    go test -run '^$' -bench '^BenchmarkNetpolAgent$' -benchtime 1x -timeout 20m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
+  echo "load $(cut -d' ' -f1 /proc/loadavg)"
 }
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "netpol" ]; then
   netpol_bench
