@@ -21,6 +21,7 @@
 #   sudo ./scripts/bench.sh -only kubelet   # only pod start under a real kubelet (below)
 #   sudo ./scripts/bench.sh -only lan       # only a pod's ADD by LAN address source (below)
 #   sudo ./scripts/bench.sh -only flannel   # only the control plane against flanneld (below)
+#   sudo ./scripts/bench.sh -only netpol    # only NetworkPolicy's costs (below)
 #
 # The kube section (also run after the others when no -only is given) is
 # BenchmarkAgentKubeScale in test/e2e: one villaged watching a real
@@ -44,6 +45,14 @@
 # host-gw, while 1,000 Nodes are created ($VILLAGE_BENCH_NODES=1000,5000 for
 # both sizes), 100 changed and 100 deleted; per-event latency to the kernel,
 # CPU, RSS and API requests of each.
+#
+# The netpol section (only with -only netpol, ~3 minutes) is the pkg/netpol
+# benchmarks at 100 policies / 1,000 pods (a change from compile to kernel,
+# whole table against the difference; iperf3 pod to pod with and without the
+# policies) and BenchmarkNetpolAdd in test/e2e (ADD with the controller off
+# and on), each row with the load average; then BenchmarkNetpolAgent (a real
+# villaged and kube-apiserver with 1,000 Pods and 100 policies: RSS, policy
+# update in the API to its rule in the kernel).
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -69,6 +78,26 @@ flannel_bench() {
   VILLAGE_FLANNELD="$(./scripts/flannel.sh)" VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
     go test -run '^$' -bench '^BenchmarkControlPlaneVsFlannel$' -benchtime 1x -timeout 90m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
 }
+netpol_bench() {
+  export VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref"
+  go test -c -o /tmp/village-netpol.test ./pkg/netpol
+  (cd pkg/netpol && for b in 'BenchmarkCompile$ 20x 1' 'BenchmarkChange 20x 1' 'BenchmarkThroughput 1x 3'; do
+    set -- $b
+    /tmp/village-netpol.test -test.run '^$' -test.bench "$1" -test.benchtime "$2" -test.count "$3" | grep -E '^Benchmark' |
+      while read -r l; do echo "$l   (load $(cut -d' ' -f1 /proc/loadavg))"; done
+  done)
+  go test -run '^$' -bench '^BenchmarkNetpolAdd$' -benchtime 30x -count 3 -timeout 20m ./test/e2e | grep -E '^Benchmark' |
+    while read -r l; do echo "$l   (load $(cut -d' ' -f1 /proc/loadavg))"; done
+  rm -f /tmp/village-netpol.test
+  echo "load $(cut -d' ' -f1 /proc/loadavg)"
+  VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" \
+    go test -run '^$' -bench '^BenchmarkNetpolAgent$' -benchtime 1x -timeout 20m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
+  echo "load $(cut -d' ' -f1 /proc/loadavg)"
+}
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "netpol" ]; then
+  netpol_bench
+  exit
+fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "flannel" ]; then
   flannel_bench
   exit

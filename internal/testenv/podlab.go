@@ -19,7 +19,7 @@ import (
 // eth0 on the bridge and a TCP server answering "ok" on ports 80 and
 // 8080.
 type PodLab struct {
-	t    *testing.T
+	t    testing.TB
 	Node ns.NetNS
 	Pods map[string]ns.NetNS
 	V4   map[string]string
@@ -30,7 +30,7 @@ type PodLab struct {
 const DialBound = 3 * time.Second
 
 // NewPodLab makes the node and its bridge.
-func NewPodLab(t *testing.T) *PodLab {
+func NewPodLab(t testing.TB) *PodLab {
 	l := &PodLab{t: t, Node: NewNS(t), Pods: map[string]ns.NetNS{}, V4: map[string]string{}, V6: map[string]string{}}
 	MustIP(t, l.Node, "link", "add", "br0", "type", "bridge", "nf_call_iptables", "1", "nf_call_ip6tables", "1")
 	MustIP(t, l.Node, "addr", "add", "10.9.0.1/24", "dev", "br0")

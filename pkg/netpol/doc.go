@@ -5,7 +5,7 @@
 // namespaces' labels and the names of this node's pods it computes a
 // Ruleset, the declarative model of one nftables table per network:
 //
-//	table inet village-policy-<network>            (replaced whole by table.Apply)
+//	table inet village-policy-<network>            (written whole by table.Apply, changed by table.Update)
 //	  map ingress4 / ingress6          pod address : jump ingress.<ns>.<pod>   (isolated pods only)
 //	  map egress4 / egress6            pod address : jump egress.<ns>.<pod>
 //	  set s4-<hash> / s6-<hash>        peers of one rule (pods' addresses, ipBlocks less their excepts), intervals
@@ -36,6 +36,17 @@
 // such a namespace waits only for the agent to see its address (the
 // kubelet's status update, the watch, one compile). Pods of other
 // namespaces are never marked: ADD reads a file and nothing else.
+//
+// # A change costs what it changes
+//
+// After the first apply, the agent installs each compile with
+// table.Update, which diffs it against the last one and writes only the
+// difference in one transaction: a pod that comes or goes is a few
+// elements of the peer sets and verdict maps (and its chains), a policy
+// change refills the chains of the pods it selects. Peer sets are named by
+// the rule they come from, not by their content, precisely so that their
+// membership changes are element updates. A failed apply or a drifted
+// kernel is repaired by writing the whole table again.
 //
 // A packet costs one map lookup per direction whatever the number of pods,
 // and one set lookup per rule of the pods it concerns; the number of pods a

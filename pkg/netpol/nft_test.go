@@ -18,10 +18,17 @@ import (
 	"github.com/village-cni/village/pkg/masq"
 )
 
-type lab struct{ *testenv.PodLab }
+// lab is three pods on one node's bridge. With incremental set, apply
+// installs each compile with table.Update from the one before (the first
+// with Apply), else with table.Apply.
+type lab struct {
+	*testenv.PodLab
+	incremental bool
+	last        *table.Ruleset
+}
 
 func newLab(t *testing.T) *lab {
-	l := &lab{testenv.NewPodLab(t)}
+	l := &lab{PodLab: testenv.NewPodLab(t)}
 	for i, name := range []string{"a", "b", "c"} {
 		l.AddPod(name, i+2, true)
 	}
@@ -54,13 +61,19 @@ func (l *lab) apply(t *testing.T, in Input) *table.Ruleset {
 	}
 	var have table.Summary
 	if err := testenv.InNS(l.Node, func() (err error) {
-		if err = table.Apply(rs); err == nil {
+		if l.incremental {
+			err = table.Update(l.last, rs)
+		} else {
+			err = table.Apply(rs)
+		}
+		if err == nil {
 			have, _, err = table.Observe(rs.Network)
 		}
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
+	l.last = rs
 	if d := table.Diff(table.Summarize(rs), have); d != "" {
 		t.Errorf("the kernel differs from the compile: %s", d)
 	}
@@ -71,9 +84,19 @@ func nft(t *testing.T, n ns.NetNS, args ...string) string { return testenv.Nft(t
 
 // TestEnforce proves the compiled tables on traffic bridged between pods
 // of one node, IPv4 and IPv6: the inet forward hook sees it because the
-// bridge calls netfilter.
+// bridge calls netfilter. "update" installs every change after the first
+// with table.Update (only what differs), "apply" rewrites the table.
 func TestEnforce(t *testing.T) {
-	l := newLab(t)
+	for _, mode := range []string{"apply", "update"} {
+		t.Run(mode, func(t *testing.T) {
+			l := newLab(t)
+			l.incremental = mode == "update"
+			enforce(t, l)
+		})
+	}
+}
+
+func enforce(t *testing.T, l *lab) {
 	l.reach(t, "a", "b", 80, true)
 
 	// default deny ingress for b: nothing reaches it, b still reaches

@@ -222,8 +222,9 @@ func podOf(p *corev1.Pod) *netpol.Pod {
 	return np
 }
 
-// sync compiles and, when the result differs from the last one applied
-// (or that failed), applies it.
+// sync compiles and, when the result differs from the last one applied,
+// updates the kernel by the difference (rewrites it whole when the last
+// apply failed).
 func (c *ctl) sync(why string) {
 	start := time.Now()
 	in := c.input()
@@ -234,7 +235,14 @@ func (c *ctl) sync(why string) {
 		return
 	}
 	c.report(rs)
-	err := c.cfg.InNS(func() error { return table.Apply(rs) })
+	// Only what changed goes to the kernel, unless the last apply failed
+	// or the kernel drifted (then the whole table is written again).
+	var err error
+	if c.failed || c.last == nil {
+		err = c.cfg.InNS(func() error { return table.Apply(rs) })
+	} else {
+		err = c.cfg.InNS(func() error { return table.Update(c.last, rs) })
+	}
 	if err == nil {
 		err = table.WriteNamespaces(table.NamespacesPath(c.cfg.RunDir, c.cfg.Network), rs.Namespaces)
 	}

@@ -18,8 +18,9 @@ import (
 // Two tables per network, both hooked at forward:
 //
 //   - inet village-policy-<network> holds the compiled rules; Apply
-//     replaces it whole (add, delete, add in one transaction), so a packet
-//     sees the old rules or the new ones, never a mix.
+//     replaces it whole (add, delete, add in one transaction), Update
+//     changes only what differs from the last ruleset (update.go); either
+//     way a packet sees the old rules or the new ones, never a mix.
 //   - inet village-pending-<network> holds the sets pending4 and pending6
 //     of pod addresses whose rules are not compiled yet and a chain that
 //     drops their traffic. ADD (MarkPending) adds to them; Apply removes the
@@ -186,36 +187,13 @@ func build(c *nftables.Conn, rs *Ruleset) error {
 		}
 	}
 	for _, p := range rs.Pods {
-		for _, d := range []struct {
-			name  string
-			chain *Chain
-		}{{"ingress", p.Ingress}, {"egress", p.Egress}} {
-			if d.chain == nil {
-				continue
-			}
+		for _, d := range p.directions() {
 			ch := c.AddChain(&nftables.Chain{Name: chainName(d.name[:2], p.Key), Table: t})
 			for _, ip := range p.IPs {
-				name := d.name + map[bool]string{false: "4", true: "6"}[ip.Is6()]
-				mapElems[name] = append(mapElems[name], nftables.SetElement{Key: ip.AsSlice(),
-					VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}})
+				name := mapName(d.name, ip)
+				mapElems[name] = append(mapElems[name], jumpElement(ip, ch.Name))
 			}
-			peerIsSrc := d.name == "ingress"
-			for _, cl := range d.chain.Clauses {
-				if cl.AnyPeer {
-					c.AddRule(rule(t, ch, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
-					continue
-				}
-				for _, fam := range []struct {
-					v6  bool
-					set string
-				}{{false, cl.Set4}, {true, cl.Set6}} {
-					if fam.set == "" {
-						continue
-					}
-					c.AddRule(rule(t, ch, nfproto(fam.v6), []expr.Any{addr(fam.v6, peerIsSrc), inSet(sets[fam.set])}, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
-				}
-			}
-			c.AddRule(rule(t, ch, []expr.Any{&expr.Counter{}, verdict(expr.VerdictDrop)}))
+			addChainRules(c, ch, d, func(name string) *nftables.Set { return sets[name] })
 		}
 	}
 	for _, name := range []string{"ingress4", "ingress6", "egress4", "egress6"} {
@@ -236,6 +214,58 @@ func build(c *nftables.Conn, rs *Ruleset) error {
 	return nil
 }
 
+// direction is one chain of a pod: ingress or egress.
+type direction struct {
+	name  string // "ingress" or "egress"
+	chain *Chain
+}
+
+// directions are the pod's chains that exist (a nil one allows all).
+func (p *PodRules) directions() []direction {
+	var out []direction
+	for _, d := range []direction{{"ingress", p.Ingress}, {"egress", p.Egress}} {
+		if d.chain != nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// mapName is the verdict map of a direction for ip's family.
+func mapName(dir string, ip netip.Addr) string {
+	if ip.Is6() {
+		return dir + "6"
+	}
+	return dir + "4"
+}
+
+func jumpElement(ip netip.Addr, chain string) nftables.SetElement {
+	return nftables.SetElement{Key: ip.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}
+}
+
+// addChainRules queues the rules of d into ch (empty): one rule per clause
+// and family, then the counted drop. set gives the set a clause names.
+func addChainRules(c *nftables.Conn, ch *nftables.Chain, d direction, set func(string) *nftables.Set) {
+	t := ch.Table
+	peerIsSrc := d.name == "ingress"
+	for _, cl := range d.chain.Clauses {
+		if cl.AnyPeer {
+			c.AddRule(rule(t, ch, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
+			continue
+		}
+		for _, fam := range []struct {
+			v6  bool
+			set string
+		}{{false, cl.Set4}, {true, cl.Set6}} {
+			if fam.set == "" {
+				continue
+			}
+			c.AddRule(rule(t, ch, nfproto(fam.v6), []expr.Any{addr(fam.v6, peerIsSrc), inSet(set(fam.set))}, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
+		}
+	}
+	c.AddRule(rule(t, ch, []expr.Any{&expr.Counter{}, verdict(expr.VerdictDrop)}))
+}
+
 // chunk is how many elements go in one netlink message: the element list
 // is one attribute, whose length field has 16 bits (64 KiB), and an
 // element takes up to about 100 bytes (an IPv6 key and a jump verdict).
@@ -247,12 +277,18 @@ func addSet(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement) erro
 	if err := c.AddSet(s, nil); err != nil {
 		return err
 	}
+	return chunked(elems, func(part []nftables.SetElement) error { return c.SetAddElements(s, part) })
+}
+
+// chunked calls f on elems chunk elements at a time, never splitting an
+// interval's start from its end.
+func chunked(elems []nftables.SetElement, f func([]nftables.SetElement) error) error {
 	for len(elems) > 0 {
 		n := min(chunk, len(elems))
 		if n < len(elems) && elems[n].IntervalEnd {
 			n++
 		}
-		if err := c.SetAddElements(s, elems[:n]); err != nil {
+		if err := f(elems[:n]); err != nil {
 			return err
 		}
 		elems = elems[n:]
@@ -301,6 +337,15 @@ func ensurePending(c *nftables.Conn, network string) error {
 // pending table made if missing, and the pending marks of the addresses
 // rs compiled removed. It works in the calling thread's network namespace.
 func Apply(rs *Ruleset) error {
+	return install(rs, true, func(c *nftables.Conn) error { return build(c, rs) })
+}
+
+// install is one transaction of rs: the pending table ensured (always
+// with rewrite, else only when it is missing: rewriting its base chain
+// costs a commit several milliseconds more), what queue queues for the
+// policy table, and the pending marks of the addresses rs compiled
+// removed.
+func install(rs *Ruleset, rewrite bool, queue func(*nftables.Conn) error) error {
 	c, err := open()
 	if err != nil {
 		return fmt.Errorf("failed to open nftables for the policies of network %q: %w", rs.Network, err)
@@ -308,16 +353,30 @@ func Apply(rs *Ruleset) error {
 	// The marks to remove: only those present (deleting an absent element
 	// fails the whole transaction). ADD never removes marks, so one
 	// present now is present at Flush.
-	marked, err := Pending(rs.Network)
+	marked, there, err := pending(rs.Network)
 	if err != nil {
 		return err
 	}
-	if err := ensurePending(c, rs.Network); err != nil {
-		return fmt.Errorf("pending table of network %q: %w", rs.Network, err)
+	if rewrite || !there {
+		if err := ensurePending(c, rs.Network); err != nil {
+			return fmt.Errorf("pending table of network %q: %w", rs.Network, err)
+		}
 	}
-	if err := build(c, rs); err != nil {
+	if err := queue(c); err != nil {
 		return fmt.Errorf("policy table of network %q: %w", rs.Network, err)
 	}
+	if err := unmark(c, rs, marked); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("failed to write the nftables policy tables of network %q: %w", rs.Network, err)
+	}
+	return nil
+}
+
+// unmark queues the removal of the pending marks (of those in marked) of
+// the addresses rs compiled.
+func unmark(c *nftables.Conn, rs *Ruleset, marked []netip.Addr) error {
 	compiled := map[netip.Addr]bool{}
 	for _, a := range rs.Compiled {
 		compiled[a] = true
@@ -337,28 +396,31 @@ func Apply(rs *Ruleset) error {
 			}
 		}
 	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("failed to write the nftables policy tables of network %q: %w", rs.Network, err)
-	}
 	return nil
 }
 
 // Pending lists the addresses marked pending (none when the table is
 // missing).
 func Pending(network string) ([]netip.Addr, error) {
+	out, _, err := pending(network)
+	return out, err
+}
+
+// pending is Pending, and whether the table is there.
+func pending(network string) ([]netip.Addr, bool, error) {
 	c, err := open()
 	if err != nil {
-		return nil, fmt.Errorf("failed to open nftables: %w", err)
+		return nil, false, fmt.Errorf("failed to open nftables: %w", err)
 	}
 	if ok, err := tableExists(c, PendingTable(network)); !ok {
-		return nil, err
+		return nil, false, err
 	}
 	_, sets := pendingSets(network)
 	var out []netip.Addr
 	for _, s := range sets {
 		elems, err := c.GetSetElements(s)
 		if err != nil {
-			return nil, fmt.Errorf("failed to list set %s of table inet %s: %w", s.Name, s.Table.Name, err)
+			return nil, true, fmt.Errorf("failed to list set %s of table inet %s: %w", s.Name, s.Table.Name, err)
 		}
 		for _, e := range elems {
 			if a, ok := netip.AddrFromSlice(e.Key); ok {
@@ -367,7 +429,7 @@ func Pending(network string) ([]netip.Addr, error) {
 		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
-	return out, nil
+	return out, true, nil
 }
 
 // ErrNoController says the network has no pending table: its policy

@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/village-cni/village/internal/kubetest"
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/netpol/controller"
+	"github.com/village-cni/village/pkg/netpol/table"
+)
+
+// BenchmarkNetpolAgent (scripts/bench.sh -only netpol): one real villaged
+// with "networkPolicy": true watching a real kube-apiserver that holds
+// 1,000 Pods of its node in 10 namespaces and 100 policies (the world of
+// pkg/netpol's benchmarks: each policy isolates one app of its namespace
+// and allows two other apps of every namespace on a port). It reports the
+// agent's RSS once all is compiled, and the time from a policy's update
+// in the API to its rule in the node's kernel (the watch, the 100 ms
+// settle, the compile and the transaction), polled with nft back to back
+// (one listing takes a few milliseconds: the resolution).
+func BenchmarkNetpolAgent(b *testing.B) {
+	const pods, policies, changes = 1000, 100, 10
+	lan := NewLAN(b)
+	host := testenv.NewNS(b)
+	lan.Attach(b, host, "eth0", agentEtcdIP+"/24")
+	kube := kubetest.Start(b, kubetest.Options{NetNS: host, IP: agentEtcdIP})
+	ctx := context.Background()
+	api := kube.Client
+	self := NewNode(b)
+	lan.Attach(b, self.NS, "lan0", agentLANPrefix+"11/24")
+	if _, err := api.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "watcher"},
+		Spec: corev1.NodeSpec{PodCIDR: "10.70.1.0/24", PodCIDRs: []string{"10.70.1.0/24"}}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	conf := filepath.Join(b.TempDir(), "agt.conflist")
+	text := strings.Replace(kubeConflist("vxlan", filepath.Join(self.Dir, "ipam"), kube.AdminKubeconfig), `"ipMasq":true,`, `"ipMasq":true,"networkPolicy":true,`, 1)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	runDir := filepath.Join(self.Dir, "run")
+	cmd := exec.Command("ip", "netns", "exec", filepath.Base(self.NS.Path()), filepath.Join(testenv.Bins(b), "villaged"),
+		"run", "--conf", conf, "--node-name", "watcher", "--run-dir", runDir)
+	log := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	pid := cmd.Process.Pid
+	waitUntil(b, 60*time.Second, "the agent annotates its Node", func() bool {
+		n, err := api.CoreV1().Nodes().Get(ctx, "watcher", metav1.GetOptions{})
+		return err == nil && n.Annotations[kuberegistry.AnnotationIP] != ""
+	}, log)
+	rssStart := rss(b, pid)
+
+	for n := range 10 {
+		if _, err := api.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ns%d", n),
+			Labels: map[string]string{"team": fmt.Sprint(n % 3)}}}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		// no kube-controller-manager here to make it
+		if _, err := api.CoreV1().ServiceAccounts(fmt.Sprintf("ns%d", n)).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	began := time.Now()
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 8 {
+		wg.Go(func() {
+			for i := range work {
+				p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%10), Name: fmt.Sprintf("p%d", i),
+					Labels: map[string]string{"app": fmt.Sprintf("app%d", i%50)}},
+					Spec: corev1.PodSpec{NodeName: "watcher", Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+				made, err := api.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+				if err != nil {
+					b.Error(err)
+					continue
+				}
+				ip := fmt.Sprintf("10.200.%d.%d", i/250, i%250+2)
+				made.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
+				if _, err := api.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, made, metav1.UpdateOptions{}); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	}
+	for i := range pods {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	policy := func(j, port int) *networkingv1.NetworkPolicy {
+		tcp, p := corev1.ProtocolTCP, intstr.FromInt32(int32(port))
+		return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", j%10), Name: fmt.Sprintf("pol%d", j)},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app%d", j%50)}},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From: []networkingv1.NetworkPolicyPeer{
+						{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app%d", (j+1)%50)}}},
+						{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app%d", (j+2)%50)}}},
+						{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.0.0/16", Except: []string{"192.168.1.0/24"}}}},
+					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p}}}}}}
+	}
+	for j := range policies {
+		if _, err := api.NetworkingV1().NetworkPolicies(fmt.Sprintf("ns%d", j%10)).Create(ctx, policy(j, 80+j%5), metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	waitUntil(b, 5*time.Minute, "100 policies over 1,000 isolated pods compiled", func() bool {
+		st, err := controller.ReadStatus(runDir, "agt")
+		return err == nil && st != nil && st.Policies == policies && st.Compiled == pods && st.Pods == pods && st.Error == ""
+	}, log)
+	b.Logf("FIGURE: %d pods and %d policies written and compiled in %s", pods, policies, time.Since(began).Round(time.Millisecond))
+	rssCompiled := rss(b, pid)
+
+	// pol0 selects app0 of ns0: p0, p50, … Its port goes 1001, 1002,
+	// 1001, …: no other policy has them.
+	chain := "in.ns0/p0"
+	var lat []time.Duration
+	for i := range changes {
+		port := 1001 + i%2
+		cur, err := api.NetworkingV1().NetworkPolicies("ns0").Get(ctx, "pol0", metav1.GetOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		want := policy(0, port)
+		want.ResourceVersion = cur.ResourceVersion
+		start := time.Now()
+		if _, err := api.NetworkingV1().NetworkPolicies("ns0").Update(ctx, want, metav1.UpdateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		// polled back to back (waitUntil's 50 ms would be the resolution)
+		for {
+			out, err := exec.Command("ip", "netns", "exec", filepath.Base(self.NS.Path()), "nft", "list", "chain", "inet", table.PolicyTable("agt"), chain).Output()
+			if err == nil && strings.Contains(string(out), fmt.Sprintf("tcp dport %d ", port)) {
+				break
+			}
+			if time.Since(start) > time.Minute {
+				b.Fatalf("port %d not in chain %s within a minute; agent log:\n%s", port, chain, tailString(log.String(), 3000))
+			}
+		}
+		lat = append(lat, time.Since(start))
+	}
+	slices.Sort(lat)
+	rssEnd := rss(b, pid)
+	b.Logf("FIGURE: policy update in the API -> its rule in the kernel (%d pods, %d policies, %d updates): median %s, min %s, max %s",
+		pods, policies, changes, lat[len(lat)/2].Round(time.Millisecond), lat[0].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+	b.Logf("FIGURE: agent RSS: %.1f MiB before the pods, %.1f MiB with %d pods and %d policies compiled, %.1f MiB after %d updates",
+		float64(rssStart)/(1<<20), float64(rssCompiled)/(1<<20), pods, policies, float64(rssEnd)/(1<<20), changes)
+	b.ReportMetric(float64(lat[len(lat)/2].Milliseconds()), "ms-median-update-to-kernel")
+	b.ReportMetric(float64(rssCompiled)/(1<<20), "MiB-rss")
+	if lines := strings.Count(log.String(), "network policy (change)"); lines == 0 {
+		b.Logf("agent log:\n%s", tailString(log.String(), 3000))
+	}
+}
