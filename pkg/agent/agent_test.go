@@ -12,7 +12,7 @@ import (
 	"github.com/village-cni/village/pkg/registry"
 )
 
-func write(t *testing.T, name, text string) string {
+func write(t testing.TB, name, text string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
