@@ -12,7 +12,7 @@ import (
 	"github.com/village-cni/village/pkg/registry"
 )
 
-func write(t *testing.T, name, text string) string {
+func write(t testing.TB, name, text string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
@@ -127,7 +127,7 @@ func TestAgentPeersOfAndMerge(t *testing.T) {
 		{Name: "b", IP: "192.0.2.2", PodCIDRs: []string{"10.1.2.0/24"}, VtepMAC: "0e:76:00:00:00:02"},
 		{Name: "bad", IP: "nope"},
 	}
-	peers, bad := peersOf(nodes, "self", nil)
+	peers, bad := peersOf(nodes, "self")
 	if len(peers) != 2 || len(bad) != 1 || peers[1].VtepMAC.String() != "0e:76:00:00:00:02" {
 		t.Fatalf("peers %+v bad %v", peers, bad)
 	}
@@ -147,5 +147,52 @@ func TestAgentDescribe(t *testing.T) {
 	ch := overlay.Change{Op: overlay.OpAdd, Object: overlay.Object{Kind: overlay.KindRoute, Desc: "10.1.2.0/24 via 10.1.2.0 dev village.1 onlink", Peer: "b"}}
 	if got := describe(ch); got != "missing route 10.1.2.0/24 via 10.1.2.0 dev village.1 onlink" {
 		t.Fatal(got)
+	}
+}
+
+// A batch of changes changes only the peers it names; a full batch makes
+// the view the list, whatever the batches before it left; this node and
+// records that do not convert never become peers.
+func TestAgentApplyBatch(t *testing.T) {
+	c, err := Load(Options{ConfFile: write(t, "c.conflist", registryList), NodeName: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{c: c}
+	rec := func(name, ip, cidr string) registry.Node {
+		return registry.Node{Name: name, IP: ip, PodCIDRs: []string{cidr}}
+	}
+	view := peerMap(c.staticPeers())
+	names := func(ps []overlay.Node) string {
+		var s []string
+		for _, p := range ps {
+			s = append(s, p.Name)
+		}
+		return strings.Join(s, ",")
+	}
+	ch, bad := n.applyBatch(view, registry.Batch{Full: true, Nodes: []registry.Node{
+		rec("a", "192.0.2.1", "10.1.1.0/24"), rec("b", "192.0.2.2", "10.1.2.0/24"), rec("self", "192.0.2.9", "10.1.9.0/24"),
+	}})
+	if names(ch.Added) != "a,b" || len(ch.Updated)+len(ch.Removed)+len(bad) != 0 || len(view) != 2 {
+		t.Fatalf("first full batch: %+v bad %v view %v", ch, bad, view)
+	}
+	ch, bad = n.applyBatch(view, registry.Batch{
+		Nodes:   []registry.Node{rec("a", "192.0.2.11", "10.1.1.0/24"), rec("c", "192.0.2.3", "10.1.3.0/24"), rec("d", "nope", "10.1.4.0/24"), rec("self", "192.0.2.19", "10.1.9.0/24")},
+		Removed: []string{"b", "unknown", "self"},
+	})
+	if names(ch.Added) != "c" || names(ch.Updated) != "a" || names(ch.Removed) != "b" || len(bad) != 1 {
+		t.Fatalf("change batch: %+v bad %v", ch, bad)
+	}
+	if len(view) != 2 || view["a"].IP.String() != "192.0.2.11" {
+		t.Fatalf("view after the changes: %v", view)
+	}
+	ch, _ = n.applyBatch(view, registry.Batch{Nodes: []registry.Node{rec("a", "192.0.2.11", "10.1.1.0/24")}})
+	if !ch.Empty() {
+		t.Fatalf("a record put again as it was changed %+v", ch)
+	}
+	// A full batch after a lost change: c is gone, e came, a is as it was.
+	ch, _ = n.applyBatch(view, registry.Batch{Full: true, Nodes: []registry.Node{rec("a", "192.0.2.11", "10.1.1.0/24"), rec("e", "192.0.2.5", "10.1.5.0/24")}})
+	if names(ch.Added) != "e" || names(ch.Removed) != "c" || len(ch.Updated) != 0 || names(peerList(view)) != "a,e" {
+		t.Fatalf("full batch after changes: %+v view %v", ch, view)
 	}
 }

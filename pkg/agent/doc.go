@@ -16,10 +16,13 @@
 //     address, IPv4 first) and registers {name, ip, podCIDRs, vtepMAC}
 //     under an etcd lease of the configured TTL.
 //  3. Follows the registry: a list at one revision, then a watch from the
-//     next, each batch of changes yielding a full snapshot of the nodes.
-//  4. Reconciles: the first snapshot with overlay.Set(self, peers), every
-//     later one with overlay.Update and the change overlay.Diff finds from
-//     the previous peer set (Set again when Update cannot). The first
+//     next, through a registry.Feed that hands the loop the whole list
+//     first and then only the records that changed (coalesced while the
+//     loop is busy), so an event costs the same with 10 nodes or 5,000.
+//  4. Reconciles: the first list with overlay.Set(self, peers), every
+//     later batch with overlay.Update and the change overlay.Diff finds
+//     between the old and new records of the names the batch holds (Set
+//     again when Update cannot). The first
 //     Set, made only once the first list has arrived, is also the sweep of
 //     whatever a previous run left that is no longer wanted: nothing is
 //     ever reconciled against a view the agent does not have, so an
@@ -42,7 +45,7 @@
 // an owned route or a permanent neighbour/FDB entry deleted, an address
 // added or removed (a changed underlay address is registered again). Kernel
 // events are coalesced for a short moment, then trigger one pass. Every
-// Period (10 s by default) a pass runs anyway with the last snapshot, and
+// Period (10 s by default) a pass runs anyway with the current peer set, and
 // the masquerade rule set is checked and restored when ipMasq is on
 // (iptables sends no events); a kernel notification lost to a full socket
 // buffer is thus repaired within one period. Set writes nothing when

@@ -2,7 +2,10 @@ package agent
 
 import (
 	"fmt"
+	"maps"
 	"net"
+	"slices"
+	"strings"
 
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/overlay"
@@ -15,10 +18,9 @@ import (
 // one). Run waits and retries where sync and status fail at once, but
 // both build this node and its peer set with the same calls.
 type node struct {
-	c    *Conf
-	r    *overlay.Reconciler
-	src  source
-	conv peerCache // the last list's records, converted (run's loop only)
+	c   *Conf
+	r   *overlay.Reconciler
+	src source
 }
 
 // openNode loads opts.ConfFile and opens the reconciler and the registry.
@@ -76,6 +78,67 @@ func (n *node) self(ip net.IP, cidrs []*net.IPNet) overlay.Node {
 // registry's nodes other than this one whose names are not among them;
 // records that do not convert are left out and returned in bad.
 func (n *node) peers(nodes []registry.Node) (peers []overlay.Node, bad []error) {
-	fromReg, bad := peersOf(nodes, n.c.Node, &n.conv)
+	fromReg, bad := peersOf(nodes, n.c.Node)
 	return mergePeers(n.c.staticPeers(), fromReg), bad
+}
+
+// applyBatch makes view (the peers by name, static ones included) what
+// the registry batch b says and returns the change, with the records that
+// do not convert (their names leave the view). A batch of changes costs
+// the names it holds: only their old and new records are compared, by
+// overlay.Diff. A full batch compares every registry peer. This node and
+// the static peers' names are never taken from the registry.
+func (n *node) applyBatch(view map[string]overlay.Node, b registry.Batch) (overlay.PeerChange, []error) {
+	static := peerMap(n.c.staticPeers())
+	ours := func(name string) bool { _, ok := static[name]; return !ok && name != n.c.Node }
+	var before, after []overlay.Node
+	var bad []error
+	drop := func(name string) {
+		if p, ok := view[name]; ok {
+			before = append(before, p)
+			delete(view, name)
+		}
+	}
+	if b.Full {
+		for name := range view {
+			if ours(name) {
+				drop(name)
+			}
+		}
+	}
+	for _, name := range b.Removed {
+		if ours(name) {
+			drop(name)
+		}
+	}
+	for _, rec := range b.Nodes {
+		if !ours(rec.Name) {
+			continue
+		}
+		drop(rec.Name)
+		p, err := overlayNode(rec)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		view[p.Name] = p
+		after = append(after, p)
+	}
+	return overlay.Diff(before, after), bad
+}
+
+// peerMap is peers by name (the first of a name wins, as in mergePeers).
+func peerMap(peers []overlay.Node) map[string]overlay.Node {
+	m := make(map[string]overlay.Node, len(peers))
+	for _, p := range peers {
+		if _, ok := m[p.Name]; !ok {
+			m[p.Name] = p
+		}
+	}
+	return m
+}
+
+// peerList is the view as the list Set takes, in name order.
+func peerList(view map[string]overlay.Node) []overlay.Node {
+	return slices.SortedFunc(maps.Values(view), func(a, b overlay.Node) int { return strings.Compare(a.Name, b.Name) })
 }

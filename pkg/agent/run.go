@@ -113,24 +113,25 @@ func Run(ctx context.Context, opts Options) error {
 	wg.Go(func() { watchKernel(ctx, a.r, kernel, opts.logf) })
 	a.startPolicy(ctx, &wg) // netpol.go
 
-	var snaps chan registry.Snapshot
+	var feed *registry.Feed
 	var records chan registry.Node
+	a.view = peerMap(c.staticPeers())
 	if src != nil {
-		snaps = make(chan registry.Snapshot, 1)
+		feed = registry.NewFeed()
 		records = make(chan registry.Node, 1)
 		first := record(c.Node, ip, cidrs)
-		wg.Go(func() { src.follow(ctx, first, records, snaps, a.m, opts.logf) })
+		wg.Go(func() { src.follow(ctx, first, records, feed, a.m, opts.logf) })
 		opts.logf("node %s: %s, pods %s; registering in %s", c.Node, ip, cidrList(cidrs), src.where())
 		if es, ok := src.(*etcdSource); ok {
 			a.reclaim = newReclaimer(c, es.reg, opts.logf) // the etcd registry's departed nodes
 		}
 	} else {
-		a.peers, a.haveView = c.staticPeers(), true
-		opts.logf("node %s: %s, pods %s; %d static peers, no registry", c.Node, ip, cidrList(cidrs), len(a.peers))
+		a.haveView = true
+		opts.logf("node %s: %s, pods %s; %d static peers, no registry", c.Node, ip, cidrList(cidrs), len(a.view))
 		a.pass(ctx, "start (sweep)", false)
 		a.repairMasq()
 	}
-	a.loop(ctx, snaps, records, kernel)
+	a.loop(ctx, feed, records, kernel)
 	opts.logf("stopping: routes stay; the registration expires after its TTL unless villaged is back")
 	return nil
 }
@@ -142,28 +143,36 @@ type agent struct {
 	opts     Options
 	r        *overlay.Reconciler
 	self     overlay.Node
-	peers    []overlay.Node
-	haveView bool             // a registry list has arrived (or the peers are static)
-	m        *metrics.Metrics // nil: metrics off (its methods do nothing)
+	view     map[string]overlay.Node // the peers by name: static, then the registry's
+	haveView bool                    // a registry list has arrived (or the peers are static)
+	m        *metrics.Metrics        // nil: metrics off (its methods do nothing)
 	health   *health
 	reclaim  *reclaimer // nil: no registry, or reclaiming is off
 	onTick   func()     // a test's stand-in for the periodic work (nil: the work)
 }
 
-func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records chan registry.Node, kernel <-chan struct{}) {
+func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan registry.Node, kernel <-chan struct{}) {
 	tick := time.NewTicker(a.opts.Period)
 	defer tick.Stop()
 	var settled <-chan time.Time
+	var ready <-chan struct{}
+	if feed != nil {
+		ready = feed.Ready()
+	}
 	bound := liveBound(a.opts.Period)
 	for {
 		a.health.beatNow(bound) // liveness: the loop comes round
 		select {
 		case <-ctx.Done():
 			return
-		case s := <-snaps:
+		case <-ready:
+			b, ok := feed.Take()
+			if !ok {
+				continue
+			}
 			first := !a.haveView
-			change := a.setView(s)
-			why := fmt.Sprintf("registry revision %d", s.Revision)
+			change := a.setView(b)
+			why := fmt.Sprintf("registry revision %d", b.Revision)
 			if first {
 				a.pass(ctx, why+" (first list: sweep)", false)
 				a.repairMasq()
@@ -194,21 +203,21 @@ func (a *agent) loop(ctx context.Context, snaps chan registry.Snapshot, records 
 	}
 }
 
-// setView takes a registry snapshot as the peer set, logging who came and
-// went, and returns the change from the previous set.
-func (a *agent) setView(s registry.Snapshot) overlay.PeerChange {
-	peers, bad := a.n.peers(s.Nodes)
+// setView applies a registry batch to the peer set, logging who came and
+// went, and returns the change: for a batch of changes it costs the
+// records the batch names, whatever the number of peers.
+func (a *agent) setView(b registry.Batch) overlay.PeerChange {
+	change, bad := a.n.applyBatch(a.view, b)
 	for _, err := range bad {
 		a.opts.logf("registry: ignoring a record: %v", err)
 	}
-	change := overlay.Diff(a.peers, peers)
 	for _, p := range change.Added {
 		a.opts.logf("peer %s joined: %s, pods %s", p.Name, p.IP, cidrList(p.PodCIDRs))
 	}
 	for _, p := range change.Removed {
 		a.opts.logf("peer %s left (record deleted or lease expired)", p.Name)
 	}
-	a.peers, a.haveView = peers, true
+	a.haveView = true
 	return change
 }
 
@@ -231,7 +240,7 @@ func (a *agent) update(ctx context.Context, why string, change overlay.PeerChang
 		return
 	}
 	a.m.ObserveReconcile(time.Since(start), nil)
-	a.m.SetPeers(len(a.peers))
+	a.m.SetPeers(len(a.view))
 	for _, ch := range rep.Applied {
 		a.opts.logf("%s: %s", why, ch)
 	}
@@ -251,9 +260,10 @@ func (a *agent) pass(ctx context.Context, why string, repair bool) {
 	pctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()
 	start := time.Now()
-	rep, err := a.r.Set(pctx, a.self, a.peers)
+	peers := peerList(a.view)
+	rep, err := a.r.Set(pctx, a.self, peers)
 	a.m.ObserveReconcile(time.Since(start), err)
-	a.m.SetPeers(len(a.peers))
+	a.m.SetPeers(len(peers))
 	if repair {
 		a.m.AddDrift(len(rep.Applied)+len(rep.Failed), len(rep.Applied))
 	}
@@ -261,7 +271,7 @@ func (a *agent) pass(ctx context.Context, why string, repair bool) {
 		a.opts.logf("%s: %s", why, ch)
 	}
 	if err != nil && ctx.Err() == nil {
-		a.opts.logf("%s: %d peers: %v", why, len(a.peers), err)
+		a.opts.logf("%s: %d peers: %v", why, len(peers), err)
 		a.health.set(fmt.Errorf("last reconcile (%s) failed: %w", why, err))
 		return
 	}

@@ -49,57 +49,20 @@ func overlayNode(n registry.Node) (overlay.Node, error) {
 	return o, nil
 }
 
-// peerCache keeps each record of the last list with its conversion, so a
-// list in which one record changed converts one record.
-type peerCache struct {
-	list  uint64 // the number of the last list
-	byRec map[string]*converted
-}
-
-type converted struct {
-	rec  registry.Node
-	peer overlay.Node
-	err  error
-	seen uint64 // the list it was last in
-}
-
-// peersOf converts a registry snapshot to reconciler peers, leaving out
-// this node and records that do not convert (reported in bad). With a
-// cache (nil: none), a record equal to the one last converted under its
-// name is not converted again, and names gone from nodes are forgotten.
-func peersOf(nodes []registry.Node, self string, cache *peerCache) (peers []overlay.Node, bad []error) {
-	if cache == nil {
-		cache = &peerCache{}
-	}
-	if cache.byRec == nil {
-		cache.byRec = map[string]*converted{}
-	}
-	cache.list++
-	gen := cache.list
+// peersOf converts a registry list to reconciler peers, leaving out this
+// node and records that do not convert (reported in bad).
+func peersOf(nodes []registry.Node, self string) (peers []overlay.Node, bad []error) {
 	peers = make([]overlay.Node, 0, len(nodes))
 	for _, n := range nodes {
 		if n.Name == self {
 			continue
 		}
-		cv := cache.byRec[n.Name]
-		if cv == nil || !cv.rec.Equal(n) {
-			o, err := overlayNode(n)
-			cv = &converted{rec: n, peer: o, err: err}
-			cache.byRec[n.Name] = cv
-		}
-		cv.seen = gen
-		if cv.err != nil {
-			bad = append(bad, cv.err)
+		o, err := overlayNode(n)
+		if err != nil {
+			bad = append(bad, err)
 			continue
 		}
-		peers = append(peers, cv.peer)
-	}
-	if len(cache.byRec) > len(peers)+len(bad) {
-		for name, cv := range cache.byRec {
-			if cv.seen != gen {
-				delete(cache.byRec, name)
-			}
-		}
+		peers = append(peers, o)
 	}
 	return peers, bad
 }

@@ -25,8 +25,9 @@ type source interface {
 	// registry holds (nil when nothing).
 	podCIDRs(ctx context.Context, lease bool) ([]*net.IPNet, error)
 	// follow keeps this node's record published (first, then each value
-	// of records) and sends node snapshots on out until ctx is done.
-	follow(ctx context.Context, first registry.Node, records <-chan registry.Node, out chan registry.Snapshot, m *metrics.Metrics, logf func(string, ...any))
+	// of records) and feed saying the node list (the whole list first,
+	// then the changes) until ctx is done.
+	follow(ctx context.Context, first registry.Node, records <-chan registry.Node, feed *registry.Feed, m *metrics.Metrics, logf func(string, ...any))
 	// where names the registry and this node's record, for messages.
 	where() string
 	close()
@@ -39,7 +40,7 @@ func (c *Conf) openSource() (source, error) {
 	case r == nil:
 		return nil, nil
 	case r.Type == netconf.RegistryKubernetes:
-		k, err := kuberegistry.New(kuberegistry.Config{Kubeconfig: r.Kubeconfig, Node: c.Node, Check: kubeCheck})
+		k, err := kuberegistry.New(kuberegistry.Config{Kubeconfig: r.Kubeconfig, Node: c.Node, Check: kubeCheck, Resync: kubeResync})
 		if err != nil {
 			return nil, err
 		}
@@ -84,9 +85,9 @@ func (s *etcdSource) podCIDRs(ctx context.Context, lease bool) ([]*net.IPNet, er
 	return cidr.IPNets([]netip.Prefix{p}), nil
 }
 
-func (s *etcdSource) follow(ctx context.Context, first registry.Node, records <-chan registry.Node, out chan registry.Snapshot, m *metrics.Metrics, logf func(string, ...any)) {
+func (s *etcdSource) follow(ctx context.Context, first registry.Node, records <-chan registry.Node, feed *registry.Feed, m *metrics.Metrics, logf func(string, ...any)) {
 	done := make(chan struct{})
-	go func() { defer close(done); _ = s.reg.Follow(ctx, out, logf) }()
+	go func() { defer close(done); _ = s.reg.Follow(ctx, feed, logf) }()
 	keep(ctx, s.reg, first, records, m, logf)
 	<-done
 }
@@ -116,8 +117,8 @@ func (s kubeSource) podCIDRs(ctx context.Context, lease bool) ([]*net.IPNet, err
 	return cidr.IPNets(ps), nil
 }
 
-func (s kubeSource) follow(ctx context.Context, first registry.Node, records <-chan registry.Node, out chan registry.Snapshot, _ *metrics.Metrics, logf func(string, ...any)) {
-	s.k.Run(ctx, first, records, out, logf)
+func (s kubeSource) follow(ctx context.Context, first registry.Node, records <-chan registry.Node, feed *registry.Feed, _ *metrics.Metrics, logf func(string, ...any)) {
+	s.k.Run(ctx, first, records, feed, logf)
 }
 
 func (s kubeSource) where() string { return s.k.Where() }
@@ -126,3 +127,8 @@ func (s kubeSource) close()        {}
 // kubeCheck is how often the kubernetes registry compares this node's
 // annotations with the informer's copy (no request unless they differ).
 const kubeCheck = 10 * time.Second
+
+// kubeResync is how often the kubernetes registry feeds the whole peer list
+// again from its informer's cache (no request), so that a change lost on
+// its way to the loop is repaired within it.
+const kubeResync = time.Minute

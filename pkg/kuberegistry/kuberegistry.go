@@ -3,9 +3,10 @@
 // "kubernetes" reads this node's pod subnets from its Node object's
 // spec.podCIDRs (assigned by kube-controller-manager, one per family),
 // publishes its underlay address and VTEP MAC as annotations on that Node,
-// and follows every Node with an informer (one list, then one watch), each
-// change yielding a full snapshot of the nodes in the registry.Node form the
-// etcd registry uses, so the agent reconciles both the same way.
+// and follows every Node with an informer (one list, then one watch),
+// feeding each change as the one record it changes, in the registry.Node
+// form the etcd registry uses, into a registry.Feed, so the agent
+// reconciles both the same way.
 //
 // # Annotations
 //
@@ -34,7 +35,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -79,13 +79,23 @@ type Config struct {
 	// what it wants, from the informer's cache (no request); 0 means 30 s.
 	// Watch events of its own Node are checked at once anyway.
 	Check time.Duration
+	// Resync is how often Run feeds the whole peer list again from the
+	// informer's cache (no request), the repair of a change lost between
+	// the informer and the feed's reader; 0 means DefaultResync.
+	Resync time.Duration
 }
+
+// DefaultResync is Config.Resync when 0.
+const DefaultResync = time.Minute
 
 // Registry reads Nodes and writes this node's annotations.
 type Registry struct {
 	cs   kubernetes.Interface
 	cfg  Config
 	host string
+	// drop, when set (tests), loses the informer's events of the Nodes it
+	// names, as a fault between the informer and the feed would.
+	drop func(name string) bool
 }
 
 // RESTConfig loads the client configuration: the kubeconfig file, or the
@@ -127,6 +137,9 @@ func NewForClient(cs kubernetes.Interface, cfg Config, host string) *Registry {
 	}
 	if cfg.Check <= 0 {
 		cfg.Check = 30 * time.Second
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = DefaultResync
 	}
 	return &Registry{cs: cs, cfg: cfg, host: host}
 }
@@ -261,43 +274,38 @@ func slim(obj any) (any, error) {
 }
 
 // Run keeps this node's annotations saying first (then the latest record
-// from records) and sends a snapshot of every peer Node on out (capacity 1;
-// only the newest unread snapshot is kept) after the informer's first list
-// and after every change, until ctx is done. The informer relists and
-// rewatches by itself when the API server goes away and comes back.
-func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan registry.Node, out chan registry.Snapshot, logf func(string, ...any)) {
+// from records) and keeps feed saying the peer Nodes until ctx is done: the
+// informer's first list as one full batch, then each Node event as the one
+// record it changes (a Node that stops being a peer, or whose annotations
+// no longer parse, is removed), so the reader's work per event does not
+// grow with the cluster. An update that leaves a Node's record as it was
+// (status, labels, other annotations) is not fed at all. Every
+// Config.Resync the whole list is fed again from the informer's cache (no
+// request): a change lost or delivered out of order between the informer
+// and the reader is repaired then. The informer relists and rewatches by
+// itself when the API server goes away and comes back.
+func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan registry.Node, feed *registry.Feed, logf func(string, ...any)) {
 	factory := informers.NewSharedInformerFactoryWithOptions(r.cs, 0, informers.WithTransform(slim))
 	inf := factory.Core().V1().Nodes().Informer()
-	changed := make(chan struct{}, 1)
-	var rev atomic.Int64
-	note := func(obj any) {
-		if m, err := metaOf(obj); err == nil {
-			if v, err := strconv.ParseInt(m.GetResourceVersion(), 10, 64); err == nil {
-				rev.Store(v)
-			}
-		}
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    note,
-		UpdateFunc: func(_, obj any) { note(obj) },
-		DeleteFunc: note,
-	}); err != nil {
+	own := make(chan struct{}, 1)
+	h := &handler{r: r, feed: feed, own: own, logf: logf}
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: h.add, UpdateFunc: h.update, DeleteFunc: h.delete})
+	if err != nil {
 		logf("kubernetes registry: %v", err)
 		return
 	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		return
 	}
+	feed.Open()
 	want := first
 	var retry <-chan time.Time
 	check := time.NewTicker(r.cfg.Check)
 	defer check.Stop()
+	resync := time.NewTicker(r.cfg.Resync)
+	defer resync.Stop()
 	ensure := func() {
 		retry = nil
 		obj, exists, err := inf.GetStore().GetByKey(r.cfg.Node)
@@ -320,8 +328,6 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 		logf("annotated Node %q: %s=%s %s=%s", r.cfg.Node, AnnotationIP, want.IP, AnnotationVtepMAC, want.VtepMAC)
 	}
 	ensure()
-	recs := recordCache{}
-	r.send(ctx, inf.GetStore(), rev.Load(), recs, out, logf)
 	for {
 		select {
 		case <-ctx.Done():
@@ -332,11 +338,110 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 			ensure()
 		case <-check.C:
 			ensure()
-		case <-changed:
+		case <-own:
 			ensure()
-			r.send(ctx, inf.GetStore(), rev.Load(), recs, out, logf)
+		case <-resync.C:
+			h.resync(inf.GetStore())
 		}
 	}
+}
+
+// handler turns the informer's events into the feed's puts and removals.
+// The informer calls it from one goroutine; resync runs on Run's.
+type handler struct {
+	r    *Registry
+	feed *registry.Feed
+	own  chan struct{} // this node's Node changed
+	logf func(string, ...any)
+}
+
+func (h *handler) add(obj any) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	h.feedNode(n)
+}
+
+func (h *handler) update(old, obj any) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	if o, ok := old.(*corev1.Node); ok && sameRecord(o, n) {
+		h.ownChanged(n.Name)
+		return
+	}
+	h.feedNode(n)
+}
+
+func (h *handler) delete(obj any) {
+	m, err := metaOf(obj)
+	if err != nil {
+		return
+	}
+	if h.r.drop != nil && h.r.drop(m.GetName()) {
+		return
+	}
+	h.feed.Remove(m.GetName(), revOf(m))
+	h.ownChanged(m.GetName())
+}
+
+// feedNode puts n's record, or removes its name when n is not a peer.
+func (h *handler) feedNode(n *corev1.Node) {
+	defer h.ownChanged(n.Name)
+	if h.r.drop != nil && h.r.drop(n.Name) {
+		return
+	}
+	rec, ok, err := Record(n)
+	if err != nil {
+		h.logf("kubernetes registry: skipping %v", err)
+	}
+	if !ok {
+		h.feed.Remove(n.Name, revOf(n))
+		return
+	}
+	h.feed.Put(rec, revOf(n))
+}
+
+func (h *handler) ownChanged(name string) {
+	if name != h.r.cfg.Node {
+		return
+	}
+	select {
+	case h.own <- struct{}{}:
+	default:
+	}
+}
+
+// resync feeds the whole peer list of the informer's cache again.
+func (h *handler) resync(store cache.Store) {
+	var nodes []registry.Node
+	var rev int64
+	for _, obj := range store.List() {
+		n, ok := obj.(*corev1.Node)
+		if !ok {
+			continue
+		}
+		rev = max(rev, revOf(n))
+		if rec, ok, _ := Record(n); ok {
+			nodes = append(nodes, rec)
+		}
+	}
+	h.feed.Reset(nodes, rev)
+}
+
+// sameRecord reports whether two versions of a Node say the same record
+// (or are both no peer).
+func sameRecord(a, b *corev1.Node) bool {
+	ra, oka, erra := Record(a)
+	rb, okb, errb := Record(b)
+	return oka == okb && (erra == nil) == (errb == nil) && (!oka || ra.Equal(rb))
+}
+
+func revOf(m metav1.Object) int64 {
+	v, _ := strconv.ParseInt(m.GetResourceVersion(), 10, 64)
+	return v
 }
 
 func metaOf(obj any) (metav1.Object, error) {
@@ -348,60 +453,4 @@ func metaOf(obj any) (metav1.Object, error) {
 		return nil, fmt.Errorf("not an object: %T", obj)
 	}
 	return m, nil
-}
-
-// recordCache is the Nodes of the last snapshot as records, by name, with the
-// resourceVersion they were read at: a snapshot after one Node changed
-// reads one Node again.
-type recordCache map[string]*cachedRecord
-
-type cachedRecord struct {
-	rv   string
-	rec  registry.Node
-	ok   bool
-	err  error
-	seen bool
-}
-
-// send makes a snapshot of the store and replaces any unread one on out.
-func (r *Registry) send(ctx context.Context, store cache.Store, rev int64, recs recordCache, out chan registry.Snapshot, logf func(string, ...any)) {
-	s := registry.Snapshot{Revision: rev}
-	objs := store.List()
-	for _, c := range recs {
-		c.seen = false
-	}
-	for _, obj := range objs {
-		n := obj.(*corev1.Node)
-		c := recs[n.Name]
-		if c == nil || c.rv != n.ResourceVersion {
-			c = &cachedRecord{rv: n.ResourceVersion}
-			c.rec, c.ok, c.err = Record(n)
-			recs[n.Name] = c
-			if c.err != nil {
-				logf("kubernetes registry: skipping %v", c.err)
-			}
-		}
-		c.seen = true
-		if c.ok {
-			rec := c.rec
-			rec.PodCIDRs = slices.Clone(rec.PodCIDRs)
-			s.Nodes = append(s.Nodes, rec)
-		}
-	}
-	if len(recs) > len(objs) {
-		for name, c := range recs {
-			if !c.seen {
-				delete(recs, name)
-			}
-		}
-	}
-	slices.SortFunc(s.Nodes, func(a, b registry.Node) int { return strings.Compare(a.Name, b.Name) })
-	select {
-	case <-out:
-	default:
-	}
-	select {
-	case out <- s:
-	case <-ctx.Done():
-	}
 }

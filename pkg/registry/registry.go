@@ -21,10 +21,11 @@
 // # Watching
 //
 // [Registry.Follow] lists the nodes at one revision, then watches from the
-// next revision, so no change between the list and the watch is lost, and
-// sends a full, sorted snapshot after every batch of changes. A compacted or
-// failed watch starts over with a new list. The snapshot is a copy: the
-// receiver owns it.
+// next revision, so no change between the list and the watch is lost. It
+// hands the list, then each change, to a [Feed], which gives its reader the
+// whole list once and after that only the records that changed, coalesced
+// while the reader is busy. A compacted or failed watch starts over with a
+// new list (a full batch again).
 //
 // Every call to etcd is bounded by Config.Timeout (the watch stream itself
 // excepted: it is bounded by the caller's context), and every error names the

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -147,29 +149,41 @@ func TestLeaseOrderSkipsNetworkSubnetFirst(t *testing.T) {
 	}
 }
 
-// next returns the first snapshot from ch that want accepts; 60 s only guards
-// against a hang.
-func next(t *testing.T, ch chan Snapshot, want func(Snapshot) bool) Snapshot {
+// reader is what a Feed's reader knows: the batches applied in turn.
+type reader struct {
+	feed  *Feed
+	nodes map[string]Node
+}
+
+func newReader() *reader { return &reader{feed: NewFeed(), nodes: map[string]Node{}} }
+
+// next takes batches until want accepts the node list (sorted); 60 s only
+// guards against a hang.
+func (r *reader) next(t *testing.T, want func([]Node) bool) []Node {
 	t.Helper()
 	const within = time.Minute
 	deadline := time.After(within)
-	var last Snapshot
 	for {
 		select {
-		case s := <-ch:
-			last = s
-			if want(s) {
-				return s
+		case <-r.feed.Ready():
+			b, ok := r.feed.Take()
+			if !ok {
+				continue
+			}
+			b.ApplyTo(r.nodes)
+			list := slices.SortedFunc(maps.Values(r.nodes), func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
+			if want(list) {
+				return list
 			}
 		case <-deadline:
-			t.Fatalf("no wanted snapshot within %s; last: %+v", within, last)
+			t.Fatalf("no wanted node list within %s; last: %+v", within, r.nodes)
 		}
 	}
 }
 
-func names(s Snapshot) string {
+func names(nodes []Node) string {
 	var out []string
-	for _, n := range s.Nodes {
+	for _, n := range nodes {
 		out = append(out, n.Name)
 	}
 	return strings.Join(out, ",")
@@ -182,10 +196,10 @@ func TestFollowSeesAddChangeAndExpiry(t *testing.T) {
 	r, _ := newRegistry(t, srv, 2*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ch := make(chan Snapshot, 1)
+	rd := newReader()
 	done := make(chan error, 1)
-	go func() { done <- r.Follow(ctx, ch, t.Logf) }()
-	next(t, ch, func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	go func() { done <- r.Follow(ctx, rd.feed, t.Logf) }()
+	rd.next(t, func(s []Node) bool { return len(s) == 0 })
 
 	a := Node{Name: "a", IP: "192.168.1.1", PodCIDRs: []string{"10.1.1.0/24"}, VtepMAC: "0e:76:c0:a8:01:01"}
 	ga, err := r.Register(ctx, a)
@@ -196,13 +210,13 @@ func TestFollowSeesAddChangeAndExpiry(t *testing.T) {
 	if _, err := r.Register(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	next(t, ch, func(s Snapshot) bool { return names(s) == "a,b" })
+	rd.next(t, func(s []Node) bool { return names(s) == "a,b" })
 
 	a.IP = "192.168.1.11"
 	if err := ga.Update(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	next(t, ch, func(s Snapshot) bool { return len(s.Nodes) > 0 && s.Nodes[0].IP == "192.168.1.11" })
+	rd.next(t, func(s []Node) bool { return len(s) > 0 && s[0].IP == "192.168.1.11" })
 
 	// a is refreshed, b is not: b expires.
 	stop := make(chan struct{})
@@ -221,11 +235,11 @@ func TestFollowSeesAddChangeAndExpiry(t *testing.T) {
 			}
 		}
 	})
-	s := next(t, ch, func(s Snapshot) bool { return names(s) == "a" })
+	s := rd.next(t, func(s []Node) bool { return names(s) == "a" })
 	close(stop)
 	wg.Wait()
-	if !s.Nodes[0].Equal(a) {
-		t.Fatalf("a changed: %+v", s.Nodes[0])
+	if !s[0].Equal(a) {
+		t.Fatalf("a changed: %+v", s[0])
 	}
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
