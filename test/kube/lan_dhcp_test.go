@@ -209,39 +209,16 @@ func installDHCPConfig(t *testing.T, c *kubecluster.Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(root, "deploy", "kubernetes", "examples", "homelab")
-	b, err := os.ReadFile(filepath.Join(dir, "configmap-lan-dhcp.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(b)
-	for _, r := range [][2]string{
-		{`"subnet": "192.168.50.0/24"`, `"subnet": "` + kubecluster.LANPrefix + `0/24"`},
-		{`"rangeStart": "192.168.50.100"`, `"rangeStart": "` + dhcpFirst + `"`},
-		{`"rangeEnd": "192.168.50.199"`, `"rangeEnd": "` + dhcpLast + `"`},
-	} {
-		if !strings.Contains(s, r[0]) {
-			t.Fatalf("the home-lab DHCP ConfigMap has no %s", r[0])
-		}
-		s = strings.ReplaceAll(s, r[0], r[1])
-	}
-	cm := filepath.Join(t.TempDir(), "configmap-lan-dhcp.yaml")
-	if err := os.WriteFile(cm, []byte(s), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, args := range [][]string{
-		{"apply", "-f", cm},
-		{"-n", kubecluster.VillageNamespace, "patch", "daemonset", kubecluster.VillageDaemonSet, "--patch-file", filepath.Join(dir, "daemonset-dhcp.yaml")},
-	} {
-		if out, err := c.Kubectl(args...); err != nil {
-			t.Fatalf("kubectl %v: %v\n%s", args, err, out)
-		}
-	}
-	if err := c.WaitVillageReady(wait); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range c.Nodes() {
-		if err := kubecluster.Poll(wait, func() error {
+	applyHomeLab(t, c, homeLab{
+		file: "configmap-lan-dhcp.yaml",
+		replace: [][2]string{
+			{`"subnet": "192.168.50.0/24"`, `"subnet": "` + kubecluster.LANPrefix + `0/24"`},
+			{`"rangeStart": "192.168.50.100"`, `"rangeStart": "` + dhcpFirst + `"`},
+			{`"rangeEnd": "192.168.50.199"`, `"rangeEnd": "` + dhcpLast + `"`},
+		},
+		then: []string{"-n", kubecluster.VillageNamespace, "patch", "daemonset", kubecluster.VillageDaemonSet,
+			"--patch-file", filepath.Join(root, "deploy", "kubernetes", "examples", "homelab", "daemonset-dhcp.yaml")},
+		ready: func(n *kubecluster.Node) error {
 			out, err := n.Exec("cat", "/etc/cni/net.d/10-village.conflist")
 			if err != nil || !strings.Contains(string(out), `"dhcp"`) {
 				return fmt.Errorf("conflist on %s without the DHCP LAN section (%v)", n.Name, err)
@@ -250,8 +227,6 @@ func installDHCPConfig(t *testing.T, c *kubecluster.Cluster) {
 				return fmt.Errorf("no DHCP socket on %s: %w", n.Name, err)
 			}
 			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+		},
+	})
 }

@@ -168,36 +168,41 @@ func TestLANPods(t *testing.T) {
 	})
 }
 
-// installLANConfig applies the home-lab example's ConfigMap with the
-// cluster's LAN in place of the example's, restarts the DaemonSet and waits
-// until every node has the new conflist.
-func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) {
+// homeLab is one of deploy/kubernetes/examples/homelab's LAN ConfigMaps as
+// applyHomeLab installs it.
+type homeLab struct {
+	file    string      // the ConfigMap's file in the example
+	replace [][2]string // old, new: the example's LAN by the cluster's (each old must be there)
+	then    []string    // kubectl arguments run after the apply (rolls the agents)
+	// ready reports whether node n runs the agents on the new conflist.
+	ready func(n *kubecluster.Node) error
+}
+
+// applyHomeLab writes h's ConfigMap with its replacements, applies it, runs
+// h.then, and waits until the DaemonSet is ready and h.ready holds on every
+// node.
+func applyHomeLab(t *testing.T, c *kubecluster.Cluster, h homeLab) {
 	t.Helper()
 	root, err := testenv.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "examples", "homelab", "configmap-lan.yaml"))
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "examples", "homelab", h.file))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	for _, r := range append([][2]string{
-		{`"rangeStart": "192.168.50.210"`, `"rangeStart": "` + lanFirst + `"`},
-		{`"rangeEnd": "192.168.50.239"`, `"rangeEnd": "` + lanLast + `"`},
-		{`"subnet": "192.168.50.0/24"`, `"subnet": "` + kubecluster.LANPrefix + `0/24"`},
-		{`"gateway": "192.168.50.1"`, `"gateway": "` + kubecluster.LANIP + `"`},
-	}, extra...) {
+	for _, r := range h.replace {
 		if !strings.Contains(s, r[0]) {
-			t.Fatalf("the home-lab ConfigMap has no %s", r[0])
+			t.Fatalf("the home-lab %s has no %s", h.file, r[0])
 		}
 		s = strings.ReplaceAll(s, r[0], r[1])
 	}
-	f := filepath.Join(t.TempDir(), "configmap-lan.yaml")
+	f := filepath.Join(t.TempDir(), h.file)
 	if err := os.WriteFile(f, []byte(s), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{{"apply", "-f", f}, {"-n", kubecluster.VillageNamespace, "rollout", "restart", "daemonset/" + kubecluster.VillageDaemonSet}} {
+	for _, args := range [][]string{{"apply", "-f", f}, h.then} {
 		if out, err := c.Kubectl(args...); err != nil {
 			t.Fatalf("kubectl %v: %v\n%s", args, err, out)
 		}
@@ -206,7 +211,27 @@ func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) 
 		t.Fatal(err)
 	}
 	for _, n := range c.Nodes() {
-		if err := kubecluster.Poll(wait, func() error {
+		if err := kubecluster.Poll(wait, func() error { return h.ready(n) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// installLANConfig applies the home-lab example's ConfigMap with the
+// cluster's LAN in place of the example's (and extra replacements),
+// restarts the DaemonSet and waits until every node has the new conflist.
+func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) {
+	t.Helper()
+	applyHomeLab(t, c, homeLab{
+		file: "configmap-lan.yaml",
+		replace: append([][2]string{
+			{`"rangeStart": "192.168.50.210"`, `"rangeStart": "` + lanFirst + `"`},
+			{`"rangeEnd": "192.168.50.239"`, `"rangeEnd": "` + lanLast + `"`},
+			{`"subnet": "192.168.50.0/24"`, `"subnet": "` + kubecluster.LANPrefix + `0/24"`},
+			{`"gateway": "192.168.50.1"`, `"gateway": "` + kubecluster.LANIP + `"`},
+		}, extra...),
+		then: []string{"-n", kubecluster.VillageNamespace, "rollout", "restart", "daemonset/" + kubecluster.VillageDaemonSet},
+		ready: func(n *kubecluster.Node) error {
 			out, err := n.Exec("cat", "/etc/cni/net.d/10-village.conflist")
 			if err != nil || !strings.Contains(string(out), `"annotated"`) {
 				return fmt.Errorf("conflist on %s without the LAN section (%v)", n.Name, err)
@@ -216,10 +241,8 @@ func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) 
 				return fmt.Errorf("no host kubeconfig on %s (%v)", n.Name, err)
 			}
 			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+		},
+	})
 }
 
 func labelNS(t *testing.T, c *kubecluster.Cluster, ns, value string) {
