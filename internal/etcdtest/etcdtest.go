@@ -9,7 +9,6 @@ package etcdtest
 import (
 	"errors"
 	"fmt"
-	"github.com/containernetworking/plugins/pkg/ns"
 	"net"
 	"net/url"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"

@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
@@ -82,19 +83,7 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 		}
 	}()
 
-	cmd := exec.Command("ip", "netns", "exec", filepath.Base(self.NS.Path()), filepath.Join(testenv.Bins(b), "villaged"),
-		"run", "--conf", conf, "--node-name", "watcher", "--run-dir", filepath.Join(self.Dir, "run"))
-	log := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
-	pid := cmd.Process.Pid
-	waitUntil(b, 60*time.Second, "the agent annotates its Node", func() bool {
-		n, err := nodesAPI.Get(ctx, "watcher", metav1.GetOptions{})
-		return err == nil && n.Annotations[kuberegistry.AnnotationIP] != ""
-	}, log)
+	pid, log := startWatcher(ctx, b, self, conf, nodesAPI)
 
 	cidr := func(i int) string { return fmt.Sprintf("10.%d.%d.0/24", 80+i/256, i%256) }
 	underlay := func(i, gen int) string { return fmt.Sprintf("172.%d.%d.%d", 20+gen, i/250, 1+i%250) }
@@ -194,6 +183,25 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 	b.ReportMetric(float64(med.Milliseconds()), "ms-median-create-to-route")
 	b.ReportMetric(float64(p99.Milliseconds()), "ms-p99-create-to-route")
 	b.ReportMetric(float64(len(inWindow))*time.Minute.Seconds()/idle.Seconds(), "idle-requests/min")
+}
+
+// startWatcher runs villaged as node "watcher" in self's namespace (its run
+// directory under self.Dir) and returns once the agent has annotated its
+// Node; the agent is stopped when the benchmark ends.
+func startWatcher(ctx context.Context, b *testing.B, self *Node, conf string, nodes typedcorev1.NodeInterface) (int, *lockedBuffer) {
+	cmd := exec.Command("ip", "netns", "exec", filepath.Base(self.NS.Path()), filepath.Join(testenv.Bins(b), "villaged"),
+		"run", "--conf", conf, "--node-name", "watcher", "--run-dir", filepath.Join(self.Dir, "run"))
+	log := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
+	waitUntil(b, 60*time.Second, "the agent annotates its Node", func() bool {
+		n, err := nodes.Get(ctx, "watcher", metav1.GetOptions{})
+		return err == nil && n.Annotations[kuberegistry.AnnotationIP] != ""
+	}, log)
+	return cmd.Process.Pid, log
 }
 
 func waitUntil(b *testing.B, within time.Duration, what string, cond func() bool, log *lockedBuffer) {

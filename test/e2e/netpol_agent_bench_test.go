@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,7 +19,6 @@ import (
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/kuberegistry"
 	"github.com/village-cni/village/pkg/netpol/controller"
 	"github.com/village-cni/village/pkg/netpol/table"
 )
@@ -54,19 +52,7 @@ func BenchmarkNetpolAgent(b *testing.B) {
 		b.Fatal(err)
 	}
 	runDir := filepath.Join(self.Dir, "run")
-	cmd := exec.Command("ip", "netns", "exec", filepath.Base(self.NS.Path()), filepath.Join(testenv.Bins(b), "villaged"),
-		"run", "--conf", conf, "--node-name", "watcher", "--run-dir", runDir)
-	log := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
-	pid := cmd.Process.Pid
-	waitUntil(b, 60*time.Second, "the agent annotates its Node", func() bool {
-		n, err := api.CoreV1().Nodes().Get(ctx, "watcher", metav1.GetOptions{})
-		return err == nil && n.Annotations[kuberegistry.AnnotationIP] != ""
-	}, log)
+	pid, log := startWatcher(ctx, b, self, conf, api.CoreV1().Nodes())
 	rssStart := rss(b, pid)
 
 	for n := range 10 {
