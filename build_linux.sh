@@ -17,7 +17,9 @@ export CGO_ENABLED=0
 mkdir -p bin bin/ref
 pkgs=(./plugins/...)
 [ -d cmd ] && pkgs+=(./cmd/...)
-go build -trimpath -ldflags "$LDFLAGS" -o bin/ "${pkgs[@]}"
+# grpcnotrace: no golang.org/x/net/trace (and so no html/template) in the
+# binaries that link the etcd client; internal/testenv.BuildTags says why.
+go build -trimpath -tags grpcnotrace -ldflags "$LDFLAGS" -o bin/ "${pkgs[@]}"
 # cnitool and the reference plugins (bridge, host-local, portmap, ...) are go
 # "tool" dependencies; build them side by side for comparison and chaining.
 go build -trimpath -ldflags "-s -w" -o bin/ref/ tool

@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/village-cni/village/pkg/agentsock"
-	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/kubeconfig"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/subnetfile"
 )
@@ -30,13 +30,13 @@ import (
 // The names of the LAN pods contract (issue 21, DESIGN.md).
 const (
 	// AnnotationLAN "true" on a Pod: it wants the LAN interface.
-	AnnotationLAN = "village.cni.io/lan"
+	AnnotationLAN = kubeconfig.Prefix + "lan"
 	// AnnotationLANIP on a Pod: exactly these LAN addresses (implies lan).
-	AnnotationLANIP = "village.cni.io/lan-ip"
+	AnnotationLANIP = kubeconfig.Prefix + "lan-ip"
 	// AnnotationLANAddress is written by the agent: "net1=192.168.50.210/24".
-	AnnotationLANAddress = "village.cni.io/lan-address"
+	AnnotationLANAddress = kubeconfig.AnnotationLANAddress
 	// LabelLAN on a Namespace, with value LabelLANAllowed: its pods may ask.
-	LabelLAN        = "village.cni.io/lan"
+	LabelLAN        = kubeconfig.Prefix + "lan"
 	LabelLANAllowed = "allowed"
 )
 
@@ -91,11 +91,11 @@ func startLANPods(ctx context.Context, c *Conf, opts Options) (wait func(), err 
 		runDir = subnetfile.RunDir()
 	}
 	l := &lanPods{node: c.Node, network: c.Net.Name, logf: opts.logf, changed: make(chan struct{}), events: map[string]time.Time{}}
-	kubeconfig := ""
+	path := ""
 	if r := c.Registry(); r != nil && r.Type == netconf.RegistryKubernetes {
-		kubeconfig = r.Kubeconfig
+		path = r.Kubeconfig
 	}
-	rc, err := kuberegistry.RESTConfig(kubeconfig)
+	rc, err := kubeconfig.REST(path)
 	if err == nil {
 		l.cs, err = kubernetes.NewForConfig(rc)
 	}
@@ -103,7 +103,7 @@ func startLANPods(ctx context.Context, c *Conf, opts Options) (wait func(), err 
 		l.apiErr = err
 		opts.logf("LAN pods: no Kubernetes API (%v): lookups of annotated pods fail", err)
 	}
-	path := agentsock.Path(runDir)
+	path = agentsock.Path(runDir)
 	ln, err := agentsock.Listen(path)
 	if err != nil {
 		return nil, err
@@ -313,7 +313,7 @@ func (l *lanPods) event(pod *corev1.Pod, reason, msg string) {
 		Reason: reason, Message: msg, Type: corev1.EventTypeWarning,
 		Source:         corev1.EventSource{Component: "village", Host: l.node},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: "village.cni.io/villaged", ReportingInstance: l.node,
+		ReportingController: kubeconfig.Prefix + "villaged", ReportingInstance: l.node,
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/kubeconfig"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netpol/controller"
 	"github.com/village-cni/village/pkg/netpol/table"
@@ -52,7 +52,7 @@ func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
 	if r := a.c.Registry(); r != nil && r.Type == netconf.RegistryKubernetes {
 		path = r.Kubeconfig
 	}
-	rc, err := kuberegistry.RESTConfig(path)
+	rc, err := kubeconfig.REST(path)
 	if err == nil {
 		var cs *kubernetes.Clientset
 		if cs, err = kubernetes.NewForConfig(rc); err == nil {

@@ -42,16 +42,15 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/village-cni/village/pkg/kubeconfig"
 	"github.com/village-cni/village/pkg/registry"
 )
 
 // Annotation keys on a Node, all under Prefix.
 const (
-	Prefix            = "village.cni.io/"
+	Prefix            = kubeconfig.Prefix
 	AnnotationIP      = Prefix + "underlay-ip"
 	AnnotationVtepMAC = Prefix + "vtep-mac"
 )
@@ -98,28 +97,11 @@ type Registry struct {
 	drop func(name string) bool
 }
 
-// RESTConfig loads the client configuration: the kubeconfig file, or the
-// in-cluster configuration when path is "".
-func RESTConfig(path string) (*rest.Config, error) {
-	if path == "" {
-		rc, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes registry: no kubeconfig given and not in a pod: %w", err)
-		}
-		return rc, nil
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", path)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes registry: kubeconfig %s: %w", path, err)
-	}
-	return rc, nil
-}
-
 // New connects per cfg (no request is made yet).
 func New(cfg Config) (*Registry, error) {
-	rc, err := RESTConfig(cfg.Kubeconfig)
+	rc, err := kubeconfig.REST(cfg.Kubeconfig)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kubernetes registry: %w", err)
 	}
 	rc.UserAgent = "villaged"
 	cs, err := kubernetes.NewForConfig(rc)

@@ -184,6 +184,58 @@ func TestVillagedDoesNotLinkPluginVerbs(t *testing.T) {
 	}
 }
 
+// TestBinariesLinkOnlyTheirStore states what the heavy clients cost and
+// who may pay: of Village's binaries only villaged and village-ipam-etcd
+// link the etcd client (and gRPC); village-ipam-kube, exec'd for every pod
+// of a network on the kubernetes store, links the Kubernetes client and not
+// the etcd one. With the binaries' build tags (testenv.BuildTags) none of
+// them links html/template or golang.org/x/net/trace: their reflective
+// method lookups would keep every exported method of every linked type. The
+// binaries build_linux.sh made (VILLAGE_BIN_DIR, or the test's own build)
+// must carry those tags.
+func TestBinariesLinkOnlyTheirStore(t *testing.T) {
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const etcd = "go.etcd.io/etcd/client/v3"
+	cases := []struct {
+		pkg      string
+		wantEtcd bool
+		want     string // a package the listing must hold, so it is the binary's
+	}{
+		{"./cmd/villaged", true, module + "pkg/agent"},
+		{"./plugins/ipam/village-ipam-etcd", true, module + "pkg/ipam/store/etcd"},
+		{"./plugins/ipam/village-ipam-kube", false, module + "pkg/ipam/store/kube"},
+		{"./plugins/ipam/village-ipam", false, module + "pkg/ipam/plugin"},
+	}
+	for _, c := range cases {
+		deps := goListArgs(t, root, "-tags", testenv.BuildTags, "-deps", "-json=ImportPath", c.pkg)
+		seen := map[string]bool{}
+		for _, p := range deps {
+			seen[p.ImportPath] = true
+		}
+		if seen[etcd] != c.wantEtcd {
+			t.Errorf("%s: links %s = %v, want %v", c.pkg, etcd, seen[etcd], c.wantEtcd)
+		}
+		for _, bad := range []string{"html/template", "text/template", "golang.org/x/net/trace"} {
+			if seen[bad] {
+				t.Errorf("%s links %s with -tags %s", c.pkg, bad, testenv.BuildTags)
+			}
+		}
+		if !seen[c.want] {
+			t.Errorf("go list -deps %s does not list %s (of %d packages)", c.pkg, c.want, len(deps))
+		}
+	}
+	out, err := exec.Command("go", "version", "-m", filepath.Join(testenv.Bins(t), "villaged")).Output()
+	if err != nil {
+		t.Fatalf("go version -m villaged: %v", err)
+	}
+	if !strings.Contains(string(out), "-tags="+testenv.BuildTags) {
+		t.Errorf("the built villaged was not built with -tags %s:\n%s", testenv.BuildTags, out)
+	}
+}
+
 // TestPluginDoesNotLinkKubernetes states the reverse rule for the village
 // plugin binary (`go list -deps ./plugins/main/village`): it learns what it
 // needs about a Kubernetes pod from the node's agent over pkg/agentsock and

@@ -27,15 +27,12 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/village-cni/village/pkg/kubeconfig"
 	"github.com/village-cni/village/pkg/metrics"
 	"github.com/village-cni/village/pkg/netpol"
 	"github.com/village-cni/village/pkg/netpol/table"
 	"github.com/village-cni/village/pkg/subnetfile"
 )
-
-// LANAnnotation is where the plugin writes a pod's LAN address: such a pod
-// has a net1 no policy filters.
-const LANAnnotation = "village.cni.io/lan-address"
 
 // Defaults.
 const (
@@ -196,7 +193,7 @@ func (c *ctl) input() netpol.Input {
 
 func podOf(p *corev1.Pod) *netpol.Pod {
 	np := &netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, HostNetwork: p.Spec.HostNetwork}
-	_, np.LAN = p.Annotations[LANAnnotation]
+	_, np.LAN = p.Annotations[kubeconfig.AnnotationLANAddress]
 	for _, ip := range p.Status.PodIPs {
 		if a, err := netip.ParseAddr(ip.IP); err == nil {
 			np.IPs = append(np.IPs, a.Unmap())
@@ -346,8 +343,8 @@ func slim(obj any) (any, error) {
 	}
 	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
 		ResourceVersion: p.ResourceVersion, Labels: p.Labels}}
-	if v, ok := p.Annotations[LANAnnotation]; ok {
-		out.Annotations = map[string]string{LANAnnotation: v}
+	if v, ok := p.Annotations[kubeconfig.AnnotationLANAddress]; ok {
+		out.Annotations = map[string]string{kubeconfig.AnnotationLANAddress: v}
 	}
 	out.Spec.NodeName, out.Spec.HostNetwork = p.Spec.NodeName, p.Spec.HostNetwork
 	out.Spec.Containers = portsOnly(p.Spec.Containers)

@@ -5,6 +5,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/village-cni/village/pkg/kubeconfig"
 )
 
 // TestSlimKeepsWhatCompileReads: the cached copy of a Pod still yields the
@@ -12,7 +14,7 @@ import (
 func TestSlimKeepsWhatCompileReads(t *testing.T) {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{"app": "x"},
-			Annotations: map[string]string{LANAnnotation: "net1=192.168.50.210/24", "other": "big"}},
+			Annotations: map[string]string{kubeconfig.AnnotationLANAddress: "net1=192.168.50.210/24", "other": "big"}},
 		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: false,
 			InitContainers: []corev1.Container{{Name: "side", Image: "i", Ports: []corev1.ContainerPort{{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP}}}},
 			Containers: []corev1.Container{{Name: "c", Image: "i", Command: []string{"serve"},

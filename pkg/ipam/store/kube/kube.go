@@ -57,7 +57,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/village-cni/village/pkg/ipam/store"
-	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/kubeconfig"
 )
 
 // DefaultNamespace holds the Leases when ipam.store.namespace is empty.
@@ -68,15 +68,15 @@ const DefaultOpTimeout = 10 * time.Second
 
 // Label and annotation keys, under Village's prefix.
 const (
-	labelNetwork = kuberegistry.Prefix + "ipam-network"
-	labelOwner   = kuberegistry.Prefix + "ipam-owner"
-	labelNode    = kuberegistry.Prefix + "ipam-node"
-	labelKind    = kuberegistry.Prefix + "ipam-kind"
-	annIP        = kuberegistry.Prefix + "ipam-ip"
-	annNetwork   = kuberegistry.Prefix + "ipam-network"
-	annContainer = kuberegistry.Prefix + "ipam-container-id"
-	annIfName    = kuberegistry.Prefix + "ipam-ifname"
-	annNode      = kuberegistry.Prefix + "ipam-node"
+	labelNetwork = kubeconfig.Prefix + "ipam-network"
+	labelOwner   = kubeconfig.Prefix + "ipam-owner"
+	labelNode    = kubeconfig.Prefix + "ipam-node"
+	labelKind    = kubeconfig.Prefix + "ipam-kind"
+	annIP        = kubeconfig.Prefix + "ipam-ip"
+	annNetwork   = kubeconfig.Prefix + "ipam-network"
+	annContainer = kubeconfig.Prefix + "ipam-container-id"
+	annIfName    = kubeconfig.Prefix + "ipam-ifname"
+	annNode      = kubeconfig.Prefix + "ipam-node"
 )
 
 // Options configure a Store.
@@ -133,7 +133,7 @@ func New(opts Options) (*Store, error) {
 	s.netHash = hash(s.net)
 	host := "(client)"
 	if s.cs == nil {
-		rc, err := kuberegistry.RESTConfig(opts.Kubeconfig)
+		rc, err := kubeconfig.REST(opts.Kubeconfig)
 		if err != nil {
 			return nil, err
 		}
