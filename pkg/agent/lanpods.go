@@ -91,19 +91,14 @@ func startLANPods(ctx context.Context, c *Conf, opts Options) (wait func(), err 
 		runDir = subnetfile.RunDir()
 	}
 	l := &lanPods{node: c.Node, network: c.Net.Name, logf: opts.logf, changed: make(chan struct{}), events: map[string]time.Time{}}
-	path := ""
-	if r := c.Registry(); r != nil && r.Type == netconf.RegistryKubernetes {
-		path = r.Kubeconfig
-	}
-	rc, err := kubeconfig.REST(path)
+	rc, cs, err := c.kubeClient()
 	if err == nil {
-		l.cs, err = kubernetes.NewForConfig(rc)
-	}
-	if err != nil {
+		l.cs = cs
+	} else {
 		l.apiErr = err
 		opts.logf("LAN pods: no Kubernetes API (%v): lookups of annotated pods fail", err)
 	}
-	path = agentsock.Path(runDir)
+	path := agentsock.Path(runDir)
 	ln, err := agentsock.Listen(path)
 	if err != nil {
 		return nil, err

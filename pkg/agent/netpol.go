@@ -6,10 +6,6 @@ import (
 	"fmt"
 	"sync"
 
-	"k8s.io/client-go/kubernetes"
-
-	"github.com/village-cni/village/pkg/kubeconfig"
-	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netpol/controller"
 	"github.com/village-cni/village/pkg/netpol/table"
 )
@@ -48,26 +44,19 @@ func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		return
 	}
-	path := ""
-	if r := a.c.Registry(); r != nil && r.Type == netconf.RegistryKubernetes {
-		path = r.Kubeconfig
+	_, cs, err := a.c.kubeClient()
+	if err != nil {
+		a.opts.logf("network policy: no Kubernetes API client: %v: NOT ENFORCED", err)
+		return
 	}
-	rc, err := kubeconfig.REST(path)
-	if err == nil {
-		var cs *kubernetes.Clientset
-		if cs, err = kubernetes.NewForConfig(rc); err == nil {
-			wg.Go(func() {
-				err := controller.Run(ctx, controller.Config{Network: a.c.Net.Name, Node: a.c.Node, Client: cs,
-					RunDir: a.opts.RunDir, Metrics: a.m, Logf: a.opts.logf})
-				if err != nil && ctx.Err() == nil {
-					a.opts.logf("network policy controller stopped: %v", err)
-				}
-			})
-			a.opts.logf("network policy: enforcing NetworkPolicy of network %q in nftables table inet %s", a.c.Net.Name, table.PolicyTable(a.c.Net.Name))
-			return
+	wg.Go(func() {
+		err := controller.Run(ctx, controller.Config{Network: a.c.Net.Name, Node: a.c.Node, Client: cs,
+			RunDir: a.opts.RunDir, Metrics: a.m, Logf: a.opts.logf})
+		if err != nil && ctx.Err() == nil {
+			a.opts.logf("network policy controller stopped: %v", err)
 		}
-	}
-	a.opts.logf("network policy: no Kubernetes API client: %v: NOT ENFORCED", err)
+	})
+	a.opts.logf("network policy: enforcing NetworkPolicy of network %q in nftables table inet %s", a.c.Net.Name, table.PolicyTable(a.c.Net.Name))
 }
 
 // policyStatus are `villaged status` lines about the network's policy

@@ -48,11 +48,10 @@ import (
 	"github.com/village-cni/village/pkg/registry"
 )
 
-// Annotation keys on a Node, all under Prefix.
+// Annotation keys on a Node, all under kubeconfig.Prefix.
 const (
-	Prefix            = kubeconfig.Prefix
-	AnnotationIP      = Prefix + "underlay-ip"
-	AnnotationVtepMAC = Prefix + "vtep-mac"
+	AnnotationIP      = kubeconfig.Prefix + "underlay-ip"
+	AnnotationVtepMAC = kubeconfig.Prefix + "vtep-mac"
 )
 
 // DefaultTimeout bounds one API request (the watch excepted).
@@ -245,7 +244,7 @@ func slim(obj any) (any, error) {
 	}
 	ann := map[string]string{}
 	for k, v := range n.Annotations {
-		if strings.HasPrefix(k, Prefix) {
+		if strings.HasPrefix(k, kubeconfig.Prefix) {
 			ann[k] = v
 		}
 	}
