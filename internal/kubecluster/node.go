@@ -135,6 +135,10 @@ func (n *Node) start() error {
 
 func (n *Node) log(name string) string { return filepath.Join(n.dir, name+".log") }
 
+// LogPath is the file the node's process name (containerd, kubelet,
+// kube-proxy) logs to, on this machine's file system.
+func (n *Node) LogPath(name string) string { return n.log(name) }
+
 // spawnIn starts a process inside the node's mount and network namespace.
 func (n *Node) spawnIn(name string, argv ...string) (*testenv.Proc, error) {
 	full := append([]string{"nsenter", "-t", strconv.Itoa(n.super.Pid()), "-m", "-n", "--"}, argv...)

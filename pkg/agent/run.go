@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -199,6 +200,13 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 				a.reclaim.pass(ctx)
 			}
 			a.countAllocations()
+			// The periodic pass dumps every route, neighbour and FDB
+			// entry and drops them: most of what the agent allocates while
+			// idle, several times what stays live (docs/performance.md,
+			// "Memory between repair passes"). Left to the runtime, the
+			// heap then stays sized for that peak between passes; handing
+			// the free pages back costs one collection per period.
+			debug.FreeOSMemory()
 		}
 	}
 }

@@ -235,13 +235,17 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 }
 
 // rss is the resident set size of pid in bytes.
-func rss(b *testing.B, pid int) int64 {
+func rss(b *testing.B, pid int) int64 { return procStatusKB(b, pid, "VmRSS") }
+
+// procStatusKB is a size field of /proc/pid/status (VmRSS, RssAnon,
+// RssFile) in bytes.
+func procStatusKB(b *testing.B, pid int, field string) int64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, l := range strings.Split(string(raw), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
+		if strings.HasPrefix(l, field+":") {
 			kb, _ := strconv.ParseInt(strings.Fields(l)[1], 10, 64)
 			return kb << 10
 		}

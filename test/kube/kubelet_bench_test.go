@@ -37,7 +37,9 @@ import (
 // on the one clock every process here shares: the start of the Create
 // call to the watch event showing PodReady=True (milliseconds); the
 // API's creationTimestamp -> PodReady lastTransitionTime (one-second
-// resolution) is printed beside them.
+// resolution) is printed beside them, and so is each pod's start split by
+// the CRI calls in containerd's log, with the CPU the node's processes
+// used over the suite (podstart_split_test.go).
 func BenchmarkKubeletPodStart(b *testing.B) {
 	c := kubecluster.Start(b, kubecluster.Options{Nodes: 1, MaxPods: 120})
 	n := c.Nodes()[0]
@@ -177,6 +179,9 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 		}
 	}
 	logBefore := len(cniLogLines(n))
+	crdLog := n.LogPath("containerd")
+	crdOffset := fileSize(crdLog)
+	cpu0 := sampleCPU()
 	deadline := time.After(15 * time.Minute)
 	waitReady := func(what string) {
 		select {
@@ -203,6 +208,7 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 		}
 	}
 	wall := time.Since(start)
+	cpu1 := sampleCPU()
 	w.Stop()
 	var obs, api []time.Duration
 	mu.Lock()
@@ -251,6 +257,33 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 		len(adds["village"]), pct(adds["village"], 50), pct(adds["village"], 99), pct(adds["village"], 100),
 		len(adds["village-ipam"]), pct(adds["village-ipam"], 50), pct(adds["village-ipam"], 99), addFailed,
 		strings.TrimSpace(string(load)))
+	// The split of each pod's start by containerd's log: Create call ->
+	// RunPodSandbox called (the API, the scheduler, kubelet's pod worker);
+	// the sandbox (runc's pause container, the CNI ADD); sandbox ->
+	// container started (CreateContainer, StartContainer); started ->
+	// Ready seen in the watch (kubelet's PLEG and status manager, the API).
+	stages, err := containerdStages(crdLog, crdOffset, name)
+	if err != nil {
+		b.Fatalf("%s: containerd log: %v", name, err)
+	}
+	var toSandbox, sandbox, toStarted, toReady, running []time.Duration
+	mu.Lock()
+	for p, st := range stages {
+		c, r := created[p], ready[p]
+		if c.IsZero() || r.IsZero() || st.sandboxBegin.IsZero() || st.sandboxEnd.IsZero() || st.started.IsZero() {
+			continue
+		}
+		toSandbox = append(toSandbox, st.sandboxBegin.Sub(c))
+		sandbox = append(sandbox, st.sandboxEnd.Sub(st.sandboxBegin))
+		toStarted = append(toStarted, st.started.Sub(st.sandboxEnd))
+		toReady = append(toReady, r.Sub(st.started))
+		running = append(running, st.started.Sub(c))
+	}
+	mu.Unlock()
+	stage := func(d []time.Duration) string { return fmt.Sprintf("%v/%v", pct(d, 50), pct(d, 99)) }
+	fmt.Printf("FIGURE kubelet %s split p50/p99 (n=%d): create->RunPodSandbox=%s RunPodSandbox=%s sandbox->started=%s started->Ready=%s; create->started=%s\n",
+		name, len(sandbox), stage(toSandbox), stage(sandbox), stage(toStarted), stage(toReady), stage(running))
+	fmt.Printf("FIGURE kubelet %s CPU over the suite (%v): %s\n", name, wall.Round(time.Millisecond), cpu1.since(cpu0))
 	// Through the API and waited for here: kubectl runs under the
 	// harness's 2-minute bound, and 110 reference pods took longer.
 	began := time.Now()

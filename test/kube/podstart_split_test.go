@@ -1,0 +1,177 @@
+package kube_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The split of a pod start for BenchmarkKubeletPodStart: where the time
+// between the Create call and Ready goes, read from containerd's own log
+// (the CRI calls kubelet makes) so that both plugins are split alike, and
+// the CPU of the node's long-lived processes over a suite.
+
+// podStages are the CRI calls of one pod as containerd logged them.
+type podStages struct {
+	sandboxBegin, sandboxEnd time.Time // RunPodSandbox called, returned
+	started                  time.Time // StartContainer returned
+}
+
+var (
+	crdTime      = regexp.MustCompile(`^time="([^"]+)"`)
+	crdSandbox   = regexp.MustCompile(`RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),Uid:[^,]*,Namespace:([^,]+),`)
+	crdSandboxID = regexp.MustCompile(`returns sandbox id \\"([0-9a-f]+)\\"`)
+	crdContainer = regexp.MustCompile(`CreateContainer within sandbox \\"([0-9a-f]+)\\" for &ContainerMetadata\{[^}]*\} returns container id \\"([0-9a-f]+)\\"`)
+	crdStarted   = regexp.MustCompile(`StartContainer for \\"([0-9a-f]+)\\" returns successfully`)
+)
+
+// containerdStages reads containerd's log from offset and returns the
+// stages of the pods of namespace by pod name.
+func containerdStages(path string, offset int64, namespace string) (map[string]*podStages, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil, err
+	}
+	pods := map[string]*podStages{}
+	bySandbox := map[string]*podStages{}
+	byContainer := map[string]*podStages{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		m := crdTime.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			continue
+		}
+		if m := crdSandbox.FindStringSubmatch(l); m != nil && m[2] == namespace {
+			p := pods[m[1]]
+			if p == nil {
+				p = &podStages{}
+				pods[m[1]] = p
+			}
+			if id := crdSandboxID.FindStringSubmatch(l); id != nil {
+				p.sandboxEnd = at
+				bySandbox[id[1]] = p
+			} else if p.sandboxBegin.IsZero() {
+				p.sandboxBegin = at
+			}
+			continue
+		}
+		if m := crdContainer.FindStringSubmatch(l); m != nil {
+			if p := bySandbox[m[1]]; p != nil {
+				byContainer[m[2]] = p
+			}
+			continue
+		}
+		if m := crdStarted.FindStringSubmatch(l); m != nil {
+			if p := byContainer[m[1]]; p != nil && p.started.IsZero() {
+				p.started = at
+			}
+		}
+	}
+	return pods, sc.Err()
+}
+
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// cpuByComm is the CPU time (user+system) of every process whose name is
+// one of comms, and separately that of the children they have reaped
+// (cutime+cstime: for containerd, the CNI plugins it exec'd and what they
+// exec'd in turn), by name.
+func cpuByComm(comms ...string) (self, children map[string]time.Duration) {
+	self, children = map[string]time.Duration{}, map[string]time.Duration{}
+	want := map[string]bool{}
+	for _, c := range comms {
+		want[c] = true
+	}
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		raw, err := os.ReadFile(filepath.Join(d, "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(raw)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		comm := s[open+1 : end]
+		if !want[comm] {
+			continue
+		}
+		f := strings.Fields(s[end+2:])
+		if len(f) < 15 {
+			continue
+		}
+		tick := func(i int) time.Duration {
+			v, _ := strconv.ParseInt(f[i], 10, 64)
+			return time.Duration(v) * time.Second / 100 // USER_HZ
+		}
+		self[comm] += tick(11) + tick(12)
+		children[comm] += tick(13) + tick(14)
+	}
+	return self, children
+}
+
+// busyCPU is the machine's non-idle CPU time so far (/proc/stat).
+func busyCPU() time.Duration {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(strings.SplitN(string(raw), "\n", 2)[0])
+	var busy int64
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return time.Duration(busy) * time.Second / 100
+}
+
+// suiteCPU is the CPU the node's processes used between two samples.
+type suiteCPU struct {
+	self, children map[string]time.Duration
+	busy           time.Duration
+}
+
+var cpuComms = []string{"villaged", "kubelet", "containerd", "kube-proxy", "kube-apiserver", "etcd"}
+
+func sampleCPU() suiteCPU {
+	s, c := cpuByComm(cpuComms...)
+	return suiteCPU{self: s, children: c, busy: busyCPU()}
+}
+
+// since formats the CPU used after s0 up to s1, one name=self(+children).
+func (s1 suiteCPU) since(s0 suiteCPU) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "machine=%v", (s1.busy - s0.busy).Round(10*time.Millisecond))
+	for _, c := range cpuComms {
+		fmt.Fprintf(&b, " %s=%v", c, (s1.self[c] - s0.self[c]).Round(10*time.Millisecond))
+		if d := s1.children[c] - s0.children[c]; d > 0 {
+			fmt.Fprintf(&b, "(+children %v)", d.Round(10*time.Millisecond))
+		}
+	}
+	return b.String()
+}
