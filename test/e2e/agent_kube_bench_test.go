@@ -224,14 +224,11 @@ func tailString(s string, n int) string {
 
 // cpuTime is the user+system CPU time of pid.
 func cpuTime(b *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	c, err := testenv.ReadProcCPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+	return c.Self
 }
 
 // rss is the resident set size of pid in bytes.

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/village-cni/village/internal/testenv"
 )
 
 // The split of a pod start for BenchmarkKubeletPodStart: where the time
@@ -106,29 +108,16 @@ func cpuByComm(comms ...string) (self, children map[string]time.Duration) {
 	}
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
-		raw, err := os.ReadFile(filepath.Join(d, "stat"))
+		pid, err := strconv.Atoi(filepath.Base(d))
 		if err != nil {
 			continue
 		}
-		s := string(raw)
-		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || end < open {
-			continue
+		c, err := testenv.ReadProcCPU(pid)
+		if err != nil || !want[c.Comm] {
+			continue // gone meanwhile, or not one of comms
 		}
-		comm := s[open+1 : end]
-		if !want[comm] {
-			continue
-		}
-		f := strings.Fields(s[end+2:])
-		if len(f) < 15 {
-			continue
-		}
-		tick := func(i int) time.Duration {
-			v, _ := strconv.ParseInt(f[i], 10, 64)
-			return time.Duration(v) * time.Second / 100 // USER_HZ
-		}
-		self[comm] += tick(11) + tick(12)
-		children[comm] += tick(13) + tick(14)
+		self[c.Comm] += c.Self
+		children[c.Comm] += c.Children
 	}
 	return self, children
 }
