@@ -52,6 +52,31 @@ func BenchmarkCompile(b *testing.B) {
 	}
 }
 
+// BenchmarkUnchanged: the controller's test of whether a compile changed
+// anything (it compiles on every watched change and goes to the kernel
+// only when the table differs), on two compiles of the same world: the
+// rendered text it compared until table.Equal, and table.Equal.
+func BenchmarkUnchanged(b *testing.B) {
+	in := benchWorld()
+	x, y := Compile(in), Compile(in)
+	b.Run("text", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if x.String()+fmt.Sprint(x.Sets, x.Compiled) != y.String()+fmt.Sprint(y.Sets, y.Compiled) {
+				b.Fatal("two compiles of one world differ")
+			}
+		}
+	})
+	b.Run("Equal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if !table.Equal(x, y) {
+				b.Fatal("two compiles of one world differ")
+			}
+		}
+	})
+}
+
 // BenchmarkApply: one compiled change of that world into the kernel (the
 // table replaced in one transaction), in a test namespace.
 func BenchmarkApply(b *testing.B) {

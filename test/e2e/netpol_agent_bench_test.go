@@ -16,6 +16,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
@@ -31,7 +32,10 @@ import (
 // agent's RSS once all is compiled, and the time from a policy's update
 // in the API to its rule in the node's kernel (the watch, the 100 ms
 // settle, the compile and the transaction), polled with nft back to back
-// (one listing takes a few milliseconds: the resolution).
+// (one listing takes a few milliseconds: the resolution). Then 110 more
+// pods land on the node, written as kubelet writes them (netpolBurst),
+// once all at once and once paced as a busy kubelet starts them: the
+// agent's CPU for each burst and its compiles.
 func BenchmarkNetpolAgent(b *testing.B) {
 	const pods, policies, changes = 1000, 100, 10
 	lan := NewLAN(b)
@@ -144,14 +148,103 @@ func BenchmarkNetpolAgent(b *testing.B) {
 		lat = append(lat, time.Since(start))
 	}
 	slices.Sort(lat)
+	netpolBurst(ctx, b, api, pid, runDir, log, burstShape{name: "at-once", before: pods})
+	// kubelet on a busy node starts 110 pods over tens of seconds and
+	// writes each one's status about once a second as it starts
+	netpolBurst(ctx, b, api, pid, runDir, log, burstShape{name: "paced", before: pods + burstPods, spread: 30 * time.Second, gap: time.Second})
 	rssEnd := rss(b, pid)
 	b.Logf("FIGURE: policy update in the API -> its rule in the kernel (%d pods, %d policies, %d updates): median %s, min %s, max %s",
 		pods, policies, changes, lat[len(lat)/2].Round(time.Millisecond), lat[0].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
-	b.Logf("FIGURE: agent RSS: %.1f MiB before the pods, %.1f MiB with %d pods and %d policies compiled, %.1f MiB after %d updates",
+	b.Logf("FIGURE: agent RSS: %.1f MiB before the pods, %.1f MiB with %d pods and %d policies compiled, %.1f MiB after %d updates and the bursts",
 		float64(rssStart)/(1<<20), float64(rssCompiled)/(1<<20), pods, policies, float64(rssEnd)/(1<<20), changes)
 	b.ReportMetric(float64(lat[len(lat)/2].Milliseconds()), "ms-median-update-to-kernel")
 	b.ReportMetric(float64(rssCompiled)/(1<<20), "MiB-rss")
 	if lines := strings.Count(log.String(), "network policy (change)"); lines == 0 {
 		b.Logf("agent log:\n%s", tailString(log.String(), 3000))
 	}
+}
+
+// burstPods is kubelet's default maxPods.
+const burstPods = 110
+
+// burstShape is when a burst's writes come: pod i is created at
+// i*spread/burstPods and its status writes follow gap apart (all at once
+// when both are zero).
+type burstShape struct {
+	name        string
+	before      int // local pods already compiled
+	spread, gap time.Duration
+}
+
+// netpolBurst creates 110 pods on the watcher's node (kubelet's maxPods,
+// as a drain or a reboot brings them) and moves each through the status
+// writes kubelet makes for a starting pod: Pending with its conditions,
+// Running with its address, Ready. Every pod is isolated by a policy of
+// BenchmarkNetpolAgent. It reports villaged's CPU from the first write
+// until the status file has every pod compiled, the compiles that changed
+// the kernel, and the time from the last write to the last compile.
+func netpolBurst(ctx context.Context, b *testing.B, api kubernetes.Interface, pid int, runDir string, log *lockedBuffer, shape burstShape) {
+	const burst = burstPods
+	before := shape.before
+	compiles0 := strings.Count(log.String(), "network policy (change)")
+	cpu0 := cpuTime(b, pid)
+	began := time.Now()
+	cond := func(t corev1.PodConditionType, ok bool) corev1.PodCondition {
+		st := corev1.ConditionFalse
+		if ok {
+			st = corev1.ConditionTrue
+		}
+		return corev1.PodCondition{Type: t, Status: st, LastTransitionTime: metav1.Now()}
+	}
+	var wg sync.WaitGroup
+	for i := range burst {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * shape.spread / burst)
+			ns, name := fmt.Sprintf("ns%d", i%10), fmt.Sprintf("%s%d", shape.name, i)
+			pods := api.CoreV1().Pods(ns)
+			p, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+				Labels: map[string]string{"app": fmt.Sprintf("app%d", i%50)}},
+				Spec: corev1.PodSpec{NodeName: "watcher", Containers: []corev1.Container{{Name: "c", Image: "none"}}}}, metav1.CreateOptions{})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			ip := fmt.Sprintf("10.201.%d.%d", before/burst, i+2)
+			steps := []corev1.PodStatus{
+				{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{cond(corev1.PodScheduled, true), cond(corev1.PodInitialized, true),
+					cond(corev1.ContainersReady, false), cond(corev1.PodReady, false)},
+					ContainerStatuses: []corev1.ContainerStatus{{Name: "c", Image: "none", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}}}},
+				{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, Conditions: []corev1.PodCondition{cond(corev1.PodScheduled, true),
+					cond(corev1.PodInitialized, true), cond(corev1.ContainersReady, false), cond(corev1.PodReady, false)},
+					ContainerStatuses: []corev1.ContainerStatus{{Name: "c", Image: "none", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}},
+				{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, Conditions: []corev1.PodCondition{cond(corev1.PodScheduled, true),
+					cond(corev1.PodInitialized, true), cond(corev1.ContainersReady, true), cond(corev1.PodReady, true)},
+					ContainerStatuses: []corev1.ContainerStatus{{Name: "c", Image: "none", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}},
+			}
+			for _, st := range steps {
+				time.Sleep(shape.gap)
+				p.Status = st
+				if p, err = pods.UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	written := time.Now()
+	waitUntil(b, 5*time.Minute, "the burst's pods compiled", func() bool {
+		st, err := controller.ReadStatus(runDir, "agt")
+		return err == nil && st != nil && st.Compiled == before+burst && st.Pods == before+burst && st.Error == ""
+	}, log)
+	compiled := time.Now()
+	// a compile still running on the last writes' events: let it end
+	time.Sleep(time.Second)
+	cpu := cpuTime(b, pid) - cpu0
+	compiles := strings.Count(log.String(), "network policy (change)") - compiles0
+	load, _ := os.ReadFile("/proc/loadavg")
+	b.Logf("FIGURE: a burst of %d pods %s (4 writes each) next to %d: agent CPU %v (%v per pod), %d compiles that changed the kernel, "+
+		"writes took %v, compiled %v after the last write; load %s", burst, shape.name, before, cpu.Round(time.Millisecond), (cpu / burst).Round(10*time.Microsecond),
+		compiles, written.Sub(began).Round(time.Millisecond), compiled.Sub(written).Round(time.Millisecond), strings.TrimSpace(string(load)))
+	b.ReportMetric(float64(cpu.Milliseconds()), "ms-cpu-110-pods-"+shape.name)
 }

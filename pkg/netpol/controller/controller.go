@@ -11,9 +11,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"time"
 
@@ -118,7 +120,12 @@ func Run(ctx context.Context, cfg Config) error {
 		default:
 		}
 	}
-	h := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() }}
+	h := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { poke() }, DeleteFunc: func(any) { poke() },
+		UpdateFunc: func(old, cur any) {
+			if compileReads(old, cur) {
+				poke()
+			}
+		}}
 	for _, inf := range []cache.SharedIndexInformer{pods, nss, pols} {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return err
@@ -163,7 +170,7 @@ type ctl struct {
 	rec             record.EventRecorder
 	reported        map[table.Problem]bool
 	last            *table.Ruleset
-	lastText        string
+	lastCounts      [2]int // policies, local pods of last
 	failed          bool
 }
 
@@ -227,8 +234,8 @@ func (c *ctl) sync(why string) {
 	in := c.input()
 	rs := netpol.Compile(in)
 	// the counts too: the status file reports them
-	text := rs.String() + fmt.Sprint(rs.Sets, rs.Compiled, rs.Namespaces, len(in.Policies), len(in.Local))
-	if !c.failed && c.last != nil && text == c.lastText {
+	counts := [2]int{len(in.Policies), len(in.Local)}
+	if !c.failed && c.last != nil && counts == c.lastCounts && table.Equal(rs, c.last) {
 		return
 	}
 	c.report(rs)
@@ -249,7 +256,7 @@ func (c *ctl) sync(why string) {
 	if err != nil {
 		c.cfg.Logf("network policy (%s): %v", why, err)
 	} else {
-		c.last, c.lastText = rs, text
+		c.last, c.lastCounts = rs, counts
 		c.cfg.Logf("network policy (%s): %d policies, %d of %d local pods isolated, %d peer sets, in the kernel after %s", why, len(in.Policies), len(rs.Pods), countLocal(in), len(rs.Sets), d.Round(time.Microsecond))
 	}
 	c.writeStatus(in, rs, err)
@@ -332,6 +339,27 @@ func ReadStatus(runDir, network string) (*Status, error) {
 		return nil, fmt.Errorf("%s: %w", StatusPath(runDir, network), err)
 	}
 	return &st, nil
+}
+
+// compileReads reports whether an update changed what the compile reads:
+// a Pod's slimmed fields (a starting pod's condition and container status
+// writes change none of them: one compile per pod start instead of one
+// per write), a Namespace's labels; a NetworkPolicy's update always.
+func compileReads(old, cur any) bool {
+	switch c := cur.(type) {
+	case *corev1.Pod:
+		o, ok := old.(*corev1.Pod)
+		if !ok {
+			return true
+		}
+		a, b := *o, *c
+		a.ResourceVersion, b.ResourceVersion = "", ""
+		return !reflect.DeepEqual(&a, &b)
+	case *corev1.Namespace:
+		o, ok := old.(*corev1.Namespace)
+		return !ok || !maps.Equal(o.Labels, c.Labels)
+	}
+	return true
 }
 
 // slim keeps of a Pod only what the compile reads, so the cache of every

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/village-cni/village/pkg/kubeconfig"
@@ -43,5 +44,56 @@ func TestSlimKeepsWhatCompileReads(t *testing.T) {
 	}
 	if o, _ := slim("not a pod"); o != "not a pod" {
 		t.Errorf("slim of a tombstone: %v", o)
+	}
+}
+
+// TestCompileReads: the updates a starting pod gets from kubelet that
+// change nothing the compile reads do not start a compile; every change
+// of a field it reads does.
+func TestCompileReads(t *testing.T) {
+	base := func() *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", ResourceVersion: "1", Labels: map[string]string{"app": "x"}},
+			Spec:   corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "i", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodPending}}
+	}
+	ns := func(rv string, labels map[string]string, phase corev1.NamespacePhase) *corev1.Namespace {
+		return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns", ResourceVersion: rv, Labels: labels}, Status: corev1.NamespaceStatus{Phase: phase}}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*corev1.Pod)
+		want bool
+	}{
+		{"conditions and container statuses only", func(p *corev1.Pod) {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "c", Ready: true}}
+			p.Annotations = map[string]string{"other": "x"}
+		}, false},
+		{"address", func(p *corev1.Pod) { p.Status.PodIPs = []corev1.PodIP{{IP: "10.0.0.5"}} }, true},
+		{"phase", func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, true},
+		{"label", func(p *corev1.Pod) { p.Labels = map[string]string{"app": "y"} }, true},
+		{"node", func(p *corev1.Pod) { p.Spec.NodeName = "n2" }, true},
+		{"named port", func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].ContainerPort = 81 }, true},
+		{"LAN annotation", func(p *corev1.Pod) {
+			p.Annotations = map[string]string{kubeconfig.AnnotationLANAddress: "net1=192.168.50.210/24"}
+		}, true},
+	} {
+		old, cur := base(), base()
+		tc.edit(cur)
+		cur.ResourceVersion = "2"
+		so, _ := slim(old)
+		sc, _ := slim(cur)
+		if got := compileReads(so, sc); got != tc.want {
+			t.Errorf("pod %s: compileReads %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if compileReads(ns("1", map[string]string{"a": "1"}, corev1.NamespaceActive), ns("2", map[string]string{"a": "1"}, corev1.NamespaceTerminating)) {
+		t.Error("a namespace's phase alone started a compile")
+	}
+	if !compileReads(ns("1", map[string]string{"a": "1"}, corev1.NamespaceActive), ns("2", map[string]string{"a": "2"}, corev1.NamespaceActive)) {
+		t.Error("a namespace's label change did not start a compile")
+	}
+	if !compileReads(&networkingv1.NetworkPolicy{}, &networkingv1.NetworkPolicy{}) {
+		t.Error("a policy update did not start a compile")
 	}
 }
