@@ -11,12 +11,14 @@
 // verb appended to that file:
 //
 //	{"time":"…","level":"INFO","msg":"ADD ok","plugin":"village","network":"village",
-//	 "containerID":"8f3c…","ifname":"eth0","netns":"/var/run/netns/cni-…","result":"ok",
-//	 "ips":["10.244.1.5/24"],"duration_ms":41.2}
+//	 "containerID":"8f3c…","ifname":"eth0","netns":"/var/run/netns/cni-…",
+//	 "steps_ms":{"fork":0.9,"netns":0.1,…,"ipam":30.1,…},"ips":["10.244.1.5/24"],
+//	 "result":"ok","duration_ms":41.2}
 //
 // Failures are logged at level ERROR with the CNI error code and message and
-// always carry the container ID. Successes are INFO (so logLevel warn or error
-// keeps only failures); debug adds a line when the verb starts, with CNI_ARGS
+// always carry the container ID. A verb that reports its steps (Step) has
+// their times in "steps_ms", so a slow ADD says where it waited. Successes
+// are INFO (so logLevel warn or error keeps only failures); debug adds a line when the verb starts, with CNI_ARGS
 // and the CNI version. A config without "logFile" costs one bytes.Contains over
 // stdin. A log file that cannot be opened never fails the CNI operation: the
 // plugin notes it on stderr and carries on.
@@ -155,16 +157,20 @@ func run(logger *slog.Logger, verb string, args *skel.CmdArgs, f func(*skel.CmdA
 	if verb == "ADD" && logger.Enabled(context.Background(), slog.LevelInfo) {
 		captured = startCapture()
 	}
+	startSteps()
 	start := time.Now()
 	err := callSafely(f, args, captured)
-	ms := float64(time.Since(start).Microseconds()) / 1000
+	took := ms(time.Since(start))
+	if st, ok := endSteps(); ok {
+		attrs = append(attrs, st)
+	}
 	if err != nil {
 		code, msg, details := describe(err)
 		attrs = append(attrs, "result", "error", "code", code, "error", msg)
 		if details != "" {
 			attrs = append(attrs, "details", details)
 		}
-		logger.Error(verb+" failed", append(attrs, "duration_ms", ms)...)
+		logger.Error(verb+" failed", append(attrs, "duration_ms", took)...)
 		return err
 	}
 	if captured != nil {
@@ -172,7 +178,7 @@ func run(logger *slog.Logger, verb string, args *skel.CmdArgs, f func(*skel.CmdA
 			attrs = append(attrs, "ips", ips)
 		}
 	}
-	logger.Info(verb+" ok", append(attrs, "result", "ok", "duration_ms", ms)...)
+	logger.Info(verb+" ok", append(attrs, "result", "ok", "duration_ms", took)...)
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -179,5 +180,55 @@ func TestLevelSpellings(t *testing.T) {
 	}
 	if !strings.Contains(note.String(), `logLevel "loud"`) {
 		t.Errorf("stderr %q does not name the bad level", note.String())
+	}
+}
+
+// TestSteps: the steps a verb reports are in its line, in the order they
+// ran, a repeated name added up; a failed verb has them too; Step outside a
+// logged verb records nothing for the next one.
+func TestSteps(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "steps.log")
+	Step("before", time.Now().Add(-time.Second)) // not inside a logged verb
+	funcs := Wrap("village", skel.CNIFuncs{
+		Add: func(*skel.CmdArgs) error {
+			Step("fork", time.Now().Add(-2*time.Millisecond))
+			Step("ipam", time.Now().Add(-3*time.Millisecond))
+			Step("fork", time.Now().Add(-2*time.Millisecond))
+			return nil
+		},
+		Del: func(*skel.CmdArgs) error {
+			Step("release", time.Now().Add(-time.Millisecond))
+			return errors.New("boom")
+		},
+		Check: func(*skel.CmdArgs) error { return nil },
+	})
+	args := &skel.CmdArgs{ContainerID: "c0ffee", StdinData: conf(log, "")}
+	_ = funcs.Add(args)
+	_ = funcs.Del(args)
+	_ = funcs.Check(args)
+	raw, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i, j := bytes.Index(raw, []byte(`"fork"`)), bytes.Index(raw, []byte(`"ipam"`)); i < 0 || j < i {
+		t.Errorf("steps not in the order they ran: %s", raw)
+	}
+	got := lines(t, log)
+	if len(got) != 3 {
+		t.Fatalf("want 3 lines, got %v", got)
+	}
+	add, _ := got[0]["steps_ms"].(map[string]any)
+	if len(add) != 2 || add["fork"].(float64) < 4 || add["ipam"].(float64) < 3 {
+		t.Errorf("ADD steps: %v", got[0])
+	}
+	if del, _ := got[1]["steps_ms"].(map[string]any); len(del) != 1 || del["release"] == nil || got[1]["level"] != "ERROR" {
+		t.Errorf("DEL steps: %v", got[1])
+	}
+	if _, ok := got[2]["steps_ms"]; ok {
+		t.Errorf("a verb without steps has steps_ms: %v", got[2])
+	}
+	Step("after", time.Now())
+	if steps.on.Load() || len(steps.list) != 0 && steps.list[0].name == "after" {
+		t.Error("Step outside a logged verb recorded")
 	}
 }

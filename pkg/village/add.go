@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/cleanup"
+	"github.com/village-cni/village/pkg/cnilog"
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
@@ -28,7 +30,9 @@ func Add(args *skel.CmdArgs) (err error) {
 	defer a.undo.RunIfFailed(&err)
 	// The IPAM plugin's start-up is the longest wait of an ADD: it is forked
 	// before anything else and given its input in sendClaims.
+	t := time.Now()
 	a.pod0 = forkEarly(args, &a.undo)
+	cnilog.Step("fork", t)
 	if a.conf, err = netconf.Parse(args.StdinData, args.Args); err != nil {
 		return err
 	}
@@ -40,12 +44,16 @@ func Add(args *skel.CmdArgs) (err error) {
 	if err := validate.LinkName(args.IfName); err != nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("invalid CNI_IFNAME: %v", err), "")
 	}
+	t = time.Now()
 	if a.pod, err = netsetup.OpenPodCNI(args.Netns); err != nil {
 		return err
 	}
+	cnilog.Step("netns", t)
+	t = time.Now()
 	if err := a.sendClaims(); err != nil {
 		return err
 	}
+	cnilog.Step("send", t)
 	result, err := a.run()
 	if err != nil {
 		if a.lanFailed {
@@ -59,6 +67,7 @@ func Add(args *skel.CmdArgs) (err error) {
 			return err
 		}
 	}
+	defer cnilog.Step("print", time.Now())
 	return types.PrintResult(result, a.conf.CNIVersion)
 }
 
@@ -189,11 +198,30 @@ func (a *adder) sendPodClaim() error {
 }
 
 // run makes the attachment while the IPAM plugins claim the addresses: the
-// bridge and the veth do not need them.
+// bridge and the veth do not need them. Each step's time goes to the
+// plugin's log (cnilog.Step) under its name; "ipam" is the wait for the
+// IPAM plugin's answer, "reap" for its exit.
 func (a *adder) run() (*current.Result, error) {
-	steps := []func() error{a.checkLive, a.ensureOverlay, a.ensureBridge, a.ensureVeth, a.podAddresses, a.describeLinks, a.ensureSpoofCheck, a.configurePod, a.markPolicyPending, a.configureHost, a.addLAN, a.waitClaims}
-	for _, step := range steps {
-		if err := step(); err != nil {
+	type step struct {
+		name string
+		do   func() error
+	}
+	links := []step{{"overlay", a.ensureOverlay}, {"bridge", a.ensureBridge}, {"veth", a.ensureVeth}, {"ipam", a.podAddresses}}
+	if a.conf.Overlay.Routes() {
+		// the overlay's routes and MTU follow the pod's addresses: with
+		// overlay routes the wait for them comes first (and is logged as
+		// "ipam", not inside "overlay")
+		links = []step{{"ipam", a.podAddresses}, {"overlay", a.ensureOverlay}, {"bridge", a.ensureBridge}, {"veth", a.ensureVeth}}
+	}
+	steps := append([]step{{"live", a.checkLive}}, links...)
+	steps = append(steps, []step{{"describe", a.describeLinks}, {"spoofcheck", a.ensureSpoofCheck},
+		{"pod", a.configurePod}, {"policy", a.markPolicyPending}, {"host", a.configureHost},
+		{"lan", a.addLAN}, {"reap", a.waitClaims}}...)
+	for _, s := range steps {
+		t := time.Now()
+		err := s.do()
+		cnilog.Step(s.name, t)
+		if err != nil {
 			return nil, err
 		}
 	}

@@ -232,19 +232,17 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 	// log nothing.
 	adds := map[string][]time.Duration{}
 	addFailed := 0
+	steps := addSteps{}
 	logAfter := cniLogLines(n)
 	for _, l := range logAfter[min(logBefore, len(logAfter)):] {
-		var e struct {
-			Msg        string  `json:"msg"`
-			Plugin     string  `json:"plugin"`
-			DurationMS float64 `json:"duration_ms"`
-		}
+		var e pluginLine
 		if json.Unmarshal([]byte(l), &e) != nil {
 			continue
 		}
 		switch e.Msg {
 		case "ADD ok":
-			adds[e.Plugin] = append(adds[e.Plugin], time.Duration(e.DurationMS*float64(time.Millisecond)))
+			adds[e.Plugin] = append(adds[e.Plugin], msDuration(e.DurationMS))
+			steps.add(e)
 		case "ADD failed":
 			addFailed++
 		}
@@ -257,6 +255,7 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 		len(adds["village"]), pct(adds["village"], 50), pct(adds["village"], 99), pct(adds["village"], 100),
 		len(adds["village-ipam"]), pct(adds["village-ipam"], 50), pct(adds["village-ipam"], 99), addFailed,
 		strings.TrimSpace(string(load)))
+	steps.print(name)
 	// The split of each pod's start by containerd's log: Create call ->
 	// RunPodSandbox called (the API, the scheduler, kubelet's pod worker);
 	// the sandbox (runc's pause container, the CNI ADD); sandbox ->

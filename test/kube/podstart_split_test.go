@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -163,4 +165,77 @@ func (s1 suiteCPU) since(s0 suiteCPU) string {
 		}
 	}
 	return b.String()
+}
+
+// pluginLine is the part of a Village plugin's log line (pkg/cnilog) the
+// benchmark reads.
+type pluginLine struct {
+	Time        time.Time          `json:"time"`
+	Msg         string             `json:"msg"`
+	Plugin      string             `json:"plugin"`
+	ContainerID string             `json:"containerID"`
+	DurationMS  float64            `json:"duration_ms"`
+	StepsMS     map[string]float64 `json:"steps_ms"`
+}
+
+func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
+
+// addSteps gathers the step times of the suite's successful ADDs per
+// plugin, to say where the slow ones waited.
+type addSteps struct {
+	order map[string][]string // plugin -> step names, in the order first seen
+	times map[string]map[string][]time.Duration
+	lines map[string][]pluginLine
+}
+
+func (s *addSteps) add(l pluginLine) {
+	if s.times == nil {
+		s.order, s.times, s.lines = map[string][]string{}, map[string]map[string][]time.Duration{}, map[string][]pluginLine{}
+	}
+	if s.times[l.Plugin] == nil {
+		s.times[l.Plugin] = map[string][]time.Duration{}
+	}
+	s.lines[l.Plugin] = append(s.lines[l.Plugin], l)
+	names := make([]string, 0, len(l.StepsMS))
+	for name := range l.StepsMS {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if s.times[l.Plugin][name] == nil {
+			s.order[l.Plugin] = append(s.order[l.Plugin], name)
+		}
+		s.times[l.Plugin][name] = append(s.times[l.Plugin][name], msDuration(l.StepsMS[name]))
+	}
+}
+
+// print writes, per plugin, each step's p50/p99/max over the suite and the
+// three slowest ADDs with their steps and when they ended.
+func (s *addSteps) print(suite string) {
+	plugins := make([]string, 0, len(s.lines))
+	for p := range s.lines {
+		plugins = append(plugins, p)
+	}
+	sort.Strings(plugins)
+	for _, p := range plugins {
+		var b strings.Builder
+		for _, name := range s.order[p] {
+			d := s.times[p][name]
+			fmt.Fprintf(&b, " %s=%v/%v/%v", name, pct(d, 50), pct(d, 99), pct(d, 100))
+		}
+		fmt.Printf("FIGURE kubelet %s %s ADD steps p50/p99/max (n=%d):%s\n", suite, p, len(s.lines[p]), b.String())
+		slow := slices.Clone(s.lines[p])
+		sort.Slice(slow, func(i, j int) bool { return slow[i].DurationMS > slow[j].DurationMS })
+		for _, l := range slow[:min(3, len(slow))] {
+			var st []string
+			for name, ms := range l.StepsMS {
+				if ms >= 1 {
+					st = append(st, fmt.Sprintf("%s=%.0fms", name, ms))
+				}
+			}
+			sort.Strings(st)
+			fmt.Printf("FIGURE kubelet %s %s slow ADD %.12s ended %s took %v: %s\n", suite, p, l.ContainerID,
+				l.Time.Format("15:04:05.000"), msDuration(l.DurationMS).Round(time.Millisecond), strings.Join(st, " "))
+		}
+	}
 }

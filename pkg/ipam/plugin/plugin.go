@@ -20,6 +20,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/village-cni/village/pkg/cidr"
+	"github.com/village-cni/village/pkg/cnilog"
 	"github.com/village-cni/village/pkg/ipam/allocator"
 	"github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
@@ -145,11 +146,13 @@ func storeError(err error) error {
 // cniVersion.
 func Add(args *skel.CmdArgs) error {
 	ctx := context.Background()
+	t := time.Now()
 	inv, err := setup(ctx, args, true)
 	if err != nil {
 		return err
 	}
 	defer inv.store.Close()
+	cnilog.Step("setup", t)
 
 	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, Routes: inv.cfg.Routes}
 	if inv.cfg.ResolvConf != "" {
@@ -159,7 +162,9 @@ func Add(args *skel.CmdArgs) error {
 		}
 		result.DNS = *dns
 	}
+	t = time.Now()
 	assigned, err := inv.alloc.Allocate(ctx, allocator.Request{Owner: inv.owner, Pod: inv.pod, RequestedIPs: inv.cfg.RequestedIPs})
+	cnilog.Step("allocate", t)
 	if err != nil {
 		return storeError(err)
 	}
