@@ -18,10 +18,11 @@
 // Failures are logged at level ERROR with the CNI error code and message and
 // always carry the container ID. A verb that reports its steps (Step) has
 // their times in "steps_ms", so a slow ADD says where it waited. Successes
-// are INFO (so logLevel warn or error keeps only failures); debug adds a line when the verb starts, with CNI_ARGS
-// and the CNI version. A config without "logFile" costs one bytes.Contains over
-// stdin. A log file that cannot be opened never fails the CNI operation: the
-// plugin notes it on stderr and carries on.
+// are INFO (so logLevel warn or error keeps only failures); debug adds a
+// line when the verb starts, with CNI_ARGS and the CNI version. A config
+// without "logFile" costs one bytes.Contains over stdin. A log file that
+// cannot be opened never fails the CNI operation: the plugin notes it on
+// stderr and carries on.
 package cnilog
 
 import (

@@ -2,13 +2,14 @@ package kube_test
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -183,49 +184,35 @@ func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(ti
 // addSteps gathers the step times of the suite's successful ADDs per
 // plugin, to say where the slow ones waited.
 type addSteps struct {
-	order map[string][]string // plugin -> step names, in the order first seen
-	times map[string]map[string][]time.Duration
+	times map[string]map[string][]time.Duration // plugin -> step -> times
 	lines map[string][]pluginLine
 }
 
 func (s *addSteps) add(l pluginLine) {
 	if s.times == nil {
-		s.order, s.times, s.lines = map[string][]string{}, map[string]map[string][]time.Duration{}, map[string][]pluginLine{}
+		s.times, s.lines = map[string]map[string][]time.Duration{}, map[string][]pluginLine{}
 	}
 	if s.times[l.Plugin] == nil {
 		s.times[l.Plugin] = map[string][]time.Duration{}
 	}
 	s.lines[l.Plugin] = append(s.lines[l.Plugin], l)
-	names := make([]string, 0, len(l.StepsMS))
-	for name := range l.StepsMS {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		if s.times[l.Plugin][name] == nil {
-			s.order[l.Plugin] = append(s.order[l.Plugin], name)
-		}
-		s.times[l.Plugin][name] = append(s.times[l.Plugin][name], msDuration(l.StepsMS[name]))
+	for name, ms := range l.StepsMS {
+		s.times[l.Plugin][name] = append(s.times[l.Plugin][name], msDuration(ms))
 	}
 }
 
 // print writes, per plugin, each step's p50/p99/max over the suite and the
 // three slowest ADDs with their steps and when they ended.
 func (s *addSteps) print(suite string) {
-	plugins := make([]string, 0, len(s.lines))
-	for p := range s.lines {
-		plugins = append(plugins, p)
-	}
-	sort.Strings(plugins)
-	for _, p := range plugins {
+	for _, p := range slices.Sorted(maps.Keys(s.lines)) {
 		var b strings.Builder
-		for _, name := range s.order[p] {
+		for _, name := range slices.Sorted(maps.Keys(s.times[p])) {
 			d := s.times[p][name]
 			fmt.Fprintf(&b, " %s=%v/%v/%v", name, pct(d, 50), pct(d, 99), pct(d, 100))
 		}
 		fmt.Printf("FIGURE kubelet %s %s ADD steps p50/p99/max (n=%d):%s\n", suite, p, len(s.lines[p]), b.String())
 		slow := slices.Clone(s.lines[p])
-		sort.Slice(slow, func(i, j int) bool { return slow[i].DurationMS > slow[j].DurationMS })
+		slices.SortFunc(slow, func(x, y pluginLine) int { return cmp.Compare(y.DurationMS, x.DurationMS) })
 		for _, l := range slow[:min(3, len(slow))] {
 			var st []string
 			for name, ms := range l.StepsMS {
@@ -233,7 +220,7 @@ func (s *addSteps) print(suite string) {
 					st = append(st, fmt.Sprintf("%s=%.0fms", name, ms))
 				}
 			}
-			sort.Strings(st)
+			slices.Sort(st)
 			fmt.Printf("FIGURE kubelet %s %s slow ADD %.12s ended %s took %v: %s\n", suite, p, l.ContainerID,
 				l.Time.Format("15:04:05.000"), msDuration(l.DurationMS).Round(time.Millisecond), strings.Join(st, " "))
 		}
