@@ -232,3 +232,57 @@ func BenchmarkUpdateOneAddedOn1000(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// BenchmarkRepair5000: the periodic repair pass with nothing to repair,
+// 5,000 VXLAN peers (15,000 objects): the dumps and the diff, no write.
+func BenchmarkRepair5000(b *testing.B) {
+	s := newScaleNode(b)
+	peers := fakePeers(5000)
+	s.set(b, peers)
+	b.ReportAllocs()
+	for b.Loop() {
+		s.set(b, peers)
+	}
+}
+
+// BenchmarkKernelRouteForms writes n peer routes into an empty VXLAN device
+// with `ip -batch` (process start included), in two forms: "gateway", the
+// form Set writes (via the peer's VTEP address, onlink), and "nexthop", one
+// nexthop object per peer and a route naming it (nhid). It measures the
+// kernel, not Village: IPv4 keeps one fib_info per distinct gateway in a
+// hash keyed by device, protocol, metric and the like but not the
+// gateway, so every route of one network's device lands in one chain and
+// an insert walks all before it; a nexthop object's id is in that key.
+// Figures in docs/performance.md ("The periodic pass at 5,000 peers").
+func BenchmarkKernelRouteForms(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		for _, form := range []string{"gateway", "nexthop"} {
+			b.Run(fmt.Sprintf("%s-%d", form, n), func(b *testing.B) {
+				s := newScaleNode(b)
+				var sb strings.Builder
+				for i, p := range fakePeers(n) {
+					c := p.PodCIDRs[0]
+					if form == "gateway" {
+						fmt.Fprintf(&sb, "route add %s via %s dev village.1 onlink proto 86 metric 100\n", c, c.IP)
+						continue
+					}
+					fmt.Fprintf(&sb, "nexthop add id %d via %s dev village.1 onlink proto 86\n", 1000+i, c.IP)
+					fmt.Fprintf(&sb, "route add %s nhid %d proto 86 metric 100\n", c, 1000+i)
+				}
+				file := filepath.Join(b.TempDir(), "routes.batch")
+				if err := os.WriteFile(file, []byte(sb.String()), 0o600); err != nil {
+					b.Fatal(err)
+				}
+				for b.Loop() {
+					b.StopTimer()
+					s.emptyDevice(b)
+					testenv.MustIP(b, s.ns, "nexthop", "flush")
+					b.StartTimer()
+					if out, err := exec.Command("ip", "-n", nsName(s.ns), "-batch", file).CombinedOutput(); err != nil {
+						b.Fatalf("ip -batch: %v: %s", err, out)
+					}
+				}
+			})
+		}
+	}
+}

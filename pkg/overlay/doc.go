@@ -71,9 +71,11 @@
 //
 // # Reconciling and repairing drift
 //
-// The Reconciler keeps no state between calls: every [Reconciler.Set]
-// computes the desired objects from (self, peers), reads what the kernel has
-// with one dump per kind (routes per family, neighbours, FDB), and applies the
+// The kernel is the only state [Reconciler.Set] trusts: every Set
+// computes the desired objects from (self, peers) (or takes the plan the
+// last successful Set or Update made for exactly these inputs and the same
+// underlay: see [Reconciler.Update] for that baseline), reads what the kernel
+// has with one dump per kind (routes per family, neighbours, FDB), and applies the
 // difference: additions and replacements first (FDB and neighbours before
 // the routes that use them), then deletions of what is no longer wanted.
 // Nothing is written when nothing differs, so Set is cheap enough for every

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 
@@ -271,5 +272,48 @@ func TestDefaultRouteUnderlay(t *testing.T) {
 	}
 	if err := testenv.Ping(nodes[0].pod, nodes[1].pod6, 2); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestSetPlansAgainAfterUnderlayMove: a Set with the same peers as the last
+// one reuses that plan only while the underlay is the same. Here the node's
+// own underlay address (no IP given: its first global address) moves onto
+// one peer's: that peer is now this node, and its objects must go, though
+// the peer list did not change.
+func TestSetPlansAgainAfterUnderlayMove(t *testing.T) {
+	s := newScaleNode(t)
+	s.self.IP = nil
+	peers := fakePeers(3)
+	for i := range peers {
+		peers[i].IP = net.IPv4(192, 168, 77, byte(20+i)).To4()
+	}
+	objects := func() int {
+		d, err := s.r.Status(context.Background(), s.self, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(d.Changes) // with no peers, Status lists every object to delete
+	}
+	s.set(t, peers)
+	if n := objects(); n != 9 {
+		t.Fatalf("3 peers: %d objects, want 9 (route, neighbour, FDB each)", n)
+	}
+	testenv.MustIP(t, s.ns, "addr", "del", "192.168.77.11/24", "dev", "eth0")
+	testenv.MustIP(t, s.ns, "addr", "add", "192.168.77.21/24", "dev", "eth0")
+	rep, err := s.r.Set(context.Background(), s.self, peers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := objects(); n != 6 {
+		t.Fatalf("after the underlay moved to peer %s's address: %d objects, want 6; the Set applied %v", peers[1].Name, n, rep.Applied)
+	}
+	// and a peer list that only looks the same (as long, one name twice)
+	// is planned as it is
+	twice := append(slices.Clone(peers[:2]), peers[0])
+	if _, err := s.r.Set(context.Background(), s.self, twice); !errors.Is(err, overlay.ErrConflict) {
+		t.Fatalf("peer %s listed twice: %v, want ErrConflict", peers[0].Name, err)
+	}
+	if n := objects(); n != 3 {
+		t.Fatalf("peers %s, %s, %s: %d objects, want 3 (peer %s's; %s is this node)", twice[0].Name, twice[1].Name, twice[2].Name, n, peers[0].Name, peers[1].Name)
 	}
 }

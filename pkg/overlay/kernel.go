@@ -3,6 +3,7 @@ package overlay
 import (
 	"errors"
 	"fmt"
+	"maps"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -67,9 +68,10 @@ func (o *current) index() {
 // blocker is a route of someone else at want's destination that the kernel
 // would prefer to want (a metric no higher), nil when there is none.
 func (o *current) blocker(want route) *netlink.Route {
-	for _, rt := range o.others[want.key()] {
-		if rt.Priority <= want.priority() {
-			return &rt
+	others := o.others[want.key()]
+	for i := range others { // by index: a range variable whose address is taken is a heap copy per call
+		if others[i].Priority <= want.priority() {
+			return &others[i]
 		}
 	}
 	return nil
@@ -139,27 +141,52 @@ func (r *Reconciler) observe(vtep linkRef, wanted map[string]route, known ...lin
 	return o, nil
 }
 
+// observeRoutes sorts the main table's routes as they stream from the dump
+// (no list of them is kept): this network's into o.owned, and of everyone
+// else's only those at a destination the pass plans, the only ones a
+// blocker check asks about. At 5,000 peers the dump is most of a periodic
+// pass's allocations (docs/performance.md, "The periodic pass at 5,000
+// peers").
 func (r *Reconciler) observeRoutes(o *current, vtep linkRef, wanted map[string]route) error {
+	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN}
+	o.owned = make([]keyed[netlink.Route], 0, len(wanted))
+	var links []int // owned routes' links not named yet: asked after the dump
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := r.routeDump(fam)
+		from, linksFrom, others := len(o.owned), len(links), map[string][]netlink.Route{}
+		var err error
+		for range dumpRetries {
+			o.owned, links = o.owned[:from], links[:linksFrom] // an interrupted dump starts over
+			clear(others)
+			err = r.h.RouteListFilteredIter(fam, filter, netlink.RT_FILTER_TABLE, func(rt netlink.Route) bool {
+				if rt.Dst == nil {
+					return true // default routes are never ours and never in the way
+				}
+				k := rt.Dst.String()
+				_, want := wanted[k]
+				legacy := rt.Protocol == RouteProtocol && rt.Priority == defaultPriority(rt.Dst.IP) &&
+					(want || (vtep.index != 0 && rt.LinkIndex == vtep.index))
+				switch {
+				case (rt.Protocol == RouteProtocol && rt.Priority == r.metric) || legacy:
+					o.owned = append(o.owned, keyed[netlink.Route]{k, rt})
+					if _, ok := o.devs[rt.LinkIndex]; !ok {
+						links = append(links, rt.LinkIndex)
+					}
+				case want:
+					others[k] = append(others[k], rt)
+				}
+				return true
+			})
+			if !errors.Is(err, netlink.ErrDumpInterrupted) {
+				break
+			}
+		}
 		if err != nil {
-			return err
+			return fmt.Errorf("listing %s routes: %w", familyName(fam), err)
 		}
-		for _, rt := range routes {
-			if rt.Dst == nil {
-				continue // default routes are never ours and never in the way
-			}
-			k := rt.Dst.String()
-			_, want := wanted[k]
-			legacy := rt.Protocol == RouteProtocol && rt.Priority == defaultPriority(rt.Dst.IP) &&
-				(want || (vtep.index != 0 && rt.LinkIndex == vtep.index))
-			if (rt.Protocol == RouteProtocol && rt.Priority == r.metric) || legacy {
-				o.owned = append(o.owned, keyed[netlink.Route]{k, rt})
-				r.linkName(o, rt.LinkIndex)
-				continue
-			}
-			o.others[k] = append(o.others[k], rt)
-		}
+		maps.Copy(o.others, others)
+	}
+	for _, index := range links {
+		r.linkName(o, index)
 	}
 	return nil
 }

@@ -1,8 +1,13 @@
 package overlay
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"net"
+	"slices"
+
+	"github.com/vishvananda/netlink"
 )
 
 var errClosed = errors.New("overlay: reconciler is closed")
@@ -15,6 +20,7 @@ type outcome struct {
 	problems []Failure
 	env      env     // what the plan was made against (for Update)
 	d        desired // the plan (for Update)
+	again    bool    // d is the baseline's: the same inputs as its plan
 }
 
 // Set makes the kernel carry traffic to exactly these peers: it computes the
@@ -101,8 +107,8 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 		e.vtep = r.ensureVTEP(rc, spec)
 		out.device, out.mtu = spec.name, spec.mtu
 	}
-	d, problems := plan(backendFor(mode), e, self, peers)
-	out.problems, out.env, out.d = problems, e, d
+	d, problems, again := r.planFor(mode, e, self, peers)
+	out.problems, out.env, out.d, out.again = problems, e, d, again
 	o, err := r.observe(e.vtep, d.routes, linkRef{index: u.link.Attrs().Index, name: u.name()})
 	if err != nil {
 		return out, err
@@ -112,6 +118,55 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 		r.removeVTEP(rc)
 	}
 	return out, nil
+}
+
+// planFor is plan(mode's backend, e, self, peers), or the baseline's plan
+// when that was made for exactly these (a periodic pass, a CHECK, with
+// nothing changed since the last Set or Update): at 5,000 peers planning
+// again is a quarter of a pass's allocations (docs/performance.md, "The
+// periodic pass at 5,000 peers"). Only a clean baseline is reused: one with
+// problems or held objects does not keep its problems for the Report.
+func (r *Reconciler) planFor(mode Mode, e env, self Node, peers []Node) (desired, []Failure, bool) {
+	if b := r.base; b != nil && b.clean && b.mode == mode && sameNode(b.self, self) && sameEnv(b.e, e) && samePeers(b.peers, peers) {
+		return b.d, nil, true
+	}
+	d, problems := plan(backendFor(mode), e, self, peers)
+	return d, problems, false
+}
+
+// sameEnv reports whether a plan made in a is the plan made in b: the same
+// underlay link, local address and subnets, VXLAN device and metric
+// (everything of env a backend reads).
+func sameEnv(a, b env) bool {
+	if a.vtep != b.vtep || a.metric != b.metric || !a.u.ip.Equal(b.u.ip) || (a.u.link == nil) != (b.u.link == nil) {
+		return false
+	}
+	if a.u.link != nil && (a.u.link.Attrs().Index != b.u.link.Attrs().Index || a.u.name() != b.u.name()) {
+		return false
+	}
+	return slices.EqualFunc(a.u.addrs, b.u.addrs, func(x, y netlink.Addr) bool {
+		return sameAddrNet(x.IPNet, y.IPNet) && sameAddrNet(x.Peer, y.Peer)
+	})
+}
+
+func sameAddrNet(x, y *net.IPNet) bool {
+	return x == y || (x != nil && y != nil && x.IP.Equal(y.IP) && bytes.Equal(x.Mask, y.Mask))
+}
+
+// samePeers reports whether peers is exactly the records of have, each
+// name once.
+func samePeers(have map[string]Node, peers []Node) bool {
+	if len(have) != len(peers) {
+		return false
+	}
+	seen := make(map[string]struct{}, len(peers))
+	for _, p := range peers {
+		if h, ok := have[p.Name]; !ok || !sameNode(h, p) {
+			return false
+		}
+		seen[p.Name] = struct{}{}
+	}
+	return len(seen) == len(have)
 }
 
 // sweep deletes every route of this network and its VXLAN device.

@@ -317,8 +317,14 @@ func (b *baseline) index(d desired) {
 // when a write failed (then the kernel is not known to match the plan) or
 // the list named a peer twice (the baseline keeps peers by name).
 func (r *Reconciler) keepBaseline(rc *recorder, mode Mode, self Node, peers []Node, out outcome) {
+	b := r.base
 	r.base = nil
 	if len(rc.failed) > 0 || rc.stopped != nil || (mode != ModeNone && out.d.routes == nil) {
+		return
+	}
+	if out.again && b != nil {
+		b.out = out // the same plan: only the device's MTU may have moved
+		r.base = b
 		return
 	}
 	byName := make(map[string]Node, len(peers))
@@ -328,7 +334,7 @@ func (r *Reconciler) keepBaseline(rc *recorder, mode Mode, self Node, peers []No
 		}
 		byName[p.Name] = cloneNode(p)
 	}
-	b := &baseline{mode: mode, self: cloneNode(self), e: out.env, out: out}
+	b = &baseline{mode: mode, self: cloneNode(self), e: out.env, out: out}
 	b.reset(byName, out.d, out.problems)
 	r.base = b
 }
