@@ -231,6 +231,23 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 	return c.Self
 }
 
+// cpuSettled is pid's CPU time once it stopped growing: the same reading
+// (the kernel counts in 10 ms ticks) over 300 ms, or whatever it reads
+// after 10 s of steady work.
+func cpuSettled(b *testing.B, pid int) time.Duration {
+	const quiet, bound = 300 * time.Millisecond, 10 * time.Second
+	last, since := cpuTime(b, pid), time.Now()
+	for end := time.Now().Add(bound); time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
+		if c := cpuTime(b, pid); c != last {
+			last, since = c, time.Now()
+		} else if time.Since(since) >= quiet {
+			break
+		}
+	}
+	return last
+}
+
 // rss is the resident set size of pid in bytes.
 func rss(b *testing.B, pid int) int64 { return procStatusKB(b, pid, "VmRSS") }
 

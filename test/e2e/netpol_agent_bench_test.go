@@ -238,9 +238,9 @@ func netpolBurst(ctx context.Context, b *testing.B, api kubernetes.Interface, pi
 		return err == nil && st != nil && st.Compiled == before+burst && st.Pods == before+burst && st.Error == ""
 	}, log)
 	compiled := time.Now()
-	// a compile still running on the last writes' events: let it end
-	time.Sleep(time.Second)
-	cpu := cpuTime(b, pid) - cpu0
+	// a compile still running on the last writes' events: read the CPU
+	// once it ended (the counter holds still)
+	cpu := cpuSettled(b, pid) - cpu0
 	compiles := strings.Count(log.String(), "network policy (change)") - compiles0
 	load, _ := os.ReadFile("/proc/loadavg")
 	b.Logf("FIGURE: a burst of %d pods %s (4 writes each) next to %d: agent CPU %v (%v per pod), %d compiles that changed the kernel, "+

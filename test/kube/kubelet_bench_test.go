@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -144,6 +145,7 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 	created := map[string]time.Time{}
 	ready := map[string]time.Time{}
 	apiLat := map[string]time.Duration{}
+	writes := map[string]int{} // versions of the pod the watch showed before its Ready one
 	readyCh := make(chan string, count*2)
 	go func() {
 		for ev := range w.ResultChan() {
@@ -152,7 +154,15 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 				b.Logf("%s: watch event %s: %v", name, ev.Type, ev.Object)
 				continue
 			}
-			if ev.Type == watch.Deleted || !podReady(p) {
+			if ev.Type == watch.Deleted {
+				continue
+			}
+			if !podReady(p) {
+				mu.Lock()
+				if _, seen := ready[p.Name]; !seen {
+					writes[p.Name]++
+				}
+				mu.Unlock()
 				continue
 			}
 			now := time.Now()
@@ -211,10 +221,12 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 	cpu1 := sampleCPU()
 	w.Stop()
 	var obs, api []time.Duration
+	var before []int
 	mu.Lock()
 	for p, t := range ready {
 		obs = append(obs, t.Sub(created[p]))
 		api = append(api, apiLat[p])
+		before = append(before, writes[p])
 	}
 	mu.Unlock()
 	evs, err := cs.CoreV1().Events(name).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("reason", "FailedCreatePodSandBox").String()})
@@ -248,6 +260,13 @@ func runSuite(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, name st
 		}
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
+	// How many versions of each pod the API held before the Ready one (the
+	// create, the scheduler's binding, kubelet's status writes): more writes
+	// per pod mean a longer queue in kubelet's status manager.
+	slices.Sort(before)
+	if len(before) > 0 {
+		fmt.Printf("FIGURE kubelet %s versions before Ready per pod p50=%d max=%d\n", name, before[len(before)/2], before[len(before)-1])
+	}
 	fmt.Printf("FIGURE kubelet %s pods=%d observed p50=%v p99=%v max=%v wall=%v api(1s res) p50=%v p99=%v max=%v failedSandbox=%d "+
 		"villageADD n=%d p50=%v p99=%v max=%v ipamADD n=%d p50=%v p99=%v addFailed=%d load=%s\n",
 		name, count, pct(obs, 50), pct(obs, 99), pct(obs, 100), wall.Round(time.Millisecond),
