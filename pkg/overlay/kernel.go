@@ -6,6 +6,8 @@ import (
 	"maps"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,20 +47,18 @@ type keyed[T any] struct {
 	obj T
 }
 
+// byKey indexes s by key. A key's first object is a slice of s itself (no
+// copy: most keys have one); a second one makes that key's own list.
 func byKey[T any](s []keyed[T]) map[string][]keyed[T] {
 	m := make(map[string][]keyed[T], len(s))
-	for _, o := range s {
-		m[o.key] = append(m[o.key], o)
+	for i := range s {
+		if have, ok := m[s[i].key]; ok {
+			m[s[i].key] = append(have[:len(have):len(have)], s[i])
+			continue
+		}
+		m[s[i].key] = s[i : i+1 : i+1]
 	}
 	return m
-}
-
-func keyAll(s []netlink.Neigh, key func(netlink.Neigh) string) []keyed[netlink.Neigh] {
-	out := make([]keyed[netlink.Neigh], len(s))
-	for i, n := range s {
-		out[i] = keyed[netlink.Neigh]{key(n), n}
-	}
-	return out
 }
 
 func (o *current) index() {
@@ -110,32 +110,29 @@ func believed(d desired) current {
 func last[T any](s []T) []T { return s[len(s)-1 : len(s) : len(s)] }
 
 // observe reads the routes, and the neighbour and FDB entries of vtep.
-// wanted are the routes the pass plans: a route Village made before routes
+// d is the pass's plan: a route Village made before routes
 // carried the network's metric (protocol RouteProtocol, the kernel's
 // default metric) is taken over as this network's when it goes to one of
 // those destinations or lies on this network's VXLAN device, so an upgrade
 // replaces it instead of leaving it in front of the new one.
-func (r *Reconciler) observe(vtep linkRef, wanted map[string]route, known ...linkRef) (current, error) {
+func (r *Reconciler) observe(vtep linkRef, d desired, known ...linkRef) (current, error) {
 	o := current{others: map[string][]netlink.Route{}, devs: map[int]string{}}
 	for _, l := range append(known, vtep) {
 		if l.index != 0 {
 			o.devs[l.index] = l.name
 		}
 	}
-	if err := r.observeRoutes(&o, vtep, wanted); err != nil {
+	if err := r.observeRoutes(&o, vtep, d.routes); err != nil {
 		return o, err
 	}
 	if vtep.index != 0 {
-		neighs, err := r.vtepEntries(vtep, netlink.FAMILY_ALL)
-		if err != nil {
+		var err error
+		if o.neighs, err = r.vtepEntries(vtep, netlink.FAMILY_ALL, len(d.neighs), func(n netlink.Neigh) string { return n.IP.String() }); err != nil {
 			return o, err
 		}
-		fdbs, err := r.vtepEntries(vtep, unix.AF_BRIDGE)
-		if err != nil {
+		if o.fdbs, err = r.vtepEntries(vtep, unix.AF_BRIDGE, len(d.fdbs), func(n netlink.Neigh) string { return n.HardwareAddr.String() }); err != nil {
 			return o, err
 		}
-		o.neighs = keyAll(neighs, func(n netlink.Neigh) string { return n.IP.String() })
-		o.fdbs = keyAll(fdbs, func(n netlink.Neigh) string { return n.HardwareAddr.String() })
 	}
 	o.index()
 	return o, nil
@@ -219,28 +216,72 @@ func (r *Reconciler) routeDump(family int) ([]netlink.Route, error) {
 }
 
 // vtepEntries lists the permanent neighbour (family FAMILY_ALL) or FDB
-// (AF_BRIDGE) entries of the VXLAN device; entries the kernel made itself
-// (incomplete, stale, multicast) are not ours and are left out.
-func (r *Reconciler) vtepEntries(vtep linkRef, family int) ([]netlink.Neigh, error) {
-	var (
-		all []netlink.Neigh
-		err error
-	)
+// (AF_BRIDGE) entries of the VXLAN device, each under its key, in a list
+// sized for the expected number (the plan's); entries the kernel made
+// itself (incomplete, stale, multicast) are not ours and are left out.
+func (r *Reconciler) vtepEntries(vtep linkRef, family, expect int, key func(netlink.Neigh) string) ([]keyed[netlink.Neigh], error) {
+	kept := make([]keyed[netlink.Neigh], 0, expect)
+	var err error
 	for range dumpRetries {
-		if all, err = r.h.NeighList(vtep.index, family); !errors.Is(err, netlink.ErrDumpInterrupted) {
+		kept = kept[:0] // an interrupted dump starts over
+		err = r.neighDump(netlink.Ndmsg{Family: uint8(family), Index: uint32(vtep.index)}, func(n *netlink.Neigh) {
+			if n.LinkIndex == vtep.index && n.State&netlink.NUD_PERMANENT != 0 && n.IP != nil && len(n.HardwareAddr) > 0 {
+				kept = append(kept, keyed[netlink.Neigh]{key(*n), *n})
+			}
+		})
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("listing %s entries of %s: %w", familyName(family), vtep.name, err)
 	}
-	kept := all[:0]
-	for _, n := range all {
-		if n.LinkIndex == vtep.index && n.State&netlink.NUD_PERMANENT != 0 && n.IP != nil && len(n.HardwareAddr) > 0 {
-			kept = append(kept, n)
-		}
-	}
 	return kept, nil
+}
+
+// neighDump hands each entry of a neighbour or FDB dump to f as it
+// arrives. netlink's NeighList copies every message and then builds a list
+// of every entry, which at 5,000 peers was a third of a periodic pass's
+// allocations (docs/performance.md, "The periodic pass at 5,000 peers");
+// its Handle does not lend its socket, so the dumps have one of their own
+// in the same namespace. The error is ErrDumpInterrupted when the entries
+// changed during the dump.
+func (r *Reconciler) neighDump(msg netlink.Ndmsg, f func(*netlink.Neigh)) error {
+	if r.dump == nil {
+		s, err := dumpSocket(r.cfg.NetNS)
+		if err != nil {
+			return err
+		}
+		r.dump = &nl.SocketHandle{Socket: s}
+	}
+	req := nl.NewNetlinkRequest(unix.RTM_GETNEIGH, unix.NLM_F_DUMP)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: r.dump}
+	req.AddData(&msg)
+	return req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWNEIGH, func(m []byte) bool {
+		if n, err := netlink.NeighDeserialize(m); err == nil { // what NeighList skips too
+			f(n)
+		}
+		return true
+	})
+}
+
+// dumpSocket opens a route netlink socket in the namespace at path (the
+// current one when empty).
+func dumpSocket(path string) (*nl.NetlinkSocket, error) {
+	at := netns.None()
+	if path != "" {
+		nsh, err := netns.GetFromPath(path)
+		if err != nil {
+			return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
+		}
+		defer nsh.Close()
+		at = nsh
+	}
+	s, err := nl.GetNetlinkSocketAt(at, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("opening a netlink socket for dumps: %w", err)
+	}
+	return s, nil
 }
 
 func familyName(f int) string {

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -149,15 +150,17 @@ func Overhead(underlayIP net.IP) int {
 
 // Reconciler applies a desired set of peers to one network namespace. Set,
 // Status and Teardown read the kernel every time and keep no state besides
-// the netlink socket; Set leaves a baseline (the peers and plan it applied)
-// that only Update uses. Calls are serialized.
+// their netlink sockets; Set leaves a baseline (the peers and plan it
+// applied) that Update uses, and that Set and Status plan with again when
+// their inputs are the baseline's. Calls are serialized.
 type Reconciler struct {
 	cfg    Config
 	metric int // Metric(cfg.Network)
 
 	mu   sync.Mutex
 	h    *netlink.Handle
-	base *baseline // last successful Set or Update; nil: Update needs a Set
+	dump *nl.SocketHandle // the neighbour dumps' socket (neighDump), opened on first use
+	base *baseline        // last successful Set or Update; nil: Update needs a Set
 }
 
 // New opens a netlink socket in cfg.NetNS (or the current namespace).
@@ -206,6 +209,10 @@ func (r *Reconciler) Close() error {
 	if r.h != nil {
 		r.h.Close()
 		r.h = nil
+	}
+	if r.dump != nil {
+		r.dump.Close()
+		r.dump = nil
 	}
 	r.base = nil
 	return nil

@@ -109,7 +109,7 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 	}
 	d, problems, again := r.planFor(mode, e, self, peers)
 	out.problems, out.env, out.d, out.again = problems, e, d, again
-	o, err := r.observe(e.vtep, d.routes, linkRef{index: u.link.Attrs().Index, name: u.name()})
+	o, err := r.observe(e.vtep, d, linkRef{index: u.link.Attrs().Index, name: u.name()})
 	if err != nil {
 		return out, err
 	}
@@ -175,7 +175,7 @@ func (r *Reconciler) sweep(rc *recorder) error {
 	if link, mine, _ := r.ownVTEP(); mine {
 		vtep = linkRef{index: link.Attrs().Index, name: link.Attrs().Name}
 	}
-	o, err := r.observe(vtep, nil)
+	o, err := r.observe(vtep, desired{})
 	if err != nil {
 		return err
 	}
