@@ -268,20 +268,14 @@ func (r *Reconciler) neighDump(msg netlink.Ndmsg, f func(*netlink.Neigh)) error 
 // dumpSocket opens a route netlink socket in the namespace at path (the
 // current one when empty).
 func dumpSocket(path string) (*nl.NetlinkSocket, error) {
-	at := netns.None()
-	if path != "" {
-		nsh, err := netns.GetFromPath(path)
-		if err != nil {
-			return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
+	var s *nl.NetlinkSocket
+	err := atNamespace(path, func(at netns.NsHandle) (err error) {
+		if s, err = nl.GetNetlinkSocketAt(at, netns.None(), unix.NETLINK_ROUTE); err != nil {
+			return fmt.Errorf("opening a netlink socket for dumps%s: %w", inPath(path), err)
 		}
-		defer nsh.Close()
-		at = nsh
-	}
-	s, err := nl.GetNetlinkSocketAt(at, netns.None(), unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("opening a netlink socket for dumps: %w", err)
-	}
-	return s, nil
+		return nil
+	})
+	return s, err
 }
 
 func familyName(f int) string {

@@ -177,23 +177,36 @@ func New(cfg Config) (*Reconciler, error) {
 }
 
 func openHandle(path string) (*netlink.Handle, error) {
-	if path == "" {
-		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-		if err != nil {
-			return nil, fmt.Errorf("opening netlink socket: %w", err)
+	var h *netlink.Handle
+	err := atNamespace(path, func(at netns.NsHandle) (err error) {
+		if h, err = netlink.NewHandleAt(at, unix.NETLINK_ROUTE); err != nil {
+			return fmt.Errorf("opening netlink socket%s: %w", inPath(path), err)
 		}
-		return h, nil
+		return nil
+	})
+	return h, err
+}
+
+// atNamespace calls open with the network namespace at path, or with
+// netns.None() (the current namespace) when path is empty.
+func atNamespace(path string, open func(netns.NsHandle) error) error {
+	if path == "" {
+		return open(netns.None())
 	}
 	nsh, err := netns.GetFromPath(path)
 	if err != nil {
-		return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
+		return fmt.Errorf("opening network namespace %s: %w", path, err)
 	}
 	defer nsh.Close()
-	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("opening netlink socket in %s: %w", path, err)
+	return open(nsh)
+}
+
+// inPath is " in <path>" for a namespace path, "" for the current one.
+func inPath(path string) string {
+	if path == "" {
+		return ""
 	}
-	return h, nil
+	return " in " + path
 }
 
 // Config returns the configuration with defaults filled in.
