@@ -74,6 +74,11 @@ func sameNet(a, b *net.IPNet) bool {
 	return ao == bo && ab == bb && a.IP.Equal(b.IP)
 }
 
+// sameNetOrNil is sameNet where either may be nil (equal only to nil).
+func sameNetOrNil(a, b *net.IPNet) bool {
+	return a == b || (a != nil && b != nil && sameNet(a, b))
+}
+
 // kernelRouteObject names a route found in the kernel.
 func kernelRouteObject(k netlink.Route, dev string) Object {
 	desc := fmt.Sprintf("%s via %s dev %s metric %d", k.Dst, k.Gw, dev, k.Priority)

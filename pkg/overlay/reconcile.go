@@ -1,10 +1,8 @@
 package overlay
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"net"
 	"slices"
 
 	"github.com/vishvananda/netlink"
@@ -145,12 +143,8 @@ func sameEnv(a, b env) bool {
 		return false
 	}
 	return slices.EqualFunc(a.u.addrs, b.u.addrs, func(x, y netlink.Addr) bool {
-		return sameAddrNet(x.IPNet, y.IPNet) && sameAddrNet(x.Peer, y.Peer)
+		return sameNetOrNil(x.IPNet, y.IPNet) && sameNetOrNil(x.Peer, y.Peer)
 	})
-}
-
-func sameAddrNet(x, y *net.IPNet) bool {
-	return x == y || (x != nil && y != nil && x.IP.Equal(y.IP) && bytes.Equal(x.Mask, y.Mask))
 }
 
 // samePeers reports whether peers is exactly the records of have, each

@@ -342,9 +342,7 @@ func (r *Reconciler) keepBaseline(rc *recorder, mode Mode, self Node, peers []No
 // sameNode reports whether two records say the same node.
 func sameNode(a, b Node) bool {
 	return a.Name == b.Name && a.IP.Equal(b.IP) && bytes.Equal(a.VtepMAC, b.VtepMAC) &&
-		slices.EqualFunc(a.PodCIDRs, b.PodCIDRs, func(x, y *net.IPNet) bool {
-			return x == y || (x != nil && y != nil && sameNet(x, y))
-		})
+		slices.EqualFunc(a.PodCIDRs, b.PodCIDRs, sameNetOrNil)
 }
 
 func describeNode(n Node) string { return fmt.Sprintf("%s %s %v", n.Name, n.IP, n.PodCIDRs) }
