@@ -43,7 +43,8 @@
 # BenchmarkControlPlaneVsFlannel in test/e2e: villaged and flanneld
 # (scripts/flannel.sh builds it) watching one kube-apiserver, vxlan then
 # host-gw, while 1,000 Nodes are created ($VILLAGE_BENCH_NODES=1000,5000 for
-# both sizes), 100 changed and 100 deleted; per-event latency to the kernel,
+# both sizes; $VILLAGE_BENCH_IDLE=60s for a longer idle phase), 100 changed
+# and 100 deleted; per-event latency to the kernel,
 # CPU, RSS and API requests of each.
 #
 # The netpol section (only with -only netpol, ~3 minutes) is the pkg/netpol

@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -194,5 +195,46 @@ func TestAgentApplyBatch(t *testing.T) {
 	ch, _ = n.applyBatch(view, registry.Batch{Full: true, Nodes: []registry.Node{rec("a", "192.0.2.11", "10.1.1.0/24"), rec("e", "192.0.2.5", "10.1.5.0/24")}})
 	if names(ch.Added) != "e" || names(ch.Removed) != "c" || len(ch.Updated) != 0 || names(peerList(view)) != "a,e" {
 		t.Fatalf("full batch after changes: %+v view %v", ch, view)
+	}
+}
+
+// TestFullPassCadence: while the kernel watch has seen everything, a tick
+// reads the whole kernel back only fullEvery ticks after the last full
+// pass; a lost notification, a subscription down, no watch at all or a
+// failed pass make the next tick a full one.
+func TestFullPassCadence(t *testing.T) {
+	w := newKernelWatch(nil, nil, t.Logf)
+	w.down.Store(0)
+	a := &agent{watch: w}
+	var got []bool
+	tick := func(n int) {
+		for range n {
+			got = append(got, a.fullDue())
+		}
+	}
+	tick(fullEvery)
+	want := append(make([]bool, fullEvery-1), true)
+	a.sinceFull = 0 // the full pass ran
+	tick(2)
+	want = append(want, false, false)
+	w.lost.Store(true) // a subscription ended and was made again
+	tick(2)
+	a.sinceFull = 0
+	want = append(want, true, false)
+	w.down.Store(1) // one is down: every tick
+	tick(2)
+	a.sinceFull = 0
+	want = append(want, true, true)
+	w.down.Store(0)
+	tick(1)
+	want = append(want, false)
+	a.sinceFull = fullEvery // a failed pass
+	tick(1)
+	want = append(want, true)
+	if !slices.Equal(got, want) {
+		t.Fatalf("full passes on ticks %v, want %v", got, want)
+	}
+	if b := (&agent{}); !b.fullDue() {
+		t.Fatal("no kernel watch: the tick must read everything")
 	}
 }

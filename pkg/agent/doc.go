@@ -41,19 +41,29 @@
 //
 // Like flannel's agent, run reacts to events and also repairs on a timer.
 // The events are the registry watch (a node joined, changed, or its lease
-// expired and etcd deleted its record) and the kernel's own notifications:
-// an owned route or a permanent neighbour/FDB entry deleted, an address
-// added or removed (a changed underlay address is registered again). Kernel
-// events are coalesced for a short moment, then trigger one pass. Every
-// Period (10 s by default) a pass runs anyway with the current peer set, and
-// the masquerade rule set is checked and restored when ipMasq is on
-// (iptables sends no events); a kernel notification lost to a full socket
-// buffer is thus repaired within one period. Set writes nothing when
-// nothing differs, so a pass on a healthy node costs a few netlink dumps.
+// expired and etcd deleted its record) and the kernel's own notifications
+// of routes, neighbour and FDB entries, addresses and links, each judged
+// against the reconciler's plan (overlay.Reconciler.Drifts): a planned
+// object deleted or changed, someone else's route in front of a planned
+// one, a stray entry of this network, the VXLAN device or the underlay
+// link changed (a changed underlay address is registered again). The
+// agent's own writes are the plan, so they start nothing. Kernel events
+// are coalesced for a short moment, then trigger one pass.
+//
+// Every Period (10 s by default) the tick checks the underlay address, the
+// host shim's routes, the host veths' MACs and, when ipMasq is on, the
+// netfilter rules (netfilter sends no events Village listens to). The full
+// pass, a Set that reads every route, neighbour and FDB entry back, runs
+// on every tick only while the kernel watch is not whole (a subscription
+// failed, or ended on a full socket buffer and notifications may be lost;
+// it is made again after a pause); while it is whole, every fullEvery-th
+// period (1 min by default), as the backstop for what no notification
+// says. Set writes nothing when nothing differs.
 //
 // # Who owns what
 //
-// There is no shared mutable state and no lock in this package. Each piece
+// There is no lock in this package, and no shared mutable state but the
+// kernel watcher's two atomic counters. Each piece
 // of state has one goroutine that owns it and everything else reaches it
 // through channels:
 //
@@ -63,7 +73,8 @@
 //     when the lease was lost, and takes new records (address changed) from
 //     a latest-value channel;
 //   - the kernel watcher owns the netlink subscriptions and sends a
-//     coalescing signal;
+//     coalescing signal; whether it has seen everything since the last
+//     tick is two atomic counters the loop reads (kernel.go);
 //   - the loop owns self, the peer view and the timers, and is the only
 //     caller of the reconciler (which serializes anyway).
 //

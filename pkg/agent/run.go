@@ -111,7 +111,8 @@ func Run(ctx context.Context, opts Options) error {
 	defer func() { cancel(); wg.Wait() }() // every goroutine is gone when Run returns
 
 	kernel := make(chan struct{}, 1)
-	wg.Go(func() { watchKernel(ctx, a.r, kernel, opts.logf) })
+	a.watch = newKernelWatch(a.r, kernel, opts.logf)
+	wg.Go(func() { a.watch.run(ctx) })
 	a.startPolicy(ctx, &wg) // netpol.go
 
 	var feed *registry.Feed
@@ -150,7 +151,19 @@ type agent struct {
 	health   *health
 	reclaim  *reclaimer // nil: no registry, or reclaiming is off
 	onTick   func()     // a test's stand-in for the periodic work (nil: the work)
+	watch    *kernelWatch
+	// sinceFull counts the ticks since the last full pass (a Set that read
+	// the whole kernel back); see fullDue.
+	sinceFull int
 }
+
+// fullEvery is how many periods apart the ticks read the whole kernel back
+// while the kernel watch has seen every notification: everything a pass
+// compares announces its changes (overlay.Reconciler.Drifts), so the full
+// pass is the backstop, not the repair. At 5,000 peers one costs about 50
+// ms of CPU and 15 MB of garbage (docs/performance.md, "Repairs on
+// notifications").
+const fullEvery = 6
 
 func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan registry.Node, kernel <-chan struct{}) {
 	tick := time.NewTicker(a.opts.Period)
@@ -194,19 +207,26 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 				continue
 			}
 			a.checkSelf(records)
-			a.pass(ctx, "periodic repair", true)
+			full := a.fullDue()
+			if full {
+				a.pass(ctx, "periodic repair", true)
+			} else {
+				a.repairLocal("periodic repair")
+			}
 			a.repairMasq()
 			if a.reclaim != nil {
 				a.reclaim.pass(ctx)
 			}
 			a.countAllocations()
-			// The periodic pass dumps every route, neighbour and FDB
-			// entry and drops them: most of what the agent allocates while
-			// idle, several times what stays live (docs/performance.md,
-			// "Memory between repair passes"). Left to the runtime, the
-			// heap then stays sized for that peak between passes; handing
-			// the free pages back costs one collection per period.
-			debug.FreeOSMemory()
+			if full {
+				// A full pass dumps every route, neighbour and FDB entry
+				// and drops them: most of what the agent allocates while
+				// idle, several times what stays live (docs/performance.md,
+				// "Memory between repair passes"). Left to the runtime, the
+				// heap then stays sized for that peak between passes;
+				// handing the free pages back costs one collection.
+				debug.FreeOSMemory()
+			}
 		}
 	}
 }
@@ -259,8 +279,7 @@ func (a *agent) update(ctx context.Context, why string, change overlay.PeerChang
 // repair says the pass was not asked for by a change of the view, so
 // whatever it has to change is drift.
 func (a *agent) pass(ctx context.Context, why string, repair bool) {
-	a.repairShim(why)
-	a.repairHostVeths(why)
+	a.repairLocal(why)
 	if !a.haveView {
 		a.health.set(fmt.Errorf("no peer list from the registry yet"))
 		return
@@ -281,9 +300,29 @@ func (a *agent) pass(ctx context.Context, why string, repair bool) {
 	if err != nil && ctx.Err() == nil {
 		a.opts.logf("%s: %d peers: %v", why, len(peers), err)
 		a.health.set(fmt.Errorf("last reconcile (%s) failed: %w", why, err))
+		a.sinceFull = fullEvery // the next tick tries again
 		return
 	}
+	a.sinceFull = 0
 	a.health.set(nil)
+}
+
+// fullDue counts a tick and reports whether it is to read the whole kernel
+// back: on every tick while the kernel watch has missed something or
+// cannot follow the kernel, otherwise fullEvery ticks after the last full
+// pass (whatever started it).
+func (a *agent) fullDue() bool {
+	a.sinceFull++
+	whole := a.watch != nil && a.watch.whole() // asked on every tick: it resets "lost"
+	return !whole || a.sinceFull >= fullEvery
+}
+
+// repairLocal is the part of a pass that needs no peer view and reads
+// only this node's own few objects: the host shim's routes and the host
+// veths' MACs. Every tick runs it.
+func (a *agent) repairLocal(why string) {
+	a.repairShim(why)
+	a.repairHostVeths(why)
 }
 
 // checkSelf re-reads the underlay address; when it changed, the

@@ -225,7 +225,7 @@ func (r *Reconciler) vtepEntries(vtep linkRef, family, expect int, key func(netl
 	for range dumpRetries {
 		kept = kept[:0] // an interrupted dump starts over
 		err = r.neighDump(netlink.Ndmsg{Family: uint8(family), Index: uint32(vtep.index)}, func(n *netlink.Neigh) {
-			if n.LinkIndex == vtep.index && n.State&netlink.NUD_PERMANENT != 0 && n.IP != nil && len(n.HardwareAddr) > 0 {
+			if n.LinkIndex == vtep.index && vtepEntry(n) {
 				kept = append(kept, keyed[netlink.Neigh]{key(*n), *n})
 			}
 		})

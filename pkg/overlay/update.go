@@ -9,9 +9,6 @@ import (
 	"net"
 	"slices"
 	"strings"
-
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // ErrNeedSet is returned by Update when it has no baseline to apply a change
@@ -361,40 +358,4 @@ func cloneNode(n Node) Node {
 	}
 	n.PodCIDRs = cidrs
 	return n
-}
-
-// Wanted reports whether a route, neighbour or FDB entry (Family
-// AF_BRIDGE) the kernel reports deleted is one the last successful Set or
-// Update planned (or held): then its deletion is drift for Set to repair.
-// It is false for an object the reconciler deleted itself because the
-// plan no longer wants it, and for other networks' routes; true when there
-// is no baseline (nothing is known, so any deletion may be drift) and for
-// entries on other devices than the VXLAN device (not this package's to
-// judge).
-func (r *Reconciler) Wanted(rt *netlink.Route, n *netlink.Neigh) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b := r.base
-	switch {
-	case b == nil:
-		return true
-	case rt != nil:
-		if rt.Dst == nil || rt.Priority != r.metric {
-			return rt.Dst != nil && rt.Priority == defaultPriority(rt.Dst.IP) // a route of before the metrics: Set takes it over
-		}
-		k := canonical(rt.Dst).String()
-		_, ok := b.d.routes[k]
-		return ok || b.d.held[objKey(KindRoute, k)]
-	case n != nil && (b.e.vtep.index == 0 || n.LinkIndex != b.e.vtep.index):
-		return true
-	case n != nil && n.Family == unix.AF_BRIDGE:
-		k := n.HardwareAddr.String()
-		f, ok := b.d.fdbs[k]
-		return (ok && f.dst.Equal(n.IP)) || b.d.held[objKey(KindFDB, k)]
-	case n != nil:
-		k := n.IP.String()
-		_, ok := b.d.neighs[k]
-		return ok || b.d.held[objKey(KindNeigh, k)]
-	}
-	return true
 }

@@ -371,16 +371,17 @@ func (lab *agentLab) repairAndStatus(subnets []string) {
 		return ok, fmt.Sprintf("healthz %d %s\n%s", hcode, health, body)
 	})
 
-	// A route changed by hand sends no deletion event: the periodic pass
-	// puts it right.
+	// A route changed by hand sends no deletion, only the changed route
+	// (RTM_NEWROUTE): the agent compares it with its plan and puts it
+	// right.
 	vtep3 := strings.TrimSuffix(subnets[2], "/24")
 	testenv.MustIP(t, n1.NS, "route", "change", subnets[1], "via", vtep3, "dev", "village.9", "onlink", "proto", "86",
 		"metric", fmt.Sprint(overlay.Metric("agt")))
-	d = waitFor(t, 20*time.Second, "the route changed by hand is corrected by the periodic pass", func() (bool, string) {
+	d = waitFor(t, 20*time.Second, "the route changed by hand is corrected", func() (bool, string) {
 		r := n1.routes(t)
 		return strings.Contains(r, subnets[1]+" via "+vtep2+" "), r
 	})
-	t.Logf("FIGURE: a route changed by hand (no kernel event) was corrected after %s (period 10s)", d.Round(time.Millisecond))
+	t.Logf("FIGURE: a route changed by hand was corrected after %s (period 10s)", d.Round(time.Millisecond))
 
 	// SIGTERM: a clean stop, routes stay.
 	must(t, n1.stop(t, syscall.SIGTERM), "villaged on %s after SIGTERM", n1.name)

@@ -69,6 +69,13 @@ func BenchmarkControlPlaneVsFlannel(b *testing.B) {
 			sizes = append(sizes, n)
 		}
 	}
+	if s := os.Getenv("VILLAGE_BENCH_IDLE"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < time.Second {
+			b.Fatalf("VILLAGE_BENCH_IDLE: %q (want a duration of 1s or more)", s)
+		}
+		cpIdle = d
+	}
 	for _, n := range sizes {
 		for _, mode := range []string{"vxlan", "host-gw"} {
 			b.Run(fmt.Sprintf("%s-%d", mode, n), func(b *testing.B) { controlPlaneRound(b, flanneld, mode, n) })
@@ -76,9 +83,13 @@ func BenchmarkControlPlaneVsFlannel(b *testing.B) {
 	}
 }
 
+// cpIdle is the idle phase (VILLAGE_BENCH_IDLE): 30 s, or 60 s to hold
+// one of villaged's full repair passes for sure (every 6th period of 10 s
+// while its kernel notifications are whole).
+var cpIdle = 30 * time.Second
+
 const (
 	cpChanged = 100
-	cpIdle    = 30 * time.Second
 	// cpLAN is the watchers' second address: the Nodes' underlay addresses
 	// (172.20.x.y, changed to 172.21.x.y) are on its subnet, as host-gw needs.
 	cpLANNet = "/15"
