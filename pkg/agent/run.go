@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"runtime/debug"
+	runtimemetrics "runtime/metrics"
 	"strings"
 	"sync"
 	"time"
@@ -155,6 +156,9 @@ type agent struct {
 	// sinceFull counts the ticks since the last full pass (a Set that read
 	// the whole kernel back); see fullDue.
 	sinceFull int
+	// handedBackAt is the heap's allocation total when the free heap was
+	// last handed back (handBack).
+	handedBackAt uint64
 }
 
 // fullEvery is how many periods apart the ticks read the whole kernel back
@@ -218,16 +222,32 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 				a.reclaim.pass(ctx)
 			}
 			a.countAllocations()
-			if full {
-				// A full pass dumps every route, neighbour and FDB entry
-				// and drops them: most of what the agent allocates while
-				// idle, several times what stays live (docs/performance.md,
-				// "Memory between repair passes"). Left to the runtime, the
-				// heap then stays sized for that peak between passes;
-				// handing the free pages back costs one collection.
-				debug.FreeOSMemory()
-			}
+			a.handBack()
 		}
+	}
+}
+
+// handBackAfter is how much the agent allocates between two ticks before
+// the tick hands the free heap back to the kernel.
+const handBackAfter = 4 << 20
+
+// handBack returns the free heap pages to the kernel when the agent has
+// allocated handBackAfter since the last time: after a full pass (which
+// dumps every route, neighbour and FDB entry and drops them, several times
+// what stays live) or a burst of registry events. Left to the runtime, the
+// heap stays sized for such a peak (docs/performance.md, "Memory between
+// repair passes"); handing it back costs one collection, which a quiet
+// tick does not pay.
+func (a *agent) handBack() {
+	s := []runtimemetrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	runtimemetrics.Read(s)
+	if s[0].Value.Kind() != runtimemetrics.KindUint64 {
+		debug.FreeOSMemory()
+		return
+	}
+	if total := s[0].Value.Uint64(); total-a.handedBackAt >= handBackAfter {
+		debug.FreeOSMemory()
+		a.handedBackAt = total
 	}
 }
 
