@@ -211,8 +211,7 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 				continue
 			}
 			a.checkSelf(records)
-			full := a.fullDue()
-			if full {
+			if a.fullDue() {
 				a.pass(ctx, "periodic repair", true)
 			} else {
 				a.repairLocal("periodic repair")

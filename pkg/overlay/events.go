@@ -49,13 +49,13 @@ func (r *Reconciler) Drifts(ev KernelEvent) bool {
 	case ev.Addr != nil && ev.Addr.IP.IsLinkLocalUnicast():
 		return false // the kernel's own (IPv6 link-local): no pass reads them
 	case ev.LinkIndex != 0:
-		return b != nil && (ev.LinkIndex == b.e.vtep.index || (b.e.u.link != nil && ev.LinkIndex == b.e.u.link.Attrs().Index))
+		return b != nil && (b.onVTEP(ev.LinkIndex) || (b.e.u.link != nil && ev.LinkIndex == b.e.u.link.Attrs().Index))
 	case ev.Route != nil && ev.Deleted:
 		return b.routeDeleted(ev.Route, r.metric)
 	case ev.Neigh != nil && ev.Deleted:
 		// planned, whatever the state the kernel reports it in (a
 		// permanent neighbour entry deleted is reported FAILED)
-		return b != nil && b.e.vtep.index != 0 && ev.Neigh.LinkIndex == b.e.vtep.index && b.entryPlanned(ev.Neigh)
+		return b != nil && b.onVTEP(ev.Neigh.LinkIndex) && b.entryPlanned(ev.Neigh)
 	case b == nil:
 		return false
 	case ev.Route != nil && (ev.Route.Dst == nil || ev.Route.Dst.IP.IsUnspecified()):
@@ -91,6 +91,9 @@ func (b *baseline) routeDeleted(k *netlink.Route, metric int) bool {
 	return legacy || planned || b.d.held[objKey(KindRoute, key)]
 }
 
+// onVTEP reports whether link index is the plan's VXLAN device.
+func (b *baseline) onVTEP(index int) bool { return b.e.vtep.index != 0 && index == b.e.vtep.index }
+
 // entryPlanned reports whether the plan has (or holds) a neighbour or FDB
 // entry (Family AF_BRIDGE) where n is: the same address, or for an FDB
 // entry the same MAC and destination.
@@ -110,23 +113,16 @@ func (b *baseline) routeDrifts(k *netlink.Route, metric int) bool {
 	if k.Dst == nil || (k.Table != unix.RT_TABLE_MAIN && k.Table != 0) {
 		return false
 	}
-	key := canonical(k.Dst).String()
-	ours := k.Protocol == RouteProtocol && k.Priority == metric
-	legacy := k.Protocol == RouteProtocol && k.Priority == defaultPriority(k.Dst.IP)
-	want, planned := b.d.routes[key]
-	switch {
-	case !planned:
-		return ours || (legacy && b.e.vtep.index != 0 && k.LinkIndex == b.e.vtep.index)
-	case ours:
-		return !want.matches(*k)
-	default:
-		return legacy || k.Priority <= want.priority() // taken over, or in front of the planned route
+	want, planned := b.d.routes[canonical(k.Dst).String()]
+	if ownedRoute(k, metric, planned, b.e.vtep.index) {
+		return !planned || !want.matches(*k) // stray, or not the planned one (one of before the metrics never is)
 	}
+	return planned && k.Priority <= want.priority() // someone else's, in front of the planned route
 }
 
 // neighDrifts: a new or changed neighbour or FDB entry n against the plan.
 func (b *baseline) neighDrifts(n *netlink.Neigh) bool {
-	if b.e.vtep.index == 0 || n.LinkIndex != b.e.vtep.index {
+	if !b.onVTEP(n.LinkIndex) {
 		return false
 	}
 	if n.Family == unix.AF_BRIDGE {

@@ -160,10 +160,8 @@ func (r *Reconciler) observeRoutes(o *current, vtep linkRef, wanted map[string]r
 				}
 				k := rt.Dst.String()
 				_, want := wanted[k]
-				legacy := rt.Protocol == RouteProtocol && rt.Priority == defaultPriority(rt.Dst.IP) &&
-					(want || (vtep.index != 0 && rt.LinkIndex == vtep.index))
 				switch {
-				case (rt.Protocol == RouteProtocol && rt.Priority == r.metric) || legacy:
+				case ownedRoute(&rt, r.metric, want, vtep.index):
 					o.owned = append(o.owned, keyed[netlink.Route]{k, rt})
 					if _, ok := o.devs[rt.LinkIndex]; !ok {
 						links = append(links, rt.LinkIndex)
@@ -186,6 +184,18 @@ func (r *Reconciler) observeRoutes(o *current, vtep linkRef, wanted map[string]r
 		r.linkName(o, index)
 	}
 	return nil
+}
+
+// ownedRoute reports whether a pass takes route rt as this network's:
+// its protocol and metric, or its protocol and the kernel's default
+// metric (a route of before the metrics) at a destination the plan has
+// (planned) or on the VXLAN device (vtepIndex, 0 when there is none).
+func ownedRoute(rt *netlink.Route, metric int, planned bool, vtepIndex int) bool {
+	if rt.Protocol != RouteProtocol {
+		return false
+	}
+	legacy := rt.Priority == defaultPriority(rt.Dst.IP) && (planned || (vtepIndex != 0 && rt.LinkIndex == vtepIndex))
+	return rt.Priority == metric || legacy
 }
 
 // linkName records the name of a link owned routes are on (for reports).
