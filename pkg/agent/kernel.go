@@ -83,14 +83,14 @@ func (w *kernelWatch) run(ctx context.Context) {
 		}, func(u netlink.AddrUpdate) bool {
 			// the underlay's address (registered again by the pass's
 			// checkSelf) or the VXLAN device's
-			return w.r.Drifts(overlay.KernelEvent{LinkIndex: u.LinkIndex, Addr: &u.LinkAddress})
+			return w.r.Drifts(overlay.KernelEvent{Deleted: !u.NewAddr, LinkIndex: u.LinkIndex, Addr: &u.LinkAddress})
 		})
 	})
 	wg.Go(func() {
 		follow(ctx, w, "link", func(ch chan netlink.LinkUpdate, done <-chan struct{}, onErr func(error)) error {
 			return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr, ReceiveBufferSize: notifyBuffer, ReceiveBufferForceSize: true})
 		}, func(u netlink.LinkUpdate) bool {
-			return w.r.Drifts(overlay.KernelEvent{LinkIndex: int(u.Index)})
+			return w.r.Drifts(overlay.KernelEvent{Deleted: u.Header.Type == unix.RTM_DELLINK, LinkIndex: int(u.Index), Link: u.Link})
 		})
 	})
 	wg.Wait()

@@ -101,9 +101,9 @@ func flatten(m map[string][]objRef) []objRef {
 // differing from the baseline's plan; the reconciler's own writes (the
 // plan itself) and other owners' objects away from it are not.
 func TestDrifts(t *testing.T) {
-	lan := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Index: 4, Name: "lan0"}}
+	lan := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Index: 4, Name: "lan0", MTU: 1500}}
 	e := env{u: underlay{link: lan, ip: net.IPv4(192, 168, 77, 1).To4()}, vtep: linkRef{index: 9, name: "village.1"}, metric: 7}
-	self := Node{Name: "self", IP: e.u.ip}
+	self := Node{Name: "self", IP: e.u.ip, PodCIDRs: []*net.IPNet{{IP: net.IPv4(10, 200, 0, 0).To4(), Mask: net.CIDRMask(24, 32)}}}
 	p := Node{Name: "p1", IP: net.IPv4(10, 60, 0, 1).To4(), PodCIDRs: []*net.IPNet{{IP: net.IPv4(10, 200, 1, 0).To4(), Mask: net.CIDRMask(24, 32)}}}
 	r := &Reconciler{metric: 7}
 	del := func(rt *netlink.Route, n *netlink.Neigh) KernelEvent {
@@ -153,6 +153,16 @@ func TestDrifts(t *testing.T) {
 	}
 	otherMAC := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x99}
 	perm := netlink.NUD_PERMANENT
+	// the VXLAN device as a pass leaves it, and as it may be found
+	spec := r.vtepSpecFor(e.u, self)
+	settled := spec.link()
+	settled.Index, settled.Alias, settled.Flags = 9, spec.alias, net.FlagUp
+	down, otherMTU, learning := *settled, *settled, *settled
+	down.Flags = 0
+	otherMTU.MTU--
+	learning.Learning = true
+	ownAddr := &net.IPNet{IP: net.IPv4(10, 200, 0, 0).To4(), Mask: net.CIDRMask(32, 32)}
+	strayAddr := &net.IPNet{IP: net.IPv4(10, 200, 7, 0).To4(), Mask: net.CIDRMask(32, 32)}
 	for _, tc := range []struct {
 		what string
 		ev   KernelEvent
@@ -188,7 +198,16 @@ func TestDrifts(t *testing.T) {
 		{"the planned FDB entry (our own write)", KernelEvent{Neigh: fdbAs(mac, p.IP, 9)}, false},
 		{"the planned FDB entry to another destination", KernelEvent{Neigh: fdbAs(mac, net.IPv4(10, 61, 0, 1).To4(), 9)}, true},
 		{"a permanent FDB entry the plan does not have", KernelEvent{Neigh: fdbAs(otherMAC, p.IP, 9)}, true},
-		{"the VXLAN device", KernelEvent{LinkIndex: 9}, true},
+		{"the VXLAN device, not said how", KernelEvent{LinkIndex: 9}, true},
+		{"the VXLAN device as a pass leaves it (our own link up)", KernelEvent{LinkIndex: 9, Link: settled}, false},
+		{"the VXLAN device down", KernelEvent{LinkIndex: 9, Link: &down}, true},
+		{"the VXLAN device with another MTU", KernelEvent{LinkIndex: 9, Link: &otherMTU}, true},
+		{"the VXLAN device learning", KernelEvent{LinkIndex: 9, Link: &learning}, true},
+		{"the VXLAN device deleted", KernelEvent{Deleted: true, LinkIndex: 9, Link: settled}, true},
+		{"the VXLAN device's address (our own write)", KernelEvent{LinkIndex: 9, Addr: ownAddr}, false},
+		{"the VXLAN device's address deleted", KernelEvent{Deleted: true, LinkIndex: 9, Addr: ownAddr}, true},
+		{"another address on the VXLAN device", KernelEvent{LinkIndex: 9, Addr: strayAddr}, true},
+		{"another address on the VXLAN device deleted", KernelEvent{Deleted: true, LinkIndex: 9, Addr: strayAddr}, false},
 		{"the underlay link", KernelEvent{LinkIndex: 4}, true},
 		{"another link", KernelEvent{LinkIndex: 3}, false},
 		{"an address on the underlay", KernelEvent{LinkIndex: 4, Addr: &net.IPNet{IP: net.IPv4(192, 168, 77, 2).To4(), Mask: net.CIDRMask(24, 32)}}, true},

@@ -14,8 +14,9 @@ type KernelEvent struct {
 	Deleted   bool
 	Route     *netlink.Route
 	Neigh     *netlink.Neigh
-	LinkIndex int        // a link notification (RTM_NEWLINK or RTM_DELLINK) about this link, or an address one on it
-	Addr      *net.IPNet // an address notification (RTM_NEWADDR or RTM_DELADDR): the address
+	LinkIndex int          // a link notification (RTM_NEWLINK or RTM_DELLINK) about this link, or an address one on it
+	Link      netlink.Link // a link notification: the link as the kernel reported it (nil: judged as a change)
+	Addr      *net.IPNet   // an address notification (RTM_NEWADDR or RTM_DELADDR): the address
 }
 
 // Drifts reports whether ev may have moved the kernel away from the last
@@ -31,13 +32,16 @@ type KernelEvent struct {
 // (protocol and metric) at a destination the plan does not have; a
 // neighbour or FDB entry on the VXLAN device that differs from the plan,
 // or a permanent one the plan does not have; someone else's route deleted
-// at a destination whose peer is held for a conflict; any notification
-// about the VXLAN device or the underlay link (down, up, deleted, MTU,
-// addresses other than link-local ones); a default route changed when the underlay is the default
-// route's link.
+// at a destination whose peer is held for a conflict; the VXLAN device
+// deleted or left other than a pass leaves it (down, another MTU, MAC,
+// alias or VXLAN attribute), a planned address of it deleted or another
+// one added; any notification about the underlay link or an address on it
+// (the plan's inputs: its MTU and addresses); link-local addresses never;
+// a default route changed when the underlay is the default route's link.
 // False for the reconciler's own writes (they are the plan: Update and Set
-// hold the lock until the baseline is theirs), and for other networks' and
-// other devices' objects. Without a baseline the deletion of a route of
+// hold the lock until the baseline is theirs; a pass that set the device
+// up again and gave it its addresses back is told so by the kernel, and
+// that is no drift), and for other networks' and other devices' objects. Without a baseline the deletion of a route of
 // this network is true (nothing is known) and anything else false (the
 // first Set reads everything anyway; after a failed one the agent's next
 // tick does).
@@ -49,7 +53,7 @@ func (r *Reconciler) Drifts(ev KernelEvent) bool {
 	case ev.Addr != nil && ev.Addr.IP.IsLinkLocalUnicast():
 		return false // the kernel's own (IPv6 link-local): no pass reads them
 	case ev.LinkIndex != 0:
-		return b != nil && (b.onVTEP(ev.LinkIndex) || (b.e.u.link != nil && ev.LinkIndex == b.e.u.link.Attrs().Index))
+		return b != nil && r.linkDrifts(b, ev)
 	case ev.Route != nil && ev.Deleted:
 		return b.routeDeleted(ev.Route, r.metric)
 	case ev.Neigh != nil && ev.Deleted:
@@ -89,6 +93,31 @@ func (b *baseline) routeDeleted(k *netlink.Route, metric int) bool {
 	_, planned := b.d.routes[key]
 	legacy := k.Priority != metric // of before the metrics: Set takes it over
 	return legacy || planned || b.d.held[objKey(KindRoute, key)]
+}
+
+// linkDrifts: a link notification, or an address one, against the plan.
+// Any about the underlay link is drift. About the VXLAN device, one that
+// says the device is as a pass leaves it is not: the spec is the one the
+// pass that made the baseline ensured (the same underlay and self).
+func (r *Reconciler) linkDrifts(b *baseline, ev KernelEvent) bool {
+	u := b.e.u.link
+	if u != nil && ev.LinkIndex == u.Attrs().Index {
+		return true
+	}
+	if !b.onVTEP(ev.LinkIndex) {
+		return false
+	}
+	if u == nil {
+		return true // no spec to judge by
+	}
+	s := r.vtepSpecFor(b.e.u, b.self)
+	switch {
+	case ev.Addr != nil:
+		return s.hasAddr(ev.Addr) == ev.Deleted // a planned one gone, or another one come
+	case ev.Deleted || ev.Link == nil:
+		return true
+	}
+	return !s.settled(ev.Link)
 }
 
 // onVTEP reports whether link index is the plan's VXLAN device.

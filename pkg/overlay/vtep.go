@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -95,6 +96,19 @@ func (s vtepSpec) fits(l netlink.Link) bool {
 	v, ok := l.(*netlink.Vxlan)
 	return ok && v.VxlanId == s.vni && v.Port == s.port && v.SrcAddr.Equal(s.local) &&
 		!v.Learning && v.VtepDevIndex == s.underlay && !v.FlowBased && len(v.Group) == 0
+}
+
+// settled reports whether l is the device as ensureVTEP leaves it: it
+// fits, and has the MTU, MAC and alias fixVTEPLink gives it, and is up.
+func (s vtepSpec) settled(l netlink.Link) bool {
+	a := l.Attrs()
+	return s.fits(l) && a.MTU == s.mtu && bytes.Equal(a.HardwareAddr, s.mac) && a.Alias == s.alias && a.Flags&net.FlagUp != 0
+}
+
+// hasAddr reports whether a is one of the VTEP addresses (fixVTEPAddrs
+// adds those and removes the device's other global ones).
+func (s vtepSpec) hasAddr(a *net.IPNet) bool {
+	return slices.ContainsFunc(s.addrs, func(want *net.IPNet) bool { return want.String() == a.String() })
 }
 
 func (s vtepSpec) link() *netlink.Vxlan {
