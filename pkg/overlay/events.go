@@ -41,10 +41,10 @@ type KernelEvent struct {
 // False for the reconciler's own writes (they are the plan: Update and Set
 // hold the lock until the baseline is theirs; a pass that set the device
 // up again and gave it its addresses back is told so by the kernel, and
-// that is no drift), and for other networks' and other devices' objects. Without a baseline the deletion of a route of
-// this network is true (nothing is known) and anything else false (the
-// first Set reads everything anyway; after a failed one the agent's next
-// tick does).
+// that is no drift), and for other networks' and other devices' objects.
+// Without a baseline the deletion of a route of this network is true
+// (nothing is known) and anything else false (the first Set reads
+// everything anyway; after a failed one the agent's next tick does).
 func (r *Reconciler) Drifts(ev KernelEvent) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

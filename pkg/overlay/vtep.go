@@ -99,10 +99,9 @@ func (s vtepSpec) fits(l netlink.Link) bool {
 }
 
 // settled reports whether l is the device as ensureVTEP leaves it: it
-// fits, and has the MTU, MAC and alias fixVTEPLink gives it, and is up.
+// fits, and fixVTEPLink has nothing to correct.
 func (s vtepSpec) settled(l netlink.Link) bool {
-	a := l.Attrs()
-	return s.fits(l) && a.MTU == s.mtu && bytes.Equal(a.HardwareAddr, s.mac) && a.Alias == s.alias && a.Flags&net.FlagUp != 0
+	return s.fits(l) && len(s.linkFixes(l)) == 0
 }
 
 // hasAddr reports whether a is one of the VTEP addresses (fixVTEPAddrs
@@ -166,26 +165,44 @@ func (r *Reconciler) createVTEP(rc *recorder, s vtepSpec, old netlink.Link) netl
 	return link
 }
 
-// fixVTEPLink corrects MTU, MAC and state in place.
-func (r *Reconciler) fixVTEPLink(rc *recorder, s vtepSpec, link netlink.Link) {
-	a := link.Attrs()
+// linkFix is one in-place correction of the device: what it changes, and
+// the write that does it.
+type linkFix struct {
+	desc string
+	do   func(h *netlink.Handle, l netlink.Link) error
+}
+
+// linkFixes lists what fixVTEPLink would correct on l: MTU, MAC, alias and
+// state, in that order. settled asks it too, so the two cannot disagree.
+func (s vtepSpec) linkFixes(l netlink.Link) []linkFix {
+	a := l.Attrs()
+	var fixes []linkFix
 	if a.MTU != s.mtu {
-		c := Change{OpReplace, Object{Kind: KindDevice, Desc: fmt.Sprintf("%s mtu %d (was %d)", s.name, s.mtu, a.MTU)}}
-		_ = rc.do(c, func() error { return r.h.LinkSetMTU(link, s.mtu) })
+		fixes = append(fixes, linkFix{fmt.Sprintf("%s mtu %d (was %d)", s.name, s.mtu, a.MTU),
+			func(h *netlink.Handle, l netlink.Link) error { return h.LinkSetMTU(l, s.mtu) }})
 	}
 	if !bytes.Equal(a.HardwareAddr, s.mac) {
-		c := Change{OpReplace, Object{Kind: KindDevice, Desc: fmt.Sprintf("%s address %s (was %s)", s.name, s.mac, a.HardwareAddr)}}
-		_ = rc.do(c, func() error { return r.h.LinkSetHardwareAddr(link, s.mac) })
+		fixes = append(fixes, linkFix{fmt.Sprintf("%s address %s (was %s)", s.name, s.mac, a.HardwareAddr),
+			func(h *netlink.Handle, l netlink.Link) error { return h.LinkSetHardwareAddr(l, s.mac) }})
 	}
 	if a.Alias != s.alias {
 		// A new device (the kernel takes no alias at creation) or one made
 		// before devices had one: ownVTEP refused another network's.
-		c := Change{OpReplace, Object{Kind: KindDevice, Desc: fmt.Sprintf("%s alias %q (was %q)", s.name, s.alias, a.Alias)}}
-		_ = rc.do(c, func() error { return r.h.LinkSetAlias(link, s.alias) })
+		fixes = append(fixes, linkFix{fmt.Sprintf("%s alias %q (was %q)", s.name, s.alias, a.Alias),
+			func(h *netlink.Handle, l netlink.Link) error { return h.LinkSetAlias(l, s.alias) }})
 	}
 	if a.Flags&net.FlagUp == 0 {
-		c := Change{OpReplace, Object{Kind: KindDevice, Desc: s.name + " up"}}
-		_ = rc.do(c, func() error { return r.h.LinkSetUp(link) })
+		fixes = append(fixes, linkFix{s.name + " up",
+			func(h *netlink.Handle, l netlink.Link) error { return h.LinkSetUp(l) }})
+	}
+	return fixes
+}
+
+// fixVTEPLink corrects MTU, MAC, alias and state in place.
+func (r *Reconciler) fixVTEPLink(rc *recorder, s vtepSpec, link netlink.Link) {
+	for _, f := range s.linkFixes(link) {
+		c := Change{OpReplace, Object{Kind: KindDevice, Desc: f.desc}}
+		_ = rc.do(c, func() error { return f.do(r.h, link) })
 	}
 }
 
