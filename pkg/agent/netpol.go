@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 
@@ -11,34 +10,16 @@ import (
 )
 
 // NetworkPolicy enforcement is the village entry's key "networkPolicy"
-// (default false). On, `villaged run` runs pkg/netpol/controller against
+// (default false, netconf.NetConf.NetworkPolicy, parsed with the rest of
+// the entry). On, `villaged run` runs pkg/netpol/controller against
 // the Kubernetes API (the kubernetes registry's kubeconfig, else the
 // in-cluster configuration); off, it removes whatever an earlier run with
 // it on installed, so nothing of it is left.
 
-// policyOn reads the networkPolicy key of the conflist's village entry.
-func (c *Conf) policyOn() (bool, error) {
-	entry, err := readVillageEntry(c.File)
-	if err != nil {
-		return false, err
-	}
-	var k struct {
-		NetworkPolicy *bool `json:"networkPolicy"`
-	}
-	if err := json.Unmarshal(entry, &k); err != nil {
-		return false, fmt.Errorf("%s: networkPolicy: %w", c.File, err)
-	}
-	return k.NetworkPolicy != nil && *k.NetworkPolicy, nil
-}
-
 // startPolicy starts the controller in wg when the key is on, and removes
 // its tables and files when it is off.
 func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
-	on, err := a.c.policyOn()
-	if err != nil {
-		a.opts.logf("network policy: %v: off", err)
-	}
-	if !on {
+	if !a.c.Net.NetworkPolicy {
 		if err := controller.Disable(a.opts.RunDir, a.c.Net.Name); err != nil {
 			a.opts.logf("network policy is off; removing its tables: %v", err)
 		}
@@ -61,12 +42,9 @@ func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
 
 // policyStatus are `villaged status` lines about the network's policy
 // tables; ok is false when the kernel does not hold what the controller
-// last compiled.
+// last compiled. c is the config status parsed once.
 func policyStatus(c *Conf, runDir string) (lines []string, ok bool) {
-	on, err := c.policyOn()
-	if err != nil {
-		return []string{"network policy: " + err.Error()}, false
-	}
+	on := c.Net.NetworkPolicy
 	have, present, err := table.Observe(c.Net.Name)
 	if err != nil {
 		return []string{"network policy: " + err.Error()}, false

@@ -71,6 +71,11 @@ type NetConf struct {
 	// stays inside it. Empty: the pod subnet itself.
 	ClusterCIDR string `json:"clusterCIDR,omitempty"`
 
+	// NetworkPolicy (default false): villaged enforces Kubernetes
+	// NetworkPolicy for the network's pods on the node; off, it removes
+	// the policy tables an earlier run left.
+	NetworkPolicy bool `json:"networkPolicy,omitempty"`
+
 	// Sections owned by other parts of Village, kept raw here and parsed by
 	// the package that implements them.
 	Macvlan json.RawMessage `json:"macvlan,omitempty"`

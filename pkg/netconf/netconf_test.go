@@ -452,3 +452,25 @@ func TestPodMTU(t *testing.T) {
 		}
 	}
 }
+
+// TestNetworkPolicyKey: "networkPolicy" is parsed with the rest of the
+// entry (default off), and a value that is not a boolean fails the parse
+// like any other mistyped key instead of being read as off.
+func TestNetworkPolicyKey(t *testing.T) {
+	for _, tc := range []struct {
+		extra string
+		want  bool
+	}{
+		{"", false},
+		{`"networkPolicy":false`, false},
+		{`"networkPolicy":true`, true},
+		{`"networkPolicy":null`, false},
+	} {
+		if got := mustParse(t, conf(tc.extra), "").NetworkPolicy; got != tc.want {
+			t.Errorf("%s: NetworkPolicy = %v, want %v", tc.extra, got, tc.want)
+		}
+	}
+	for _, bad := range []string{`"networkPolicy":"true"`, `"networkPolicy":1`, `"networkPolicy":{}`} {
+		wantErr(t, conf(bad), "", types.ErrDecodingFailure, "networkPolicy")
+	}
+}
