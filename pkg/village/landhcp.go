@@ -53,14 +53,10 @@ func (c *dhcpClaim) acquire(a *adder, link netlink.Link) (*current.Result, error
 	if err := a.pod.Handle().LinkSetUp(link); err != nil {
 		return nil, fmt.Errorf("failed to set %q up for DHCP: %w", c.att.IfName, err)
 	}
-	var k8s netconf.EnvArgs
-	if err := types.LoadArgs(a.args.Args, &k8s); err != nil {
-		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("invalid CNI_ARGS: %v", err), "")
-	}
 	ctx, cancel := ipamTimeout()
 	defer cancel()
 	resp, err := wire.Call(ctx, c.socket, wire.Request{Op: wire.OpAcquire, Network: c.network, Attachment: c.att, Netns: a.args.Netns,
-		MAC: link.Attrs().HardwareAddr.String(), Hostname: string(k8s.K8S_POD_NAME)})
+		MAC: link.Attrs().HardwareAddr.String(), Hostname: a.conf.Pod.Name})
 	if err != nil {
 		if errors.Is(err, wire.ErrNoAgent) {
 			return nil, types.NewError(types.ErrTryAgainLater, err.Error(), "")

@@ -2,7 +2,6 @@ package village
 
 import (
 	"net/netip"
-	"strings"
 
 	"github.com/village-cni/village/pkg/netpol/table"
 )
@@ -19,16 +18,6 @@ func (a *adder) markPolicyPending() error {
 			ips = append(ips, ip.Unmap())
 		}
 	}
-	_, err := table.MarkNewPod("", a.conf.Name, cniArg(a.args.Args, "K8S_POD_NAMESPACE"), ips)
+	_, err := table.MarkNewPod("", a.conf.Name, a.conf.Pod.Namespace, ips)
 	return err
-}
-
-// cniArg is the value of key in CNI_ARGS ("K=V;K=V"), "" when absent.
-func cniArg(args, key string) string {
-	for _, kv := range strings.Split(args, ";") {
-		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
-			return v
-		}
-	}
-	return ""
 }
