@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -76,6 +74,11 @@ type Conf struct {
 	DataDir string
 	// Node is this node's name.
 	Node string
+	// LANStore is the store block of the macvlan LAN pool's IPAM, parsed
+	// once for the reclaimer and the host credentials (nil without a LAN
+	// section, or when LANStoreErr says why it could not be read).
+	LANStore    *ipamconfig.StoreConfig
+	LANStoreErr error
 }
 
 // netfilter is the netfilter state the network wants on a node with pod
@@ -141,6 +144,14 @@ func Load(opts Options) (*Conf, error) {
 	if c.SubnetFile == "" {
 		c.SubnetFile = subnetfile.Path(opts.RunDir, nc.Name)
 	}
+	if nc.LAN != nil {
+		st, err := ipamconfig.ParseStore(nc.LAN.IPAM)
+		if err != nil {
+			c.LANStoreErr = fmt.Errorf("%s: the LAN pool's store: %w", opts.ConfFile, err)
+		} else {
+			c.LANStore = &st
+		}
+	}
 	c.Node = opts.NodeName
 	if c.Node == "" {
 		c.Node = os.Getenv("NODE_NAME")
@@ -157,56 +168,17 @@ func Load(opts Options) (*Conf, error) {
 }
 
 // readVillageEntry reads the configuration file at path and returns its
-// village entry (see villageEntry).
+// first village entry (netconf.FromList).
 func readVillageEntry(path string) ([]byte, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading the network configuration: %w", err)
 	}
-	entry, err := villageEntry(raw)
+	entries, err := netconf.FromList(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return entry, nil
-}
-
-// villageEntry returns the plugin entry whose type is "village" with the
-// list's name and cniVersion filled in (as libcni does), or raw itself when
-// it is a single plugin configuration.
-func villageEntry(raw []byte) ([]byte, error) {
-	var list struct {
-		Name       string            `json:"name"`
-		CNIVersion string            `json:"cniVersion"`
-		Plugins    []json.RawMessage `json:"plugins"`
-	}
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return nil, fmt.Errorf("not JSON: %w", err)
-	}
-	if list.Plugins == nil {
-		var one struct {
-			Type string `json:"type"`
-		}
-		_ = json.Unmarshal(raw, &one)
-		if one.Type != "village" {
-			return nil, fmt.Errorf("plugin type is %q, not village", one.Type)
-		}
-		return raw, nil
-	}
-	for _, p := range list.Plugins {
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal(p, &m); err != nil {
-			return nil, fmt.Errorf("plugin entry: %w", err)
-		}
-		var typ string
-		_ = json.Unmarshal(m["type"], &typ)
-		if typ != "village" {
-			continue
-		}
-		m["name"], _ = json.Marshal(list.Name)
-		m["cniVersion"], _ = json.Marshal(list.CNIVersion)
-		return json.Marshal(m)
-	}
-	return nil, errors.New(`no plugin of type "village" in the list`)
+	return entries[0].Bytes, nil
 }
 
 // etcdConfig is how to reach the registry, with keep-alive on: the agent

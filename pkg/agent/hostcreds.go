@@ -39,12 +39,12 @@ func HostKubeconfig(runDir string) string { return filepath.Join(runDir, hostCre
 // startHostCreds keeps the host credentials fresh while ctx lasts, when
 // the LAN pool's store is the kubernetes one.
 func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.Config, cs kubernetes.Interface, runDir string, logf func(string, ...any)) error {
-	st, err := ipamconfig.ParseStore(c.Net.LAN.IPAM)
-	if err != nil || st.Type != ipamconfig.StoreKubernetes {
+	if st := c.LANStore; st == nil || st.Type != ipamconfig.StoreKubernetes {
 		return nil
 	}
 	ca := rc.CAData
 	if len(ca) == 0 && rc.CAFile != "" {
+		var err error
 		if ca, err = os.ReadFile(rc.CAFile); err != nil {
 			return fmt.Errorf("reading the cluster CA: %w", err)
 		}

@@ -30,17 +30,14 @@ func newReclaimer(c *Conf, reg *registry.Registry, logf func(string, ...any)) *r
 		return nil
 	}
 	rc := &reclaimer{reg: reg, grace: time.Duration(r.ReclaimAfter) * time.Second, net: c.Net.Name, logf: logf}
-	if lan := c.Net.LAN; lan != nil {
-		st, err := ipamconfig.ParseStore(lan.IPAM)
-		switch {
-		case err != nil:
-			logf("the LAN pool's store of network %q: %v: departed nodes' LAN allocations are not reclaimed", c.Net.Name, err)
-		case st.Type != ipamconfig.StoreEtcd:
-		case !slices.Equal(slices.Sorted(slices.Values(st.Endpoints)), slices.Sorted(slices.Values(r.Endpoints))):
-			logf("the LAN pool of network %q is in another etcd than the registry: departed nodes' LAN allocations are not reclaimed", c.Net.Name)
-		default:
-			rc.lan = &st
-		}
+	switch st := c.LANStore; {
+	case c.LANStoreErr != nil:
+		logf("network %q: %v: departed nodes' LAN allocations are not reclaimed", c.Net.Name, c.LANStoreErr)
+	case st == nil || st.Type != ipamconfig.StoreEtcd:
+	case !slices.Equal(slices.Sorted(slices.Values(st.Endpoints)), slices.Sorted(slices.Values(r.Endpoints))):
+		logf("the LAN pool of network %q is in another etcd than the registry: departed nodes' LAN allocations are not reclaimed", c.Net.Name)
+	default:
+		rc.lan = st
 	}
 	return rc
 }

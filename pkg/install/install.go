@@ -14,7 +14,7 @@
 package install
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -423,13 +423,14 @@ func (o *Options) render() ([]byte, []NetworkRecord, error) {
 		return nil, nil, fmt.Errorf("rendered %s is not a valid conflist: %w", o.TemplateName, err)
 	}
 	rec := NetworkRecord{Name: list.Name}
-	for i, p := range list.Plugins {
-		if p.Network.Type != "village" {
-			continue
-		}
-		nc, err := netconf.Parse(injectNetwork(p.Bytes, list.Name, list.CNIVersion), "")
+	entries, err := netconf.FromList(out)
+	if err != nil && !errors.Is(err, netconf.ErrNoVillage) {
+		return nil, nil, fmt.Errorf("rendered %s: %w", o.TemplateName, err)
+	}
+	for _, e := range entries {
+		nc, err := netconf.Parse(e.Bytes, "")
 		if err != nil {
-			return nil, nil, fmt.Errorf("rendered %s: plugins[%d] (village): %w", o.TemplateName, i, err)
+			return nil, nil, fmt.Errorf("rendered %s: plugins[%d] (village): %w", o.TemplateName, e.Index, err)
 		}
 		rec.Bridges = appendNew(rec.Bridges, nc.Bridge)
 		if b := nc.Overlay; b != nil && (b.Type == string(overlay.ModeVXLAN) || b.Type == string(overlay.ModeAuto)) {
@@ -450,18 +451,6 @@ func (o *Options) render() ([]byte, []NetworkRecord, error) {
 		}
 	}
 	return out, []NetworkRecord{rec}, nil
-}
-
-// injectNetwork adds the conflist's name and cniVersion to one plugin entry,
-// as runtimes do before exec'ing it.
-func injectNetwork(entry []byte, name, version string) []byte {
-	m := map[string]any{}
-	if json.Unmarshal(entry, &m) != nil {
-		return entry
-	}
-	m["name"], m["cniVersion"] = name, version
-	b, _ := json.Marshal(m)
-	return b
 }
 
 func appendNew(s []string, v string) []string {
