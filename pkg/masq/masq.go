@@ -45,6 +45,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/village-cni/village/pkg/owner"
 )
 
 // Backends.
@@ -95,13 +97,9 @@ func ForwardChain(network string) string {
 	return "VLG-FWD-" + netHash(network)
 }
 
-// Table is the nftables backend's per-network table (family inet).
-func Table(network string) string {
-	if len(network) > 200 {
-		return "village-" + strings.ToLower(netHash(network))
-	}
-	return "village-" + network
-}
+// Table is the nftables backend's per-network table (family inet, and
+// bridge for macspoofchk): owner.Table's masquerade table.
+func Table(network string) string { return owner.Table(owner.Masquerade, network) }
 
 func netHash(network string) string {
 	sum := sha256.Sum256([]byte(network))

@@ -5,7 +5,7 @@
 // namespaces' labels and the names of this node's pods it computes a
 // Ruleset, the declarative model of one nftables table per network:
 //
-//	table inet village-policy-<network>            (written whole by table.Apply, changed by table.Update)
+//	table inet village_policy-<network>            (written whole by table.Apply, changed by table.Update)
 //	  map ingress4 / ingress6          pod address : jump ingress.<ns>.<pod>   (isolated pods only)
 //	  map egress4 / egress6            pod address : jump egress.<ns>.<pod>
 //	  set s4-<hash> / s6-<hash>        peers of one rule (pods' addresses, ipBlocks less their excepts), intervals
@@ -17,7 +17,7 @@
 //	  chain ingress.<ns>.<pod>
 //	    ip saddr @s4-… tcp dport 80 return                     (one rule per peer set and port)
 //	    drop
-//	table inet village-pending-<network>           (kept; ADD adds, Apply removes)
+//	table inet village_pending-<network>           (kept; ADD adds, Apply removes)
 //	  set pending4 / pending6          addresses of new pods whose rules are not compiled yet
 //	  chain forward  type filter hook forward priority filter - 5; policy accept
 //	    icmpv6 type nd-router-solicit..nd-redirect accept

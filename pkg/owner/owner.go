@@ -1,6 +1,7 @@
-// Package owner derives the per-network tag Village writes on the kernel
-// objects it makes, so that several Village networks on one node each find
-// exactly their own: a route's metric is its protocol in the top byte and
+// Package owner derives what lets several Village networks on one node
+// each find exactly their own kernel objects: the names of their nftables
+// tables (table.go: Table, the one namer of every job's table) and the
+// per-network tag in their routes' metrics: a route's metric is its protocol in the top byte and
 // the network's tag below. The kernel stores a route's metric for IPv4 and
 // IPv6 alike (unlike the realm, which IPv6 drops), a metric is part of the
 // route's identity (two networks' routes to one destination are two routes,

@@ -13,15 +13,17 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/village-cni/village/pkg/owner"
 )
 
 // Two tables per network, both hooked at forward:
 //
-//   - inet village-policy-<network> holds the compiled rules; Apply
+//   - inet village_policy-<network> holds the compiled rules; Apply
 //     replaces it whole (add, delete, add in one transaction), Update
 //     changes only what differs from the last ruleset (update.go); either
 //     way a packet sees the old rules or the new ones, never a mix.
-//   - inet village-pending-<network> holds the sets pending4 and pending6
+//   - inet village_pending-<network> holds the sets pending4 and pending6
 //     of pod addresses whose rules are not compiled yet and a chain that
 //     drops their traffic. ADD (MarkPending) adds to them; Apply removes the
 //     addresses it compiled in the very transaction that installs their
@@ -31,9 +33,10 @@ import (
 // A drop in any base chain of a hook is final, so the two tables combine
 // without an order between them.
 
-// PolicyTable and PendingTable name the network's tables.
-func PolicyTable(network string) string  { return "village-policy-" + network }
-func PendingTable(network string) string { return "village-pending-" + network }
+// PolicyTable and PendingTable name the network's tables (owner.Table:
+// no network's masquerade table has either name).
+func PolicyTable(network string) string  { return owner.Table(owner.Policy, network) }
+func PendingTable(network string) string { return owner.Table(owner.Pending, network) }
 
 func inet(name string) *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyINet, Name: name}
@@ -365,6 +368,11 @@ func install(rs *Ruleset, rewrite bool, queue func(*nftables.Conn) error) error 
 	if err := queue(c); err != nil {
 		return fmt.Errorf("policy table of network %q: %w", rs.Network, err)
 	}
+	if rewrite {
+		if err := delLegacy(c, rs.Network); err != nil {
+			return err
+		}
+	}
 	if err := unmark(c, rs, marked); err != nil {
 		return err
 	}
@@ -479,8 +487,45 @@ func Remove(network string) error {
 		c.AddTable(t)
 		c.DelTable(t)
 	}
+	if err := delLegacy(c, network); err != nil {
+		return err
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("failed to remove the nftables policy tables of network %q: %w", network, err)
+	}
+	return nil
+}
+
+// delLegacy queues the removal of the network's policy tables under
+// their names before owner.Table's scheme (owner.Legacy:
+// village-policy-<network>, village-pending-<network>), so a node
+// upgraded with them drops their rules in the transaction that installs
+// the new tables (Apply) or removes them (Remove). Such a name may instead
+// be the masquerade table of network "policy-<network>" or
+// "pending-<network>", which is left alone: an old policy table is known
+// by its verdict map ingress4, an old pending table by its set pending4,
+// and a masquerade table has no set.
+func delLegacy(c *nftables.Conn, network string) error {
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("failed to list nftables tables: %w", err)
+	}
+	for _, l := range []struct {
+		job owner.Job
+		set string
+	}{{owner.Policy, "ingress4"}, {owner.Pending, "pending4"}} {
+		name := owner.Legacy(l.job, network)
+		if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == name }) {
+			continue
+		}
+		t := inet(name)
+		sets, err := c.GetSets(t)
+		if err != nil {
+			return fmt.Errorf("failed to list the sets of table inet %s: %w", name, err)
+		}
+		if slices.ContainsFunc(sets, func(s *nftables.Set) bool { return s.Name == l.set }) {
+			c.DelTable(t)
+		}
 	}
 	return nil
 }
