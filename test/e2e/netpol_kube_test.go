@@ -132,8 +132,7 @@ func (l *npLab) metrics(n *agentNode) {
 		return code == http.StatusOK &&
 			metricAtLeast(body, `village_netpol_compiles_total{network="agt"}`, 1) &&
 			metricAtLeast(body, `village_netpol_compile_duration_seconds_count{network="agt"}`, 1) &&
-			metricAtLeast(body, `village_netpol_pods{network="agt"}`, 1) &&
-			strings.Contains(body, `village_netpol_compile_errors_total{network="agt"} 0`), body
+			metricAtLeast(body, `village_netpol_pods{network="agt"}`, 1), body
 	})
 }
 
