@@ -144,7 +144,8 @@ func TestReclaimOnceNeverWhileAlive(t *testing.T) {
 // reclaims n3 (its subnet lease and that address), and only then does A's
 // pass read the registry with its stale list of LAN holders. A must not plant
 // a marker for n3, which holds nothing any more, and no later pass of either
-// agent reclaims n3 again.
+// agent reclaims n3 again. Markers of nodes with nothing left are deleted
+// without a reclaim.
 func TestReclaimStaleHolderNotRemarked(t *testing.T) {
 	srv := etcdtest.Start(t)
 	ctx := context.Background()
@@ -206,5 +207,37 @@ func TestReclaimStaleHolderNotRemarked(t *testing.T) {
 	reclaimAll(b, nil, nil, t0.Add(2*time.Hour))
 	if wins != 1 {
 		t.Fatalf("n3 was reclaimed %d times, want exactly once", wins)
+	}
+
+	// A marker of a node that holds nothing (planted by an older agent) is
+	// deleted, not acted on.
+	if _, err := cli.Put(ctx, a.DepartedPrefix()+"n4", "2000-01-01T00:00:00Z"); err != nil {
+		t.Fatal(err)
+	}
+	reclaimAll(a, nil, nil, t0.Add(2*time.Hour))
+	if resp, err := cli.Get(ctx, a.DepartedPrefix()+"n4"); err != nil || resp.Count != 0 || wins != 1 {
+		t.Fatalf("the marker of n4, which holds nothing: %d left, %d reclaims (%v)", resp.Count, wins, err)
+	}
+	// A node marked while it held something, whose last allocation went
+	// some other way before the grace period ended: its marker goes, and
+	// nothing is reported reclaimed.
+	lan5 := "/village/ipam/ovl/ips/192.0.2.50"
+	put5, err := cli.Put(ctx, lan5, `{"node":"n5"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held5 := []Held{{Key: lan5, Rev: put5.Header.Revision, Delete: []string{lan5}}}
+	deps, err := a.Departures(ctx, map[string][]Held{"n5": held5}, t0)
+	if err != nil || len(deps) != 1 || deps[0].Node != "n5" {
+		t.Fatalf("departures with n5 holding %s: %+v, %v", lan5, deps, err)
+	}
+	if _, err := cli.Delete(ctx, lan5); err != nil {
+		t.Fatal(err)
+	}
+	if subnets, won, err := a.Reclaim(ctx, deps[0], grace, t0.Add(time.Hour), nil); err != nil || won {
+		t.Fatalf("reclaim of n5 with nothing left: won %v (subnets %v), %v", won, subnets, err)
+	}
+	if resp, err := cli.Get(ctx, a.DepartedPrefix()+"n5"); err != nil || resp.Count != 0 {
+		t.Fatalf("the marker of n5, which holds nothing any more, is left (%v)", err)
 	}
 }
