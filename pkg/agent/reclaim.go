@@ -45,31 +45,31 @@ func newReclaimer(c *Conf, reg *registry.Registry, logf func(string, ...any)) *r
 // pass marks departures and reclaims those past the grace period.
 func (rc *reclaimer) pass(ctx context.Context) {
 	var byNode map[string][]etcd.NodeAllocation
-	var lanHolders []string
+	held := map[string][]registry.Held{} // by node: its LAN allocations as read
 	if rc.lan != nil {
 		var err error
 		if byNode, err = etcd.AllocationsByNode(ctx, rc.reg.Client(), rc.lan.Prefix, rc.net); err != nil {
 			rc.logf("reclaim: reading the LAN pool: %v", err)
 			return
 		}
-		for n := range byNode {
-			lanHolders = append(lanHolders, n)
+		for n, as := range byNode {
+			for _, a := range as {
+				held[n] = append(held[n], registry.Held{Key: a.Key, Rev: a.Rev, Delete: a.Keys})
+			}
 		}
 	}
 	now := time.Now()
-	deps, err := rc.reg.Departures(ctx, lanHolders, now)
+	deps, err := rc.reg.Departures(ctx, held, now)
 	if err != nil {
 		rc.logf("reclaim: %v", err)
 		return
 	}
 	for _, d := range deps {
-		var held []registry.Held
 		var ips []string
 		for _, a := range byNode[d.Node] {
-			held = append(held, registry.Held{Key: a.Key, Rev: a.Rev, Delete: a.Keys})
 			ips = append(ips, a.IP.String())
 		}
-		subnets, won, err := rc.reg.Reclaim(ctx, d, rc.grace, now, held)
+		subnets, won, err := rc.reg.Reclaim(ctx, d, rc.grace, now, held[d.Node])
 		switch {
 		case err != nil:
 			rc.logf("reclaim: node %s: %v", d.Node, err)

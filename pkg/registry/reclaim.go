@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -22,9 +23,13 @@ import (
 //
 //	<prefix>/departed/<network>/<name>   "<RFC 3339 time>"   no lease
 //
-// is the departure marker: written (create-only, and only while the node has
-// no record) by the first agent that sees a holder without a record; the time
-// is that agent's clock. A marker whose node has a record again is deleted.
+// is the departure marker: written (create-only, only while the node has no
+// record, and only while what showed it to be a holder is unchanged) by the
+// first agent that sees a holder without a record; the time is that agent's
+// clock. The last condition is what keeps an agent whose view is stale (it
+// read the LAN pool before another agent reclaimed the node) from marking a
+// node that holds nothing any more. A marker whose node has a record again,
+// or holds nothing, is deleted.
 // Once the grace period has passed since the marker's time, every agent may
 // try [Registry.Reclaim]: one transaction that deletes the marker, the
 // node's subnet leases and the given extra keys (its LAN allocations), if
@@ -55,10 +60,11 @@ type Held struct {
 }
 
 // Departures reads the node records, subnet leases and markers at one
-// revision; marks every holder (of a subnet lease, or named in others) that
-// has no record and no marker yet, as of now; deletes the markers of nodes
-// that have a record again; and returns the departures.
-func (r *Registry) Departures(ctx context.Context, others []string, now time.Time) ([]Departure, error) {
+// revision; marks every holder (of a subnet lease, or of keys in elsewhere,
+// a node's allocations outside the registry as read by the caller) that has
+// no record and no marker yet, as of now; deletes the markers of nodes that
+// have a record again or hold nothing; and returns the departures.
+func (r *Registry) Departures(ctx context.Context, elsewhere map[string][]Held, now time.Time) ([]Departure, error) {
 	var resp *clientv3.TxnResponse
 	err := r.op(ctx, "reading nodes, subnet leases and departures", func(ctx context.Context) error {
 		var err error
@@ -76,16 +82,23 @@ func (r *Registry) Departures(ctx context.Context, others []string, now time.Tim
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
 		alive[strings.TrimPrefix(string(kv.Key), r.NodesPrefix())] = true
 	}
-	holders := slices.Clone(others)
+	// holds is, for each holder, one key (at its revision) that shows it
+	// holds something: a subnet lease read here, or else one of elsewhere's.
+	holds := map[string]Held{}
+	for name, hs := range elsewhere {
+		if len(hs) > 0 {
+			holds[name] = hs[0]
+		}
+	}
 	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
-		holders = append(holders, string(kv.Value))
+		holds[string(kv.Value)] = Held{Key: string(kv.Key), Rev: kv.ModRevision}
 	}
 	var out []Departure
 	marked := map[string]bool{}
 	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
 		name := strings.TrimPrefix(string(kv.Key), r.DepartedPrefix())
 		marked[name] = true
-		if alive[name] {
+		if _, held := holds[name]; alive[name] || !held {
 			if err := r.unmark(ctx, name, kv.ModRevision); err != nil {
 				return nil, err
 			}
@@ -97,11 +110,11 @@ func (r *Registry) Departures(ctx context.Context, others []string, now time.Tim
 		}
 		out = append(out, Departure{Node: name, Since: since, rev: kv.ModRevision})
 	}
-	for _, name := range slices.Compact(slices.Sorted(slices.Values(holders))) {
+	for _, name := range slices.Sorted(maps.Keys(holds)) {
 		if alive[name] || marked[name] || validate.NodeName(name) != nil {
 			continue
 		}
-		d, ok, err := r.mark(ctx, name, now)
+		d, ok, err := r.mark(ctx, name, holds[name], now)
 		if err != nil {
 			return nil, err
 		}
@@ -112,14 +125,17 @@ func (r *Registry) Departures(ctx context.Context, others []string, now time.Tim
 	return out, nil
 }
 
-// mark writes name's departure marker unless it has one or a record.
-func (r *Registry) mark(ctx context.Context, name string, now time.Time) (Departure, bool, error) {
+// mark writes name's departure marker unless it has one or a record, or
+// evidence (the key that showed it to hold something) changed since it was
+// read: the node may have been reclaimed in between.
+func (r *Registry) mark(ctx context.Context, name string, evidence Held, now time.Time) (Departure, bool, error) {
 	key := r.DepartedPrefix() + name
 	d := Departure{Node: name, Since: now.UTC()}
 	err := r.op(ctx, "marking node "+name+" departed", func(ctx context.Context) error {
 		resp, err := r.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(r.nodeKey(name)), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+				clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+				clientv3.Compare(clientv3.ModRevision(evidence.Key), "=", evidence.Rev)).
 			Then(clientv3.OpPut(key, d.Since.Format(time.RFC3339Nano))).
 			Commit()
 		if err == nil && resp.Succeeded {
@@ -167,6 +183,11 @@ func (r *Registry) Reclaim(ctx context.Context, d Departure, grace time.Duration
 			ops = append(ops, clientv3.OpDelete(key))
 			subnets = append(subnets, p)
 		}
+	}
+	if len(subnets) == 0 && len(held) == 0 {
+		// Nothing left to release (it went some other way): the marker
+		// goes, and nothing was reclaimed.
+		return nil, false, r.unmark(ctx, d.Node, d.rev)
 	}
 	// etcd caps a transaction at 128 operations (--max-txn-ops): what does
 	// not fit in the last one goes first, in transactions under the same

@@ -137,3 +137,107 @@ func TestReclaimOnceNeverWhileAlive(t *testing.T) {
 		t.Fatalf("%d departure markers left: gone's goes with the reclaim, back's when a pass sees its record", resp.Count)
 	}
 }
+
+// TestReclaimStaleHolderNotRemarked replays, step by step against a real
+// etcd, the interleaving that reclaimed a node twice under load: agent A
+// reads the LAN pool (node n3 holds an address there), agent B then
+// reclaims n3 (its subnet lease and that address), and only then does A's
+// pass read the registry with its stale list of LAN holders. A must not plant
+// a marker for n3, which holds nothing any more, and no later pass of either
+// agent reclaims n3 again. Markers of nodes with nothing left are deleted
+// without a reclaim.
+func TestReclaimStaleHolderNotRemarked(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	sp, err := NewSubnetSpace(cidr("10.81.0.0/16"), 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, cli := newRegistry(t, srv, 5*time.Second)
+	b, _ := newRegistry(t, srv, 5*time.Second)
+	if _, err := a.LeaseSubnet(ctx, sp, "n3"); err != nil {
+		t.Fatal(err)
+	}
+	lanKey := "/village/ipam/ovl/ips/192.0.2.30"
+	put, err := cli.Put(ctx, lanKey, `{"node":"n3"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := []Held{{Key: lanKey, Rev: put.Header.Revision, Delete: []string{lanKey}}}
+	t0 := time.Now()
+	grace := time.Minute
+
+	// A's pass begins: it reads the LAN pool, and n3 holds an address there.
+	staleA := map[string][]Held{"n3": held}
+
+	// B marks n3, and once the grace period has passed, reclaims it.
+	if _, err := b.Departures(ctx, map[string][]Held{"n3": held}, t0); err != nil {
+		t.Fatal(err)
+	}
+	wins := 0
+	reclaimAll := func(r *Registry, others map[string][]Held, h []Held, now time.Time) {
+		t.Helper()
+		deps, err := r.Departures(ctx, others, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range deps {
+			subnets, won, err := r.Reclaim(ctx, d, grace, now, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if won {
+				wins++
+				t.Logf("reclaimed %s: subnets %v", d.Node, subnets)
+			}
+		}
+	}
+	reclaimAll(b, map[string][]Held{"n3": held}, held, t0.Add(time.Hour))
+	if wins != 1 {
+		t.Fatalf("B's reclaim of n3: %d wins, want 1", wins)
+	}
+
+	// A's pass goes on with what it read before B's reclaim.
+	reclaimAll(a, staleA, held, t0.Add(time.Hour))
+	if resp, err := cli.Get(ctx, a.DepartedPrefix()+"n3"); err != nil || resp.Count != 0 {
+		t.Errorf("a departure marker was planted for n3, which holds nothing (%v)", err)
+	}
+	// Later passes of both agents, past any grace period, find nothing.
+	reclaimAll(a, nil, nil, t0.Add(2*time.Hour))
+	reclaimAll(b, nil, nil, t0.Add(2*time.Hour))
+	if wins != 1 {
+		t.Fatalf("n3 was reclaimed %d times, want exactly once", wins)
+	}
+
+	// A marker of a node that holds nothing (planted by an older agent) is
+	// deleted, not acted on.
+	if _, err := cli.Put(ctx, a.DepartedPrefix()+"n4", "2000-01-01T00:00:00Z"); err != nil {
+		t.Fatal(err)
+	}
+	reclaimAll(a, nil, nil, t0.Add(2*time.Hour))
+	if resp, err := cli.Get(ctx, a.DepartedPrefix()+"n4"); err != nil || resp.Count != 0 || wins != 1 {
+		t.Fatalf("the marker of n4, which holds nothing: %d left, %d reclaims (%v)", resp.Count, wins, err)
+	}
+	// A node marked while it held something, whose last allocation went
+	// some other way before the grace period ended: its marker goes, and
+	// nothing is reported reclaimed.
+	lan5 := "/village/ipam/ovl/ips/192.0.2.50"
+	put5, err := cli.Put(ctx, lan5, `{"node":"n5"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held5 := []Held{{Key: lan5, Rev: put5.Header.Revision, Delete: []string{lan5}}}
+	deps, err := a.Departures(ctx, map[string][]Held{"n5": held5}, t0)
+	if err != nil || len(deps) != 1 || deps[0].Node != "n5" {
+		t.Fatalf("departures with n5 holding %s: %+v, %v", lan5, deps, err)
+	}
+	if _, err := cli.Delete(ctx, lan5); err != nil {
+		t.Fatal(err)
+	}
+	if subnets, won, err := a.Reclaim(ctx, deps[0], grace, t0.Add(time.Hour), nil); err != nil || won {
+		t.Fatalf("reclaim of n5 with nothing left: won %v (subnets %v), %v", won, subnets, err)
+	}
+	if resp, err := cli.Get(ctx, a.DepartedPrefix()+"n5"); err != nil || resp.Count != 0 {
+		t.Fatalf("the marker of n5, which holds nothing any more, is left (%v)", err)
+	}
+}

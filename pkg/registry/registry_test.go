@@ -190,10 +190,14 @@ func names(nodes []Node) string {
 }
 
 // Follow sees a node appear, change, and disappear when its lease expires
-// (nobody keeps it alive), and a refreshed node stay.
+// (nobody keeps it alive), and a refreshed node stay. The node that stays has
+// a lease of a minute, so that a loaded machine delaying its refreshes by
+// seconds cannot expire it; the node that goes has etcd's shortest lease
+// (2 s), and the test waits for its expiry, however late, not for a time.
 func TestFollowSeesAddChangeAndExpiry(t *testing.T) {
 	srv := etcdtest.Start(t)
-	r, _ := newRegistry(t, srv, 2*time.Second)
+	r, _ := newRegistry(t, srv, time.Minute)
+	short, _ := newRegistry(t, srv, 2*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	rd := newReader()
@@ -207,7 +211,7 @@ func TestFollowSeesAddChangeAndExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := Node{Name: "b", IP: "192.168.1.2", PodCIDRs: []string{"10.1.2.0/24"}}
-	if _, err := r.Register(ctx, b); err != nil {
+	if _, err := short.Register(ctx, b); err != nil {
 		t.Fatal(err)
 	}
 	rd.next(t, func(s []Node) bool { return names(s) == "a,b" })

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -22,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/netpol/controller"
 	"github.com/village-cni/village/pkg/netpol/table"
 )
 
@@ -111,6 +114,103 @@ func TestNetworkPolicyAgents(t *testing.T) {
 		return dialFrom(far.pod.NS, web.ip, 80) != nil, n1.log.String()
 	})
 	np.statusLine(n1, "kernel matches")
+
+	// villaged's metrics endpoint exposes the policy compiles
+	np.metrics(n1)
+	// a policy part that is not enforced is said on the policy
+	np.notEnforcedEvent(n1)
+	// networkPolicy on -> off: the table and the files go
+	np.turnOff(n1, far, web)
+}
+
+// metrics: n's villaged serves the netpol metrics on its metrics endpoint
+// (the node's loopback), counting the compiles it made and the pods it
+// isolates.
+func (l *npLab) metrics(n *agentNode) {
+	waitFor(l.t, 60*time.Second, n.name+"'s /metrics has the network policy metrics", func() (bool, string) {
+		body, code := httpGetIn(l.t, n.NS, "http://127.0.0.1:9696/metrics")
+		return code == http.StatusOK &&
+			metricAtLeast(body, `village_netpol_compiles_total{network="agt"}`, 1) &&
+			metricAtLeast(body, `village_netpol_compile_duration_seconds_count{network="agt"}`, 1) &&
+			metricAtLeast(body, `village_netpol_pods{network="agt"}`, 1), body
+	})
+}
+
+// notEnforcedEvent: a policy that selects a hostNetwork pod of n cannot
+// filter it (its traffic is the node's own); n's agent says so in a
+// NetworkPolicyNotEnforced Warning Event on that very policy, and its
+// problems gauge counts it.
+func (l *npLab) notEnforcedEvent(n *agentNode) {
+	t := l.t
+	hp := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "np", Name: "hostpod", Labels: map[string]string{"app": "hostpod"}},
+		Spec: corev1.PodSpec{NodeName: n.name, HostNetwork: true, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+	_, err := l.kube.Client.CoreV1().Pods("np").Create(l.ctx, hp, metav1.CreateOptions{})
+	must(t, err, "creating the hostNetwork Pod hostpod")
+	l.policy("deny-host", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "hostpod"}},
+		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}})
+	pol, err := l.kube.Client.NetworkingV1().NetworkPolicies("np").Get(l.ctx, "deny-host", metav1.GetOptions{})
+	must(t, err, "reading NetworkPolicy deny-host")
+	waitFor(t, 60*time.Second, "a NetworkPolicyNotEnforced Event on deny-host", func() (bool, string) {
+		evs, err := l.kube.Client.CoreV1().Events("np").List(l.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=deny-host"})
+		if err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for _, e := range evs.Items {
+			seen = append(seen, fmt.Sprintf("%s %s %s/%s: %s", e.Type, e.Reason, e.InvolvedObject.Kind, e.InvolvedObject.UID, e.Message))
+			if e.Reason == "NetworkPolicyNotEnforced" && e.Type == corev1.EventTypeWarning &&
+				e.InvolvedObject.Kind == "NetworkPolicy" && e.InvolvedObject.UID == pol.UID &&
+				strings.Contains(e.Message, "node "+n.name+": ") && strings.Contains(e.Message, "hostNetwork pod np/hostpod") {
+				return true, ""
+			}
+		}
+		return false, strings.Join(seen, "\n")
+	})
+	waitFor(t, 60*time.Second, n.name+"'s problems gauge counting deny-host", func() (bool, string) {
+		body, _ := httpGetIn(t, n.NS, "http://127.0.0.1:9696/metrics")
+		return metricAtLeast(body, `village_netpol_problems{network="agt"}`, 1), body
+	})
+}
+
+// turnOff: n's agent restarted with "networkPolicy": false removes the
+// policy and pending tables and the files the plugin and status read, and the deny
+// policy no longer holds traffic to web.
+func (l *npLab) turnOff(n *agentNode, far, web *npPod) {
+	t := l.t
+	files := []string{table.NamespacesPath(n.runDir, "agt"), controller.StatusPath(n.runDir, "agt")}
+	for _, f := range files {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("with networkPolicy on: %v", err)
+		}
+	}
+	must(t, n.stop(t, syscall.SIGTERM), "stopping villaged on %s", n.name)
+	b, err := os.ReadFile(l.conf)
+	must(t, err, "reading the conflist")
+	off := strings.Replace(string(b), `"networkPolicy":true`, `"networkPolicy":false`, 1)
+	if off == string(b) {
+		t.Fatalf("no networkPolicy key to turn off in %s", b)
+	}
+	must(t, os.WriteFile(l.conf, []byte(off), 0o644), "writing the conflist with networkPolicy off")
+	l.start(n)
+	waitFor(t, 60*time.Second, "the policy tables and files gone from "+n.name, func() (bool, string) {
+		var left []string
+		for _, tb := range []string{table.PolicyTable("agt"), table.PendingTable("agt")} {
+			if out, err := exec.Command("ip", "netns", "exec", filepath.Base(n.NS.Path()), "nft", "list", "table", "inet", tb).CombinedOutput(); err == nil {
+				left = append(left, "table inet "+tb+":\n"+string(out))
+			}
+		}
+		for _, f := range files {
+			if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+				left = append(left, f)
+			}
+		}
+		return len(left) == 0, strings.Join(left, "\n") + "\n" + n.log.String()
+	})
+	l.statusLine(n, "network policy: off")
+	waitFor(t, 30*time.Second, "far reaching web's port 80 with the policies off", func() (bool, string) {
+		err := dialFrom(far.pod.NS, web.ip, 80)
+		return err == nil, fmt.Sprint(err)
+	})
 }
 
 type npLab struct {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,15 +42,36 @@ const clusterDNS = "10.96.0.10"
 
 const granularFocus = `\[sig-network\] Networking Granular Checks`
 
-// netpolSubset are the upstream Netpol tests the default set runs: default
-// deny, selectors of both kinds together, a named port, ipBlock with
-// except (egress), a deleted policy. The whole suite is in "full".
-const netpolSubset = `\[sig-network\] Netpol NetworkPolicy between server and client should (` +
-	`support a 'default-deny-ingress' policy|` +
-	`enforce policy based on PodSelector and NamespaceSelector|` +
-	`allow ingress access on one named port|` +
-	`enforce except clause while egress access to server in CIDR block|` +
-	`stop enforcing policies after they are deleted) `
+// netpolSubsetTests are the upstream Netpol tests the default set runs:
+// default deny, selectors of both kinds together, a named port, ipBlock
+// with except (egress), a deleted policy. Each must pass in that set. The
+// whole suite is in "full".
+var netpolSubsetTests = []string{
+	"support a 'default-deny-ingress' policy",
+	"enforce policy based on PodSelector and NamespaceSelector",
+	"allow ingress access on one named port",
+	"enforce except clause while egress access to server in CIDR block",
+	"stop enforcing policies after they are deleted",
+}
+
+const netpolPrefix = "[sig-network] Netpol NetworkPolicy between server and client should "
+
+// netpolSubset is the focus that runs netpolSubsetTests.
+var netpolSubset = func() string {
+	q := make([]string, len(netpolSubsetTests))
+	for i, n := range netpolSubsetTests {
+		q[i] = regexp.QuoteMeta(n)
+	}
+	return regexp.QuoteMeta(netpolPrefix) + "(" + strings.Join(q, "|") + ") "
+}()
+
+// conformanceFloor is the fewest tests each set must pass, so that a suite
+// that skips itself (a missing image, a provider it does not know, a focus
+// that matches nothing any more) fails the test rather than passing with
+// nothing run. granular and netpol are their counts of the README's runs;
+// full is at least the granular checks (16 besides the Netpol subset) and
+// the whole Netpol suite.
+var conformanceFloor = map[string]int{"granular": 21, "full": 16 + 48, "netpol": 48}
 
 // conformanceFocus is what each set runs.
 var conformanceFocus = map[string]string{
@@ -111,6 +133,9 @@ func TestConformance(t *testing.T) {
 			r := runE2E(t, c, e2eRun{kubeDir: kubeDir, focus: focus, procs: procs})
 			t.Logf("conformance (%s, kube-proxy %s, %d Ginkgo processes): %s", set, mode, procs, time.Since(start).Round(time.Second))
 			r.report(t, mode)
+			for _, err := range r.expect(set, os.Getenv("VILLAGE_CONFORMANCE_FOCUS") == "") {
+				t.Errorf("kube-proxy %s: %v", mode, err)
+			}
 		})
 	}
 }
@@ -306,5 +331,34 @@ func skipReason(name string) string {
 			return s.reason
 		}
 	}
-	return "skipped by the test itself"
+	return selfSkip
+}
+
+const selfSkip = "skipped by the test itself"
+
+// expect is what the report of set lacks: a test of the focus skipped for
+// no reason of conformanceSkips (the suite skipped it itself), and with the
+// set's own focus (setFocus) fewer passed tests than its floor or, in
+// granular, a test of the Netpol subset that did not pass.
+func (r junitResult) expect(set string, setFocus bool) []error {
+	var errs []error
+	for _, s := range r.skipped {
+		if skipReason(s) == selfSkip {
+			errs = append(errs, fmt.Errorf("%s: %s; only the tests of conformanceSkips may skip", s, selfSkip))
+		}
+	}
+	if !setFocus {
+		return errs
+	}
+	if floor := conformanceFloor[set]; len(r.passed) < floor {
+		errs = append(errs, fmt.Errorf("set %s: %d tests passed, want at least %d", set, len(r.passed), floor))
+	}
+	if set == "granular" {
+		for _, want := range netpolSubsetTests {
+			if !slices.ContainsFunc(r.passed, func(n string) bool { return strings.HasPrefix(n, netpolPrefix+want+" ") }) {
+				errs = append(errs, fmt.Errorf("set granular: the Netpol test %q did not pass", want))
+			}
+		}
+	}
+	return errs
 }

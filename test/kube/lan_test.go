@@ -100,7 +100,28 @@ func TestLANPods(t *testing.T) {
 	})
 	t.Run("ForbiddenNamespaceEvent", func(t *testing.T) {
 		lanPod(no, "asks", n1.Name, want)
-		waitEvent(t, no, "asks", agent.ReasonLANForbidden, agent.LabelLAN)
+		ev := waitEvent(t, no, "asks", agent.ReasonLANForbidden, agent.LabelLAN)
+		// The refusal fails the sandbox's ADD, which kubelet reports: no
+		// sandbox of the pod comes up, so it has no net1 (and no address).
+		waitEvent(t, no, "asks", "FailedCreatePodSandBox", agent.LabelLAN)
+		p, err := no.c.Client().CoreV1().Pods(no.ns).Get(context.Background(), "asks", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.InvolvedObject.UID != p.UID {
+			t.Fatalf("the %s Event is about pod UID %q, want the pod's %q", agent.ReasonLANForbidden, ev.InvolvedObject.UID, p.UID)
+		}
+		if v, ok := p.Annotations[agent.AnnotationLANAddress]; ok {
+			t.Fatalf("the refused pod has %s %q", agent.AnnotationLANAddress, v)
+		}
+		if p.Status.PodIP != "" {
+			t.Fatalf("the refused pod has address %s: a sandbox of it came up", p.Status.PodIP)
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.State.Running != nil || cs.State.Terminated != nil || cs.LastTerminationState.Terminated != nil {
+				t.Fatalf("container %s of the refused pod ran: %+v", cs.Name, cs.State)
+			}
+		}
 		deletePod(t, no, "asks")
 	})
 	t.Run("PoolExhaustedEvent", func(t *testing.T) {
@@ -271,11 +292,12 @@ func lanAddress(t *testing.T, f *fixture, name string) string {
 	return v
 }
 
-// waitEvent waits for an Event on the pod with reason whose message names
-// what.
-func waitEvent(t *testing.T, f *fixture, pod, reason, what string) {
+// waitEvent waits for a Warning Event on the pod with reason whose message
+// names what, and returns it.
+func waitEvent(t *testing.T, f *fixture, pod, reason, what string) corev1.Event {
 	t.Helper()
 	var seen []string
+	var found corev1.Event
 	if err := kubecluster.Poll(wait, func() error {
 		evs, err := f.c.Client().CoreV1().Events(f.ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
 		if err != nil {
@@ -285,6 +307,7 @@ func waitEvent(t *testing.T, f *fixture, pod, reason, what string) {
 		for _, e := range evs.Items {
 			seen = append(seen, e.Reason+": "+e.Message)
 			if e.Reason == reason && strings.Contains(e.Message, what) && e.Type == corev1.EventTypeWarning {
+				found = e
 				return nil
 			}
 		}
@@ -292,6 +315,7 @@ func waitEvent(t *testing.T, f *fixture, pod, reason, what string) {
 	}); err != nil {
 		t.Fatalf("pod %s/%s: %v; Events: %q", f.ns, pod, err, seen)
 	}
+	return found
 }
 
 // deletePod deletes the pod and waits until it is gone.
