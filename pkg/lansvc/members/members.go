@@ -1,0 +1,395 @@
+// Package members tells a node agent which agents are alive on the LAN,
+// without the API server on the path.
+//
+// The agents gossip with github.com/hashicorp/memberlist (SWIM with
+// Lifeguard's refinements, as MetalLB's speakers do) over the LAN, each
+// bound to its node's LAN address. The timings are tuned for a LAN of a
+// few nodes where an address must move within about a second: a probe
+// every 100 ms, 50 ms to answer, suspicion for 2 probe periods (up to 6
+// while no other member confirms), gossip every 50 ms. Lifeguard's local
+// health backs a starved agent's probing off instead of letting it
+// declare healthy peers dead.
+//
+// memberlist probes only members it believes alive; a node that dropped
+// off the LAN and came back would stay dead in everyone's view. So the
+// agent keeps joining every known peer address that is not alive, every
+// Rejoin period; a join is one TCP push-pull exchange.
+//
+// Settled says whether this agent's view can be trusted to claim
+// addresses: after the agent starts, and after it has seen none of its
+// peers for a while (its own uplink down, most likely), it waits Settle
+// after its first successful exchange with a peer. Meanwhile the node
+// that holds an address keeps it, so a returning node never answers
+// beside the current holder: a gap of at most Settle, never two MACs.
+package members
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// DefaultPort is the UDP and TCP port of the agents' gossip. It is not
+// MetalLB's 7946, so both can run on one node.
+const DefaultPort = 7947
+
+// Config is what Start needs.
+type Config struct {
+	// Name is this node's name (the Kubernetes Node name).
+	Name string
+	// Addr is this node's LAN address; the agent listens there only.
+	Addr netip.Addr
+	// Port is the gossip port; 0 means DefaultPort.
+	Port int
+	// Peers are the other agents' LAN addresses ("addr" or "addr:port").
+	// SetPeers replaces them later.
+	Peers []string
+	// Key, when set, is the shared AES key (16, 24 or 32 bytes) that
+	// encrypts and authenticates the gossip.
+	Key []byte
+	// Settle is how long after (re)joining before Settled is true;
+	// 0 means DefaultSettle.
+	Settle time.Duration
+	// Rejoin is the period of joining known peers that are not alive;
+	// 0 means DefaultRejoin.
+	Rejoin time.Duration
+	// OnChange is called, from the gossip's goroutine, whenever a member
+	// joins, leaves, fails, or Settled turns true. It must not block.
+	OnChange func()
+	// Dial opens the TCP connections of joins and state exchanges; nil
+	// means net.Dialer. A seam for tests whose nodes are namespaces: the
+	// gossip's own sockets are made in the namespace Start runs in, but
+	// a dial would run in whatever namespace its thread is in.
+	Dial func(addr string, timeout time.Duration) (net.Conn, error)
+	// Log receives the gossip's own log lines at debug level; nil means
+	// slog.Default.
+	Log *slog.Logger
+}
+
+// Timings of the gossip; see the package comment.
+const (
+	DefaultSettle = time.Second
+	DefaultRejoin = 500 * time.Millisecond
+)
+
+// Members is this agent's view of the live agents.
+type Members struct {
+	cfg  Config
+	ml   *memberlist.Memberlist
+	log  *slog.Logger
+	done chan struct{}
+	wg   sync.WaitGroup
+
+	mu        sync.Mutex
+	peers     []string
+	settledAt time.Time         // zero: not settled, and no exchange with a peer yet
+	alive     map[string]string // live agents: name -> gossip address
+}
+
+// Start joins the gossip on cfg.Addr. It returns at once: peers that do
+// not answer yet are joined by the rejoin loop.
+func Start(cfg Config) (*Members, error) {
+	if cfg.Name == "" || !cfg.Addr.IsValid() {
+		return nil, errors.New("members: a node name and a LAN address are needed")
+	}
+	if cfg.Port == 0 {
+		cfg.Port = DefaultPort
+	}
+	if cfg.Settle == 0 {
+		cfg.Settle = DefaultSettle
+	}
+	if cfg.Rejoin == 0 {
+		cfg.Rejoin = DefaultRejoin
+	}
+	lg := cfg.Log
+	if lg == nil {
+		lg = slog.Default()
+	}
+	m := &Members{cfg: cfg, log: lg.With("component", "members"), done: make(chan struct{}), alive: map[string]string{}}
+	m.peers = m.normalise(cfg.Peers)
+
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.Name
+	mc.BindAddr = cfg.Addr.String()
+	mc.BindPort = cfg.Port
+	mc.AdvertiseAddr = cfg.Addr.String()
+	mc.AdvertisePort = cfg.Port
+	mc.ProbeInterval = 100 * time.Millisecond
+	mc.ProbeTimeout = 50 * time.Millisecond
+	mc.SuspicionMult = 2
+	mc.SuspicionMaxTimeoutMult = 3
+	mc.GossipInterval = 50 * time.Millisecond
+	mc.GossipNodes = 3
+	mc.RetransmitMult = 3
+	mc.TCPTimeout = 2 * time.Second
+	mc.PushPullInterval = 10 * time.Second
+	mc.GossipToTheDeadTime = 5 * time.Second
+	// A node that comes back under the same name with another address
+	// (DHCP on the LAN) is the same node.
+	mc.DeadNodeReclaimTime = time.Second
+	mc.Events = &events{m: m}
+	mc.Logger = log.New(slogWriter{m.log}, "", 0)
+	if len(cfg.Key) > 0 {
+		mc.SecretKey = cfg.Key
+	}
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
+		BindAddrs: []string{cfg.Addr.String()},
+		BindPort:  cfg.Port,
+		Logger:    mc.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("members: listen on %s: %w", net.JoinHostPort(cfg.Addr.String(), strconv.Itoa(cfg.Port)), err)
+	}
+	if cfg.Dial != nil {
+		mc.Transport = &dialTransport{NetTransport: nt, dial: cfg.Dial}
+	} else {
+		mc.Transport = nt
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		_ = nt.Shutdown()
+		return nil, fmt.Errorf("members: start gossip as %s on %s: %w", cfg.Name, cfg.Addr, err)
+	}
+	m.ml = ml
+	m.wg.Add(1)
+	go func() { defer m.wg.Done(); m.rejoinLoop() }()
+	return m, nil
+}
+
+// normalise gives every peer address the gossip port and drops this
+// node's own.
+func (m *Members) normalise(peers []string) []string {
+	self := net.JoinHostPort(m.cfg.Addr.String(), strconv.Itoa(m.cfg.Port))
+	var out []string
+	for _, p := range peers {
+		if _, _, err := net.SplitHostPort(p); err != nil {
+			p = net.JoinHostPort(p, strconv.Itoa(m.cfg.Port))
+		}
+		if p != self {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// SetPeers replaces the known peer addresses (from the node registry).
+func (m *Members) SetPeers(peers []string) {
+	n := m.normalise(peers)
+	m.mu.Lock()
+	m.peers = n
+	m.mu.Unlock()
+}
+
+// Alive reports whether the agent of node is alive in this agent's view.
+// This node is alive to itself.
+func (m *Members) Alive(node string) bool {
+	if node == m.cfg.Name {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.alive[node]
+	return ok
+}
+
+// Live lists the names of the live agents, this one included, sorted.
+func (m *Members) Live() []string {
+	m.mu.Lock()
+	out := []string{m.cfg.Name}
+	for n := range m.alive {
+		if n != m.cfg.Name {
+			out = append(out, n)
+		}
+	}
+	m.mu.Unlock()
+	slices.Sort(out)
+	return out
+}
+
+// Settled reports whether this agent has exchanged state with a peer and
+// waited Settle since, or has no peers to wait for.
+func (m *Members) Settled() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.peers) == 0 {
+		return true
+	}
+	return !m.settledAt.IsZero() && !time.Now().Before(m.settledAt)
+}
+
+// Close leaves the gossip (telling the others at once, so they need not
+// detect the departure) and stops.
+func (m *Members) Close() error {
+	close(m.done)
+	m.wg.Wait()
+	err := m.ml.Leave(time.Second)
+	return errors.Join(err, m.ml.Shutdown())
+}
+
+// rejoinLoop joins known peers that are not alive, and keeps Settled
+// honest: when no peer is alive the view is not trusted until an
+// exchange succeeds again.
+func (m *Members) rejoinLoop() {
+	t := time.NewTicker(m.cfg.Rejoin)
+	defer t.Stop()
+	for {
+		m.rejoin()
+		select {
+		case <-t.C:
+		case <-m.done:
+			return
+		}
+	}
+}
+
+func (m *Members) rejoin() {
+	m.mu.Lock()
+	peers := slices.Clone(m.peers)
+	m.mu.Unlock()
+	if len(peers) == 0 {
+		return
+	}
+	alive := map[string]bool{}
+	m.mu.Lock()
+	others := 0
+	for n, addr := range m.alive {
+		alive[addr] = true
+		if n != m.cfg.Name {
+			others++
+		}
+	}
+	if others == 0 {
+		if !m.settledAt.IsZero() {
+			m.log.Info("no peer alive: claims wait for the next exchange")
+		}
+		m.settledAt = time.Time{}
+	}
+	m.mu.Unlock()
+	var missing []string
+	for _, p := range peers {
+		if !alive[p] {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	n, err := m.ml.Join(missing)
+	if n == 0 && err != nil {
+		m.log.Debug("joining peers", "peers", missing, "err", err)
+	}
+	if n > 0 {
+		m.startSettle()
+	}
+}
+
+// startSettle starts the wait before claims, unless one is running or
+// done: called on every exchange of state with a peer, ours (a join) or
+// theirs (a peer joining us).
+func (m *Members) startSettle() {
+	m.mu.Lock()
+	start := m.settledAt.IsZero()
+	if start {
+		m.settledAt = time.Now().Add(m.cfg.Settle)
+	}
+	m.mu.Unlock()
+	if !start {
+		return
+	}
+	m.log.Info("exchanged state with a peer; claiming after settle", "settle", m.cfg.Settle)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t := time.NewTimer(m.cfg.Settle)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			m.changed()
+		case <-m.done:
+		}
+	}()
+}
+
+func (m *Members) changed() {
+	if m.cfg.OnChange != nil {
+		m.cfg.OnChange()
+	}
+}
+
+// events keeps the view of live agents from memberlist's notifications,
+// and turns them into OnChange. memberlist calls them with its state lock
+// held, which is the only time its Node values may be read: it changes
+// them in place later, so the view is a copy.
+type events struct{ m *Members }
+
+func (e *events) set(n *memberlist.Node, alive bool) {
+	e.m.mu.Lock()
+	if alive {
+		e.m.alive[n.Name] = n.Address()
+	} else {
+		delete(e.m.alive, n.Name)
+	}
+	e.m.mu.Unlock()
+}
+
+func (e *events) NotifyJoin(n *memberlist.Node) {
+	e.set(n, true)
+	if n.Name != e.m.cfg.Name {
+		e.m.startSettle()
+	}
+	e.m.log.Info("agent alive", "node", n.Name, "addr", n.Address())
+	e.m.changed()
+}
+
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	e.set(n, false)
+	e.m.log.Info("agent gone", "node", n.Name, "addr", n.Address())
+	e.m.changed()
+}
+
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	e.set(n, true)
+	e.m.changed()
+}
+
+// dialTransport is the NetTransport with its dials replaced.
+type dialTransport struct {
+	*memberlist.NetTransport
+	dial func(addr string, timeout time.Duration) (net.Conn, error)
+}
+
+func (t *dialTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	return t.dial(addr, timeout)
+}
+
+func (t *dialTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	return t.dial(a.Addr, timeout)
+}
+
+// slogWriter carries memberlist's log lines to slog at debug level.
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.l.Debug(string(trimNL(p)))
+	return len(p), nil
+}
+
+func trimNL(p []byte) []byte {
+	for len(p) > 0 && (p[len(p)-1] == '\n' || p[len(p)-1] == '\r') {
+		p = p[:len(p)-1]
+	}
+	return p
+}
+
+var _ io.Writer = slogWriter{}

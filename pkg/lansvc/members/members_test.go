@@ -1,0 +1,108 @@
+package members_test
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/lansvc/members"
+)
+
+type node struct {
+	name string
+	*testenv.LANHost
+	m *members.Members
+}
+
+// lan makes n nodes on one LAN, each running the gossip.
+func lan(t *testing.T, n int) (*testenv.LAN, []*node) {
+	l := testenv.NewLAN(t)
+	var peers []string
+	for i := 1; i <= n; i++ {
+		peers = append(peers, fmt.Sprintf("192.168.78.%d", 10+i))
+	}
+	var nodes []*node
+	for i := 1; i <= n; i++ {
+		nd := &node{name: fmt.Sprintf("node-%d", i), LANHost: l.Host("eth0", peers[i-1]+"/24")}
+		cfg := members.Config{
+			Name:  nd.name,
+			Addr:  netip.MustParseAddr(peers[i-1]),
+			Peers: peers,
+			Key:   []byte("0123456789abcdef"),
+			Dial:  testenv.DialerIn(nd.NS),
+		}
+		if err := testenv.InNS(nd.NS, func() (err error) {
+			nd.m, err = members.Start(cfg)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = nd.m.Close() })
+		nodes = append(nodes, nd)
+	}
+	return l, nodes
+}
+
+func names(nodes []*node) []string {
+	var out []string
+	for _, n := range nodes {
+		out = append(out, n.name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// seeLive waits until every node of viewers sees exactly want alive.
+func seeLive(t *testing.T, what string, viewers []*node, want []string) time.Duration {
+	t.Helper()
+	return testenv.WaitFor(t, what, func() error {
+		for _, v := range viewers {
+			if got := v.m.Live(); !slices.Equal(got, want) {
+				return fmt.Errorf("%s sees %v", v.name, got)
+			}
+		}
+		return nil
+	})
+}
+
+// TestDropOffAndReturn: the agents find each other; a node whose uplink
+// goes down is seen gone by the others, stops trusting its own view, and
+// is seen alive again (and settles) when the uplink comes back.
+func TestDropOffAndReturn(t *testing.T) {
+	l, nodes := lan(t, 3)
+	all := names(nodes)
+	seeLive(t, "every agent sees every other", nodes, all)
+	testenv.WaitFor(t, "every agent settled", func() error {
+		for _, n := range nodes {
+			if !n.m.Settled() {
+				return fmt.Errorf("%s not settled", n.name)
+			}
+		}
+		return nil
+	})
+	for round := range 3 {
+		gone, rest := nodes[0], nodes[1:]
+		l.Unplug(gone.LANHost)
+		d := seeLive(t, gone.name+" seen gone", rest, names(rest))
+		t.Logf("round %d: %s off the LAN; the others saw it gone after %v", round, gone.name, d.Round(time.Millisecond))
+		testenv.WaitFor(t, gone.name+" stops trusting its view", func() error {
+			if gone.m.Settled() {
+				return fmt.Errorf("still settled; sees %v", gone.m.Live())
+			}
+			return nil
+		})
+		l.Plug(gone.LANHost)
+		d = seeLive(t, gone.name+" seen back", nodes, all)
+		t.Logf("round %d: %s back; every agent saw it after %v", round, gone.name, d.Round(time.Millisecond))
+		testenv.WaitFor(t, gone.name+" settles again", func() error {
+			if !gone.m.Settled() {
+				return fmt.Errorf("not settled")
+			}
+			return nil
+		})
+		nodes = append(rest, gone)
+	}
+}
