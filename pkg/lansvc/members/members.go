@@ -34,6 +34,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -94,6 +95,8 @@ type Members struct {
 	peers     []string
 	settledAt time.Time         // zero: not settled, and no exchange with a peer yet
 	alive     map[string]string // live agents: name -> gossip address
+	joinAll   bool              // the next rejoin joins every peer, alive or not
+	kick      chan struct{}
 }
 
 // Start joins the gossip on cfg.Addr. It returns at once: peers that do
@@ -115,7 +118,7 @@ func Start(cfg Config) (*Members, error) {
 	if lg == nil {
 		lg = slog.Default()
 	}
-	m := &Members{cfg: cfg, log: lg.With("component", "members"), done: make(chan struct{}), alive: map[string]string{}}
+	m := &Members{cfg: cfg, log: lg.With("component", "members"), done: make(chan struct{}), alive: map[string]string{}, kick: make(chan struct{}, 1)}
 	m.peers = m.normalise(cfg.Peers)
 
 	mc := memberlist.DefaultLANConfig()
@@ -131,7 +134,7 @@ func Start(cfg Config) (*Members, error) {
 	mc.GossipInterval = 50 * time.Millisecond
 	mc.GossipNodes = 3
 	mc.RetransmitMult = 3
-	mc.TCPTimeout = 2 * time.Second
+	mc.TCPTimeout = time.Second
 	mc.PushPullInterval = 10 * time.Second
 	mc.GossipToTheDeadTime = 5 * time.Second
 	// A node that comes back under the same name with another address
@@ -247,6 +250,7 @@ func (m *Members) rejoinLoop() {
 		m.rejoin()
 		select {
 		case <-t.C:
+		case <-m.kick:
 		case <-m.done:
 			return
 		}
@@ -256,6 +260,7 @@ func (m *Members) rejoinLoop() {
 func (m *Members) rejoin() {
 	m.mu.Lock()
 	peers := slices.Clone(m.peers)
+	all := m.joinAll
 	m.mu.Unlock()
 	if len(peers) == 0 {
 		return
@@ -278,19 +283,54 @@ func (m *Members) rejoin() {
 	m.mu.Unlock()
 	var missing []string
 	for _, p := range peers {
-		if !alive[p] {
+		if all || !alive[p] {
 			missing = append(missing, p)
 		}
 	}
 	if len(missing) == 0 {
 		return
 	}
-	n, err := m.ml.Join(missing)
-	if n == 0 && err != nil {
-		m.log.Debug("joining peers", "peers", missing, "err", err)
+	// One join per peer, side by side: a peer that does not answer
+	// (still off the LAN, or this node's own uplink down) holds up no
+	// other for its TCP timeout.
+	var wg sync.WaitGroup
+	var joined atomic.Int32
+	for _, p := range missing {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := m.ml.Join([]string{p}); err != nil {
+				m.log.Debug("joining peer", "peer", p, "err", err)
+				return
+			}
+			joined.Add(1)
+		}()
 	}
+	wg.Wait()
+	n := joined.Load()
 	if n > 0 {
+		m.mu.Lock()
+		m.joinAll = false
+		m.mu.Unlock()
 		m.startSettle()
+	}
+}
+
+// Reset withdraws trust in the current view and exchanges state with
+// every peer again, at once and until one answers; Settled is false until
+// Settle after that. The speaker calls it whenever the LAN interface goes
+// down or up: a node that was off the LAN, however briefly, may have been
+// declared dead and replaced, and must not answer until the others know
+// it is back (its exchange makes them see it alive, or makes it refute
+// their verdict, within the settle time).
+func (m *Members) Reset() {
+	m.mu.Lock()
+	m.settledAt = time.Time{}
+	m.joinAll = true
+	m.mu.Unlock()
+	select {
+	case m.kick <- struct{}{}:
+	default:
 	}
 }
 

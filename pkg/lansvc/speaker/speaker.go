@@ -39,6 +39,7 @@ type Announcer interface {
 type Members interface {
 	Alive(node string) bool
 	Settled() bool
+	Reset()
 }
 
 // Config is what a Speaker is made with.
@@ -131,6 +132,10 @@ func (s *Speaker) setUp(up bool) {
 	s.mu.Unlock()
 	if was != up {
 		s.log.Info("LAN interface", "interface", s.cfg.Interface, "up", up)
+		// Off the LAN even for a moment, this node may have been
+		// replaced: it answers again only once the others know it is
+		// back.
+		s.cfg.Members.Reset()
 		s.Kick()
 	}
 }

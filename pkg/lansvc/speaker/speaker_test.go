@@ -241,6 +241,26 @@ func TestFailoverAndReturn(t *testing.T) {
 		}
 	}
 
+	t.Run("QuickReturn", func(t *testing.T) {
+		// The owner is back as soon as another node answers: it may not
+		// even have been declared dead by everyone yet. It must still
+		// never answer beside the node that took over.
+		stop := c.watchSplitBrain()
+		gone := c.owner(vip4, all...)
+		var rest []string
+		for _, n := range all {
+			if n != gone.name {
+				rest = append(rest, n)
+			}
+		}
+		c.lan.Unplug(gone.LANHost)
+		c.answeredBy(vip4, c.owner(vip4, rest...))
+		c.lan.Plug(gone.LANHost)
+		c.answeredBy(vip4, gone)
+		if split := stop(); len(split) > 0 {
+			t.Fatalf("split brain around a quick return of %s: %v", gone.name, split)
+		}
+	})
 	t.Run("Released", func(t *testing.T) {
 		c.want()
 		testenv.WaitFor(t, "no answer for a released address", func() error {
