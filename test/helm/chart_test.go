@@ -252,4 +252,3 @@ func flagValue(args []string, name string) string {
 	}
 	return ""
 }
-
