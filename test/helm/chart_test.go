@@ -1,9 +1,3 @@
-// Package helm tests Village's Helm chart (deploy/helm/village), rendered
-// with Helm's own Go library: its defaults are deploy/village.yaml, and the
-// k3s and kubeadm values put the CNI files where those distributions' runtimes
-// look, proven by running the rendered `villaged install`. It is its own
-// module (helm.sh/helm/v4 pulls in much that Village's binaries and main
-// module must not carry); scripts/test.sh vets and tests it separately.
 package helm
 
 import (
@@ -20,10 +14,6 @@ import (
 	"slices"
 	"testing"
 
-	"helm.sh/helm/v4/pkg/chart/common"
-	"helm.sh/helm/v4/pkg/chart/common/util"
-	"helm.sh/helm/v4/pkg/chart/v2/loader"
-	"helm.sh/helm/v4/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -48,40 +38,15 @@ func render(t *testing.T, valuesFiles []string, set map[string]any) []map[string
 }
 
 func renderErr(valuesFiles []string, set map[string]any) ([]map[string]any, error) {
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		return nil, fmt.Errorf("load chart %s: %w", chartDir, err)
-	}
-	vals := map[string]any{}
+	var files []string
 	for _, f := range valuesFiles {
-		v, err := common.ReadValuesFile(filepath.Join(chartDir, f))
-		if err != nil {
-			return nil, fmt.Errorf("values %s: %w", f, err)
-		}
-		vals = util.MergeTables(v, vals)
+		files = append(files, filepath.Join(chartDir, f))
 	}
-	vals = util.MergeTables(set, vals)
-	rv, err := util.ToRenderValuesWithSchemaValidation(ch, vals,
-		common.ReleaseOptions{Name: "village", Namespace: "kube-system", IsInstall: true}, common.DefaultCapabilities, false)
+	b, err := Render(chartDir, files, set)
 	if err != nil {
-		return nil, fmt.Errorf("values: %w", err)
+		return nil, err
 	}
-	files, err := engine.Render(ch, rv)
-	if err != nil {
-		return nil, fmt.Errorf("render: %w", err)
-	}
-	var docs []map[string]any
-	for _, name := range slices.Sorted(maps.Keys(files)) {
-		if filepath.Ext(name) != ".yaml" {
-			continue
-		}
-		d, err := decodeDocs(name, []byte(files[name]))
-		if err != nil {
-			return nil, err
-		}
-		docs = append(docs, d...)
-	}
-	return docs, nil
+	return decodeDocs("the rendered chart", b)
 }
 
 // decodeDocs parses a YAML stream into generic objects, skipping documents
