@@ -27,7 +27,9 @@ func bins(t *testing.T) string {
 			binsDir, binsErr = filepath.Abs(d)
 			return
 		}
-		binsDir = filepath.Join(os.TempDir(), "village-helm-testbin")
+		if binsDir, binsErr = os.MkdirTemp("", "village-helm-testbin-"); binsErr != nil {
+			return
+		}
 		cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", binsDir+"/", "./plugins/...", "./cmd/...")
 		cmd.Dir = repoRoot
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
