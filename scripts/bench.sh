@@ -14,14 +14,14 @@
 # says the 1-minute load average when taken. The runtime row starts one private containerd per suite inside those namespaces
 # (internal/crienv) and times RunPodSandbox/StopPodSandbox over CRI.
 #
-#   sudo ./scripts/bench.sh                 # everything, a few minutes on 2 cores
-#   sudo ./scripts/bench.sh -only latency   # one section (latency,backends,burst,scale,memory,overlay,throughput,datapath,runtime)
-#   sudo ./scripts/bench.sh -v              # also every sample series
-#   sudo ./scripts/bench.sh -only kube      # only the kubernetes registry at scale (below)
-#   sudo ./scripts/bench.sh -only kubelet   # only pod start under a real kubelet (below)
-#   sudo ./scripts/bench.sh -only lan       # only a pod's ADD by LAN address source (below)
-#   sudo ./scripts/bench.sh -only flannel   # only the control plane against flanneld (below)
-#   sudo ./scripts/bench.sh -only netpol    # only NetworkPolicy's costs (below)
+#   ./scripts/bench.sh                 # everything, a few minutes on 2 cores
+#   ./scripts/bench.sh -only latency   # one section (latency,backends,burst,scale,memory,overlay,throughput,datapath,runtime)
+#   ./scripts/bench.sh -v              # also every sample series
+#   ./scripts/bench.sh -only kube      # only the kubernetes registry at scale (below)
+#   ./scripts/bench.sh -only kubelet   # only pod start under a real kubelet (below)
+#   ./scripts/bench.sh -only lan       # only a pod's ADD by LAN address source (below)
+#   ./scripts/bench.sh -only flannel   # only the control plane against flanneld (below)
+#   ./scripts/bench.sh -only netpol    # only NetworkPolicy's costs (below)
 #
 # The kube section (also run after the others when no -only is given) is
 # BenchmarkAgentKubeScale in test/e2e: one villaged watching a real

@@ -5,7 +5,7 @@
 # nftables mode (test/kube/conformance_test.go), and prints the
 # passed / failed / skipped table of each.
 #
-# Usage: sudo scripts/conformance.sh [granular|full|netpol]   (default: full)
+# Usage (as root): scripts/conformance.sh [granular|full|netpol]   (default: full)
 #   granular: [sig-network] Networking Granular Checks (pods and Services) and
 #             five tests of [sig-network] Netpol (what the test command runs)
 #   full:     those, every [sig-network] [Conformance] test and the whole

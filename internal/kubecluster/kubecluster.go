@@ -76,6 +76,11 @@ type Options struct {
 	// pod-start benchmark sets it above 110 so 110 of its pods fit beside
 	// Village's DaemonSet pod.
 	MaxPods int
+	// Chart installs Village through its Helm chart (deploy/helm/village,
+	// rendered with Helm's Go library by test/helm's village-chart, with
+	// podCIDR ClusterCIDR and Backend) instead of applying
+	// deploy/kubernetes.
+	Chart bool
 }
 
 // Cluster is a running cluster.

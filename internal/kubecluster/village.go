@@ -1,10 +1,13 @@
 package kubecluster
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +34,10 @@ func (c *Cluster) installVillage(t testing.TB) {
 	dst := filepath.Join(c.dir, "manifests")
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		t.Fatalf("kubecluster: %v", err)
+	}
+	if c.opts.Chart {
+		c.installVillageChart(t, dst)
+		return
 	}
 	files, err := filepath.Glob(filepath.Join(src, "*.yaml"))
 	if err != nil || len(files) == 0 {
@@ -61,6 +68,38 @@ func (c *Cluster) installVillage(t testing.TB) {
 	}
 	if out, err := c.Kubectl("apply", "-f", dst); err != nil {
 		t.Fatalf("kubecluster: applying deploy/kubernetes: %v\n%s", err, out)
+	}
+}
+
+// installVillageChart renders deploy/helm/village as `helm install village
+// deploy/helm/village -n kube-system --set podCIDR=ClusterCIDR [--set
+// backend=Backend]` would (test/helm's village-chart, Helm's own library:
+// test/helm is its own module, so Helm stays out of this one) and applies
+// what it renders.
+func (c *Cluster) installVillageChart(t testing.TB, dst string) {
+	t.Helper()
+	args := []string{"run", "./cmd/village-chart", "-set", "podCIDR=" + ClusterCIDR}
+	if c.opts.Backend != "" {
+		args = append(args, "-set", "backend="+c.opts.Backend)
+	}
+	args = append(args, filepath.Join(c.root, "deploy", "helm", "village"))
+	cmd := exec.Command("go", args...)
+	cmd.Dir = filepath.Join(c.root, "test", "helm")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubecluster: rendering the chart (go %s in test/helm): %v\n%s", strings.Join(args, " "), err, stderr.Bytes())
+	}
+	if c.opts.Backend != "" && !strings.Contains(string(out), "value: "+strconv.Quote(c.opts.Backend)) {
+		t.Fatalf("kubecluster: the rendered chart does not set BACKEND=%s:\n%s", c.opts.Backend, out)
+	}
+	f := filepath.Join(dst, "village-chart.yaml")
+	if err := os.WriteFile(f, out, 0o644); err != nil {
+		t.Fatalf("kubecluster: %v", err)
+	}
+	if out, err := c.Kubectl("apply", "-f", f); err != nil {
+		t.Fatalf("kubecluster: applying the rendered chart: %v\n%s", err, out)
 	}
 }
 

@@ -55,30 +55,13 @@ func load(t *testing.T) *objects {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in deploy/kubernetes: %v", err)
 	}
-	// Strict: a misspelt or misplaced field is an error, not silently dropped.
-	decoder := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
 	o := &objects{}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
-		for i := 0; ; i++ {
-			doc, err := r.Read()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s document %d: %v", f, i, err)
-			}
-			if len(bytes.TrimSpace(stripComments(doc))) == 0 {
-				continue
-			}
-			obj, gvk, err := decoder.Decode(doc, nil, nil)
-			if err != nil {
-				t.Fatalf("%s document %d does not decode into a Kubernetes API object: %v", filepath.Base(f), i, err)
-			}
+		for _, obj := range decodeAll(t, filepath.Base(f), b) {
 			o.all = append(o.all, obj)
 			switch v := obj.(type) {
 			case *appsv1.DaemonSet:
@@ -96,7 +79,7 @@ func load(t *testing.T) *objects {
 			case *rbacv1.RoleBinding:
 				o.roleBindings = append(o.roleBindings, v)
 			default:
-				t.Errorf("%s: unexpected kind %s", filepath.Base(f), gvk)
+				t.Errorf("%s: unexpected kind %s", filepath.Base(f), obj.GetObjectKind().GroupVersionKind())
 			}
 		}
 	}
@@ -114,6 +97,33 @@ func load(t *testing.T) *objects {
 	slices.SortFunc(o.roles, func(a, b *rbacv1.Role) int { return strings.Compare(a.Name, b.Name) })
 	slices.SortFunc(o.roleBindings, func(a, b *rbacv1.RoleBinding) int { return strings.Compare(a.Name, b.Name) })
 	return o
+}
+
+// decodeAll decodes every non-empty document of a YAML stream strictly into
+// the typed API objects: a misspelt or misplaced field is an error, not
+// silently dropped.
+func decodeAll(t *testing.T, name string, b []byte) []runtime.Object {
+	t.Helper()
+	decoder := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+	var out []runtime.Object
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+	for i := 0; ; i++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("%s document %d: %v", name, i, err)
+		}
+		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+			continue
+		}
+		obj, _, err := decoder.Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("%s document %d does not decode into a Kubernetes API object: %v", name, i, err)
+		}
+		out = append(out, obj)
+	}
 }
 
 func stripComments(doc []byte) []byte {

@@ -23,9 +23,10 @@ func TestHostGWIptables(t *testing.T) {
 	t.Run("Lifecycle", func(t *testing.T) { checkLifecycle(t, c) })
 }
 
-// TestVXLANNftables: the VXLAN overlay, kube-proxy in nftables mode.
+// TestVXLANNftables: the VXLAN overlay, kube-proxy in nftables mode, Village
+// installed through its Helm chart (rendered with Helm's library).
 func TestVXLANNftables(t *testing.T) {
-	c := kubecluster.Start(t, kubecluster.Options{Backend: "vxlan", ProxyMode: "nftables"})
+	c := kubecluster.Start(t, kubecluster.Options{Backend: "vxlan", ProxyMode: "nftables", Chart: true})
 	checkNetworking(t, c)
 }
 

@@ -1,0 +1,29 @@
+{{/* The image of both containers. */}}
+{{- define "village.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end -}}
+
+{{/* Village's labels, on every object. */}}
+{{- define "village.labels" -}}
+app.kubernetes.io/name: village
+{{- end -}}
+
+{{/* Fails the render on a choice Village does not have. */}}
+{{- define "village.validate" -}}
+{{- if not (has .Values.backend (list "vxlan" "host-gw" "auto")) -}}
+{{- fail (printf "backend %q: one of vxlan, host-gw, auto" .Values.backend) -}}
+{{- end -}}
+{{- if .Values.lan.enabled -}}
+{{- if not (has .Values.lan.addresses (list "pool" "dhcp")) -}}
+{{- fail (printf "lan.addresses %q: one of pool, dhcp" .Values.lan.addresses) -}}
+{{- end -}}
+{{- if not (has .Values.lan.pods (list "annotated" "all")) -}}
+{{- fail (printf "lan.pods %q: one of annotated, all" .Values.lan.pods) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* lan.addresses dhcp: villaged is the LAN pods' DHCP client. */}}
+{{- define "village.dhcp" -}}
+{{- if and .Values.lan.enabled (eq .Values.lan.addresses "dhcp") -}}true{{- end -}}
+{{- end -}}

@@ -1,0 +1,135 @@
+package helm
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/village-cni/village/pkg/install"
+	"github.com/village-cni/village/pkg/netconf"
+)
+
+// villageEntry renders the chart's conflist template as villaged install
+// does on a node and parses its village entry with Village's own parser;
+// raw is the entry's JSON object.
+func villageEntry(t *testing.T, docs []map[string]any) (nc *netconf.NetConf, raw map[string]any) {
+	t.Helper()
+	vars := map[string]string{"NODE_NAME": "node-1", "DEFAULT_IFACE": "eth0"}
+	out, err := install.Render([]byte(conflistTemplate(t, docs)), func(k string) (string, bool) { v, ok := vars[k]; return v, ok })
+	if err != nil {
+		t.Fatalf("render the conflist template: %v", err)
+	}
+	var list struct {
+		Name       string            `json:"name"`
+		CNIVersion string            `json:"cniVersion"`
+		Plugins    []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(out, &list); err != nil || len(list.Plugins) == 0 {
+		t.Fatalf("conflist (%v):\n%s", err, out)
+	}
+	m := map[string]any{}
+	raw = map[string]any{}
+	if err := json.Unmarshal(list.Plugins[0], &raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(list.Plugins[0], &m); err != nil {
+		t.Fatal(err)
+	}
+	m["name"], m["cniVersion"] = list.Name, list.CNIVersion
+	b, _ := json.Marshal(m)
+	nc, err = netconf.Parse(b, "")
+	if err != nil {
+		t.Fatalf("the village entry is rejected by netconf.Parse: %v\n%s", err, out)
+	}
+	return nc, raw
+}
+
+// TestLANValues: the lan section becomes a "macvlan" section Village
+// accepts, with a village-ipam pool shared as Leases or the LAN's DHCP; DHCP
+// (and only DHCP) grants the agent what it needs to be the pods' DHCP client.
+func TestLANValues(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		lan      map[string]any
+		ipamType string
+		dhcp     bool
+	}{
+		{"pool", map[string]any{"enabled": true, "subnet": "192.168.50.0/24", "rangeStart": "192.168.50.210",
+			"rangeEnd": "192.168.50.239", "gateway": "192.168.50.1"}, "village-ipam", false},
+		{"dhcp", map[string]any{"enabled": true, "addresses": "dhcp", "master": "enp3s0", "pods": "all",
+			"subnet": "192.168.50.0/24", "rangeStart": "192.168.50.100", "rangeEnd": "192.168.50.199"}, "dhcp", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			docs := render(t, nil, map[string]any{"lan": tc.lan, "backend": "vxlan", "networkPolicy": false})
+			nc, raw := villageEntry(t, docs)
+			if nc.LAN == nil || nc.LAN.IPAMType != tc.ipamType || len(nc.LAN.Ranges) != 1 {
+				t.Fatalf("LAN section %+v, want ipam type %s with one range", nc.LAN, tc.ipamType)
+			}
+			if r := nc.LAN.Ranges[0]; r.Start.String() != tc.lan["rangeStart"] || r.End.String() != tc.lan["rangeEnd"] {
+				t.Errorf("LAN range %v-%v, want %v-%v", r.Start, r.End, tc.lan["rangeStart"], tc.lan["rangeEnd"])
+			}
+			wantMaster, _ := tc.lan["master"].(string)
+			if wantMaster == "" {
+				wantMaster = "eth0" // the node's default-route interface
+			}
+			wantPods, _ := tc.lan["pods"].(string)
+			if wantPods == "" {
+				wantPods = netconf.PodsAnnotated
+			}
+			if nc.LAN.Master != wantMaster || nc.LAN.Pods != wantPods || !nc.LAN.HostShim {
+				t.Errorf("LAN master %q pods %q hostShim %v, want %s %s true", nc.LAN.Master, nc.LAN.Pods, nc.LAN.HostShim, wantMaster, wantPods)
+			}
+			if raw["networkPolicy"] != false {
+				t.Error("networkPolicy: false rendered as true")
+			}
+			ds := daemonSet(t, docs)
+			agent := container(t, ds.Spec.Template.Spec.Containers, "agent")
+			if got := env(container(t, ds.Spec.Template.Spec.InitContainers, "install"), "BACKEND"); got != "vxlan" {
+				t.Errorf("BACKEND %q, want vxlan", got)
+			}
+			hasSysAdmin := slices.Contains(agent.SecurityContext.Capabilities.Add, "SYS_ADMIN")
+			if hasSysAdmin != tc.dhcp {
+				t.Errorf("agent capabilities %v: SYS_ADMIN only for DHCP (dhcp %v)", agent.SecurityContext.Capabilities.Add, tc.dhcp)
+			}
+			if tc.dhcp {
+				if host, _ := hostPathAt(t, &ds.Spec.Template.Spec, agent, "/var/run/netns"); host != "/run/netns" {
+					t.Errorf("agent's /var/run/netns is the host's %s, want /run/netns", host)
+				}
+				if host, w := hostPathAt(t, &ds.Spec.Template.Spec, agent, "/var/lib/village/dhcp"); host != "/var/lib/village/dhcp" || !w {
+					t.Errorf("agent's DHCP leases: host %s writable %v", host, w)
+				}
+			}
+		})
+	}
+}
+
+// TestValuesRejected: choices Village does not have fail the render, and
+// a LAN without its addresses names the missing value.
+func TestValuesRejected(t *testing.T) {
+	for _, tc := range []struct {
+		set  map[string]any
+		want string
+	}{
+		{map[string]any{"backend": "wireguard"}, "backend"},
+		{map[string]any{"lan": map[string]any{"enabled": true}}, "lan.subnet"},
+		{map[string]any{"lan": map[string]any{"enabled": true, "subnet": "192.168.50.0/24"}}, "lan.rangeStart"},
+		{map[string]any{"lan": map[string]any{"enabled": true, "addresses": "static", "subnet": "192.168.50.0/24"}}, "lan.addresses"},
+	} {
+		_, err := renderErr(nil, tc.set)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("values %v: render error %v, want one naming %s", tc.set, err, tc.want)
+		}
+	}
+}
+
+func env(c *corev1.Container, name string) string {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
