@@ -21,6 +21,8 @@ echo "== go vet"
 go vet ./...
 # test/libcni-v1.1 is its own module (pinned to libcni 1.1.2): ./... skips it.
 (cd test/libcni-v1.1 && go vet ./...)
+# test/helm is its own module too (helm.sh/helm/v4 stays out of the main go.mod).
+(cd test/helm && go vet ./...)
 
 echo "== build"
 ./build_linux.sh
@@ -34,6 +36,9 @@ export VILLAGE_KUBE_DIR VILLAGE_KUBE_APISERVER
 echo "== go test"
 # Everything but the Kubernetes cluster tests, packages two at a time.
 go test -count=1 -timeout 60m $(go list ./... | grep -v '/test/kube$') 2>&1 | tee /tmp/village-test.log
+
+echo "== go test in test/helm (the Helm chart, with Helm's Go library)"
+(cd test/helm && go test -count=1 ./...) 2>&1 | tee -a /tmp/village-test.log
 
 echo "== go test ./test/kube (Kubernetes clusters: kubelet, kube-proxy, the shipped DaemonSet)"
 # Alone, after the rest: each cluster is a dozen processes on two cores.
