@@ -22,6 +22,7 @@
 #   ./scripts/bench.sh -only lan       # only a pod's ADD by LAN address source (below)
 #   ./scripts/bench.sh -only flannel   # only the control plane against flanneld (below)
 #   ./scripts/bench.sh -only netpol    # only NetworkPolicy's costs (below)
+#   ./scripts/bench.sh -only lansvc    # only LAN Service address failover (below)
 #
 # The kube section (also run after the others when no -only is given) is
 # BenchmarkAgentKubeScale in test/e2e: one villaged watching a real
@@ -54,6 +55,12 @@
 # and on), each row with the load average; then BenchmarkNetpolAgent (a real
 # villaged and kube-apiserver with 1,000 Pods and 100 policies: RSS, policy
 # update in the API to its rule in the kernel).
+#
+# The lansvc section (only with -only lansvc, ~1 minute) is
+# BenchmarkFailover in pkg/lansvc/speaker: three in-process agents in node
+# namespaces on a LAN bridge, one Service address; the owner's uplink is
+# pulled $VILLAGE_LANSVC_KILLS times (default 20) and replugged, a client
+# asking every 10 ms; p50/p99 of failover and return, with the load.
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -95,6 +102,10 @@ netpol_bench() {
     go test -run '^$' -bench '^BenchmarkNetpolAgent$' -benchtime 1x -timeout 20m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
   echo "load $(cut -d' ' -f1 /proc/loadavg)"
 }
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lansvc" ]; then
+  go test -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 20m -v ./pkg/lansvc/speaker | grep -E 'FIGURE|Benchmark|ok|FAIL'
+  exit
+fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "netpol" ]; then
   netpol_bench
   exit
