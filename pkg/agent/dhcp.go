@@ -8,7 +8,7 @@ import (
 	"github.com/village-cni/village/pkg/landhcp"
 	"github.com/village-cni/village/pkg/landhcp/wire"
 	"github.com/village-cni/village/pkg/netconf"
-	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // dhcpSocket is where run serves the LAN DHCP client: the config's
@@ -20,7 +20,7 @@ func (c *Conf) dhcpSocket(opts Options) string {
 	}
 	dir := opts.RunDir
 	if dir == "" {
-		dir = subnetfile.RunDir()
+		dir = nodelocal.RunDir()
 	}
 	return filepath.Join(dir, wire.SocketName)
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/netconf"
-	"github.com/village-cni/village/pkg/subnetfile"
 )
 
 // village-ipam's error codes for an exhausted range set and a requested
@@ -35,7 +34,7 @@ const agentAskTimeout = 25 * time.Second
 const agentReportTimeout = 3 * time.Second
 
 // agentSocket is the node agent's socket ($VILLAGE_RUN_DIR/agent.sock).
-func agentSocket() string { return agentsock.Path(subnetfile.RunDir()) }
+func agentSocket() string { return agentsock.Path("") }
 
 // lanRequest decides whether this pod gets the LAN interface, and with
 // which exact addresses:
