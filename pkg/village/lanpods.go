@@ -23,6 +23,9 @@ import (
 const (
 	ipamExhausted          = 100
 	ipamAddressUnavailable = 101
+	// ipamDetailOutsidePool is the details of an ipamAddressUnavailable
+	// error for an address in no range (plugin.DetailOutsidePool).
+	ipamDetailOutsidePool = "outside-pool"
 )
 
 // agentAskTimeout bounds a LAN lookup: the agent's own bounded wait for a
@@ -68,7 +71,7 @@ func (a *adder) lanRequest() (netconf.LANRequest, error) {
 	}
 	if err := lan.CheckAddrs(req.IPs); err != nil {
 		a.reportLAN(agentsock.Report{Failure: agentsock.FailOutsidePool, Message: err.Error()})
-		return req, types.NewError(ipamAddressUnavailable, fmt.Sprintf("LAN interface %q: %v", lan.IfName, err), "")
+		return req, types.NewError(ipamAddressUnavailable, fmt.Sprintf("LAN interface %q: %v", lan.IfName, err), ipamDetailOutsidePool)
 	}
 	return req, nil
 }
@@ -149,20 +152,25 @@ func (a *adder) reportLANFailure(err error) {
 	if !a.askedAgent || err == nil {
 		return
 	}
-	reason := agentsock.FailOther
+	a.reportLAN(agentsock.Report{Failure: lanFailure(err), Message: err.Error()})
+}
+
+// lanFailure is the reason of a failed LAN IPAM call, from the IPAM
+// plugin's error code and details (never its message).
+func lanFailure(err error) string {
 	var te *types.Error
-	if errors.As(err, &te) {
-		switch te.Code {
-		case ipamExhausted:
-			reason = agentsock.FailExhausted
-		case ipamAddressUnavailable:
-			reason = agentsock.FailTaken
-			if strings.Contains(te.Msg, "outside") {
-				reason = agentsock.FailOutsidePool
-			}
-		}
+	if !errors.As(err, &te) {
+		return agentsock.FailOther
 	}
-	a.reportLAN(agentsock.Report{Failure: reason, Message: err.Error()})
+	switch {
+	case te.Code == ipamExhausted:
+		return agentsock.FailExhausted
+	case te.Code == ipamAddressUnavailable && te.Details == ipamDetailOutsidePool:
+		return agentsock.FailOutsidePool
+	case te.Code == ipamAddressUnavailable:
+		return agentsock.FailTaken
+	}
+	return agentsock.FailOther
 }
 
 // withRequestedIPs puts ips into the LAN IPAM call's stdin as args.cni.ips
