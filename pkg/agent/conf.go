@@ -17,6 +17,7 @@ import (
 	"github.com/village-cni/village/pkg/kubeconfig"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/nodelocal"
 	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/subnetfile"
 	"github.com/village-cni/village/pkg/validate"
@@ -31,10 +32,13 @@ type Options struct {
 	// or a single plugin .conf.
 	ConfFile string
 	// NodeName names this node in the registry (and its Node object with
-	// the kubernetes registry); "" means $NODE_NAME, else the host name.
+	// the kubernetes registry); "" means $NODE_NAME, else the host name
+	// (nodelocal.DefaultNodeName). run publishes it for the stores
+	// (nodelocal.NodeNameFile).
 	NodeName string
-	// RunDir is where leased subnets are published; "" means
-	// $VILLAGE_RUN_DIR or /run/village (what village-ipam reads).
+	// RunDir is the run directory (nodelocal: the leased subnets, the node
+	// name, the agent's socket); "" means $VILLAGE_RUN_DIR or /run/village
+	// (what the plugins read).
 	RunDir string
 	// Period between repair passes (DefaultPeriod when 0).
 	Period time.Duration
@@ -154,10 +158,7 @@ func Load(opts Options) (*Conf, error) {
 	}
 	c.Node = opts.NodeName
 	if c.Node == "" {
-		c.Node = os.Getenv("NODE_NAME")
-	}
-	if c.Node == "" {
-		if c.Node, err = validate.HostNodeName(); err != nil {
+		if c.Node, err = nodelocal.DefaultNodeName(); err != nil {
 			return nil, fmt.Errorf("no --node-name: %w", err)
 		}
 	}

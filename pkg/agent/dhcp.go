@@ -2,27 +2,21 @@ package agent
 
 import (
 	"context"
-	"path/filepath"
 	"sync"
 
 	"github.com/village-cni/village/pkg/landhcp"
-	"github.com/village-cni/village/pkg/landhcp/wire"
 	"github.com/village-cni/village/pkg/netconf"
-	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // dhcpSocket is where run serves the LAN DHCP client: the config's
 // "daemonSocketPath", else dhcp.sock in the run directory (where the
-// plugin looks by default, wire.SocketPath).
+// plugin looks by default, wire.SocketPath; nodelocal.DHCPSocket).
 func (c *Conf) dhcpSocket(opts Options) string {
 	if c.Net.LAN.DHCPSocket != "" {
 		return c.Net.LAN.DHCPSocket
 	}
-	dir := opts.RunDir
-	if dir == "" {
-		dir = subnetfile.RunDir()
-	}
-	return filepath.Join(dir, wire.SocketName)
+	return nodelocal.DHCPSocket(opts.RunDir)
 }
 
 // startDHCP runs the LAN pods' DHCP client (pkg/landhcp) when the network's

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // The host-side credentials of a LAN pool kept in the Kubernetes API
@@ -22,19 +23,16 @@ import (
 // requests one for the ServiceAccount HostCredsAccount (whose RBAC grants
 // only the pool's Leases and reading Nodes, deploy/kubernetes/rbac.yaml),
 // writes it with the cluster's CA and a kubeconfig naming both under
-// <run dir>/kube/, and requests a new one well before it expires. The
-// kubeconfig is what the LAN IPAM block's "kubeconfig" names.
+// <run dir>/kube/ (nodelocal.HostCredsDir), and requests a new one well before it expires. The
+// kubeconfig (nodelocal.HostKubeconfig) is what the LAN IPAM block's
+// "kubeconfig" names, or means when it names none.
 const (
 	HostCredsAccount = "village-ipam"
-	hostCredsDir     = "kube"
 	// hostTokenLife is the lifetime asked for; a new token is requested
 	// after a third of it (so a token on disk is always valid for 40 min).
 	hostTokenLife  = time.Hour
 	hostCredsRetry = 10 * time.Second
 )
-
-// HostKubeconfig is the kubeconfig the agent writes in runDir.
-func HostKubeconfig(runDir string) string { return filepath.Join(runDir, hostCredsDir, "kubeconfig") }
 
 // startHostCreds keeps the host credentials fresh while ctx lasts, when
 // the LAN pool's store is the kubernetes one.
@@ -49,7 +47,7 @@ func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.C
 			return fmt.Errorf("reading the cluster CA: %w", err)
 		}
 	}
-	dir := filepath.Join(runDir, hostCredsDir)
+	dir := nodelocal.HostCredsDir(runDir)
 	ns := inClusterNamespace()
 	wg.Go(func() {
 		for {
@@ -102,22 +100,10 @@ current-context: village
 	for _, f := range []struct {
 		path string
 		data []byte
-	}{{caFile, ca}, {token, []byte(tr.Status.Token)}, {filepath.Join(dir, "kubeconfig"), []byte(kc)}} {
-		if err := writeAtomic(f.path, f.data); err != nil {
+	}{{caFile, ca}, {token, []byte(tr.Status.Token)}, {nodelocal.HostKubeconfig(filepath.Dir(dir)), []byte(kc)}} {
+		if err := nodelocal.WriteFile(f.path, f.data, 0o600); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-func writeAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
 	}
 	return nil
 }

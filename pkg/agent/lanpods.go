@@ -24,7 +24,7 @@ import (
 	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/kubeconfig"
 	"github.com/village-cni/village/pkg/netconf"
-	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // The names of the LAN pods contract (issue 21, DESIGN.md).
@@ -88,7 +88,7 @@ func startLANPods(ctx context.Context, c *Conf, opts Options) (wait func(), err 
 	}
 	runDir := opts.RunDir
 	if runDir == "" {
-		runDir = subnetfile.RunDir()
+		runDir = nodelocal.RunDir()
 	}
 	l := &lanPods{node: c.Node, network: c.Net.Name, logf: opts.logf, changed: make(chan struct{}), events: map[string]time.Time{}}
 	rc, cs, err := c.kubeClient()
@@ -355,7 +355,7 @@ func lanStatus(ctx context.Context, c *Conf, runDir string) []string {
 		return nil
 	}
 	if runDir == "" {
-		runDir = subnetfile.RunDir()
+		runDir = nodelocal.RunDir()
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

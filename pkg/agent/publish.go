@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // publishConf copies the staged conflist into the CNI config directory
-// (Options.PublishConfDir) under its own file name, atomically (a temporary
-// file in that directory, fsync, rename), unless the copy there already has
+// (Options.PublishConfDir) under its own file name, atomically
+// (nodelocal.WriteFile), unless the copy there already has
 // the same bytes. It runs once the node holds its pod subnet: a runtime
 // that reports the network ready when a conflist appears then never hands
 // a pod to Village before it can address it.
@@ -45,25 +47,8 @@ func (c *Conf) publishConf(dir string, logf func(string, ...any)) (bool, error) 
 	case !errors.Is(err, fs.ErrNotExist):
 		return false, fmt.Errorf("read %s: %w", dst, err)
 	}
-	tmp, err := os.CreateTemp(dir, ".village-conf-*")
-	if err != nil {
-		return false, fmt.Errorf("publish conflist into %s: %w", dir, err)
-	}
-	defer os.Remove(tmp.Name()) // gone after the rename; cleans up a failure
-	if _, err := tmp.Write(data); err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), dst)
-	}
-	if err != nil {
-		return false, fmt.Errorf("publish conflist %s: %w", dst, err)
+	if err := nodelocal.WriteFile(dst, data, 0o644); err != nil {
+		return false, fmt.Errorf("publish conflist: %w", err)
 	}
 	return true, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/metrics"
 	"github.com/village-cni/village/pkg/netsetup"
+	"github.com/village-cni/village/pkg/nodelocal"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
 )
@@ -58,6 +59,13 @@ func Run(ctx context.Context, opts Options) error {
 				opts.logf("metrics: %v", err)
 			}
 		})
+	}
+	// The node name before anything can ask for an address: village-ipam's
+	// etcd and kubernetes stores record the name published here when their
+	// block names none (nodelocal.NodeName), so a LAN pool's allocations
+	// carry the name this agent registers and reclaims under.
+	if err := nodelocal.PublishNodeName(opts.RunDir, c.Net.Name, c.Node); err != nil {
+		return fmt.Errorf("publishing the node name of network %s: %w", c.Net.Name, err)
 	}
 	startDHCP(mctx, c, opts, &mwg)
 	// The plugin's LAN lookups (lanpods.go), answered from the first second.

@@ -36,13 +36,15 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // Version is the protocol version this package speaks.
 const Version = 1
 
 // SocketName is the socket's file name in the run directory.
-const SocketName = "agent.sock"
+const SocketName = nodelocal.AgentSocketName
 
 // Ops.
 const (
@@ -114,8 +116,8 @@ type Response struct {
 	Pods  []LANPod `json:"pods,omitempty"`
 }
 
-// Path is the socket in runDir.
-func Path(runDir string) string { return filepath.Join(runDir, SocketName) }
+// Path is the socket in runDir ("" = the run directory), nodelocal.AgentSocket.
+func Path(runDir string) string { return nodelocal.AgentSocket(runDir) }
 
 // Error is a refusal by the agent (or no agent at all).
 type Error struct {

@@ -10,6 +10,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // writeAtomic puts data at path with mode: a temporary file in the same
@@ -31,49 +33,10 @@ func copyAtomic(path, src string, mode fs.FileMode) error {
 	return writeAtomicFrom(path, f, mode)
 }
 
-// writeAtomicFrom is writeAtomic with the content read from r.
+// writeAtomicFrom is writeAtomic with the content read from r
+// (nodelocal.WriteFrom).
 func writeAtomicFrom(path string, r io.Reader, mode fs.FileMode) error {
-	dir, base := filepath.Split(path)
-	tmp, err := os.CreateTemp(dir, "."+base+".village-tmp-")
-	if err != nil {
-		return fmt.Errorf("create temporary file for %s: %w", path, err)
-	}
-	done := false
-	defer func() {
-		if !done {
-			_ = tmp.Close()
-			_ = os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := io.Copy(tmp, r); err != nil {
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		return fmt.Errorf("chmod %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rename %s to %s: %w", tmp.Name(), path, err)
-	}
-	done = true
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open directory %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync directory %s: %w", dir, err)
-	}
-	return nil
+	return nodelocal.WriteFrom(path, r, mode)
 }
 
 // removeDurably removes path (absent is fine) and fsyncs its directory.
@@ -84,7 +47,7 @@ func removeDurably(path string) error {
 		}
 		return fmt.Errorf("remove %s: %w", path, err)
 	}
-	return syncDir(filepath.Dir(path))
+	return nodelocal.SyncDir(filepath.Dir(path))
 }
 
 func digest(data []byte) string {

@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/village-cni/village/pkg/netsetup"
-	"github.com/village-cni/village/pkg/validate"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // DefaultTemplate is the conflist written when no template is given: a
@@ -70,13 +70,13 @@ func dedup(s []string) []string {
 }
 
 // NodeVars are the values Village knows about the node without being told:
-// NODE_NAME (the host name in lower case, validate.HostNodeName), DEFAULT_IFACE (the interface of the IPv4, else
+// NODE_NAME (the host name in lower case, nodelocal.HostNodeName), DEFAULT_IFACE (the interface of the IPv4, else
 // IPv6, default route) and NODE_IP (that interface's first global address).
 // What cannot be found is left out, so a template that needs it fails
 // unless it has a default.
 func NodeVars() map[string]string {
 	vars := map[string]string{}
-	if h, err := validate.HostNodeName(); err == nil && h != "" {
+	if h, err := nodelocal.HostNodeName(); err == nil && h != "" {
 		vars["NODE_NAME"] = h
 	}
 	if iface, ip := defaultRoute(); iface != "" {

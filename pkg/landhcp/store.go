@@ -14,10 +14,11 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 
 	"github.com/village-cni/village/pkg/landhcp/wire"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // DefaultDir is where the leases are kept across agent restarts.
-const DefaultDir = "/var/lib/village/dhcp"
+const DefaultDir = nodelocal.DHCPLeaseDir
 
 // record is a lease as written to disk: who asked, and the server's
 // offer and latest ACK as sent (so a restarted agent renews exactly what
@@ -58,12 +59,8 @@ func save(dir string, r *record) error {
 		return fmt.Errorf("lease directory %s: %w", dir, err)
 	}
 	path := filepath.Join(dir, fileName(r.Attachment))
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("writing lease %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("writing lease %s: %w", path, err)
+	if err := nodelocal.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("lease: %w", err)
 	}
 	return nil
 }

@@ -46,6 +46,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/village-cni/village/pkg/nodelocal"
 	"github.com/village-cni/village/pkg/owner"
 )
 
@@ -56,6 +57,13 @@ const (
 )
 
 // LockFile serialises the slow path across concurrent plugin processes.
+// It is deliberately node-wide, not under $VILLAGE_RUN_DIR (nodelocal):
+// what it guards is kernel state (the iptables chains and nftables tables
+// of the namespace the process runs in, and the xtables lock they share),
+// which has nothing to do with the run directory a process was given. Two
+// processes with different run directories may edit the same namespace's
+// tables, so they must take the same lock, as iptables' own
+// /run/xtables.lock is one per host.
 const LockFile = "/run/village/masq.lock"
 
 // Spec is the netfilter state wanted for one network.
@@ -76,7 +84,7 @@ type Spec struct {
 	NoMasquerade bool
 	// SpoofCheck: the pods' macspoofchk rules are kept too (Keep puts back
 	// the rule of every port of the bridge). Not part of Stamp: those rules
-	// are per pod, recorded under SpoofDir.
+	// are per pod, recorded under nodelocal.SpoofDir.
 	SpoofCheck bool
 }
 
@@ -229,7 +237,7 @@ func Teardown(network string) error {
 		return err
 	}
 	defer unlock()
-	return errors.Join(teardownOthers("", network), deleteSpoofTable(network), os.RemoveAll(filepath.Join(SpoofDir, network)))
+	return errors.Join(teardownOthers("", network), deleteSpoofTable(network), os.RemoveAll(nodelocal.SpoofDir("", network)))
 }
 
 // syncRules makes sure the rules of s are in place in backend name, with

@@ -14,6 +14,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/vishvananda/netlink"
+
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // macspoofchk: one rule per pod port in the network's bridge-family table,
@@ -206,14 +208,15 @@ func deleteSpoofTable(network string) error {
 	return nil
 }
 
-// SpoofDir holds, per network, one file per pod port with macspoofchk
-// (named after the host veth, holding the pod MAC), so the rules can be
-// rebuilt for every pod of the bridge after a flush, not only for the pod
-// at hand.
-const SpoofDir = "/run/village/macspoofchk"
-
+// spoofFile is the record of one pod port with macspoofchk, in the
+// network's directory under the run directory (nodelocal.SpoofDir): one
+// file per port, named after the host veth, holding the pod MAC, so the
+// rules can be rebuilt for every pod of the bridge after a flush, not only
+// for the pod at hand. It follows $VILLAGE_RUN_DIR as the network's other
+// files do (it describes this network's ports, as the subnet file its
+// subnet).
 func spoofFile(network, hostVeth string) string {
-	return filepath.Join(SpoofDir, network, hostVeth)
+	return filepath.Join(nodelocal.SpoofDir("", network), hostVeth)
 }
 
 func recordSpoofMAC(sc SpoofCheck) error {

@@ -11,36 +11,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strings"
+
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
-// DefaultRunDir is where villaged publishes what it leased for each network;
-// the RunDirEnv environment variable overrides it (tests, unusual layouts).
-const (
-	DefaultRunDir = "/run/village"
-	RunDirEnv     = "VILLAGE_RUN_DIR"
-	// Name is the file under <run dir>/<network>/ holding the leased pod
-	// subnet(s), one CIDR per line, one range set each.
-	Name = "subnet"
-)
-
-// RunDir is $VILLAGE_RUN_DIR or DefaultRunDir.
-func RunDir() string {
-	if d := os.Getenv(RunDirEnv); d != "" {
-		return d
-	}
-	return DefaultRunDir
-}
-
-// Path is network's subnet file under runDir ("" means RunDir()). network
-// must be a valid network name.
-func Path(runDir, network string) string {
-	if runDir == "" {
-		runDir = RunDir()
-	}
-	return filepath.Join(runDir, network, Name)
-}
+// Path is network's subnet file under runDir ("" means the run directory,
+// nodelocal.RunDir). network must be a valid network name.
+func Path(runDir, network string) string { return nodelocal.SubnetFile(runDir, network) }
 
 // Read reads a subnet file: one CIDR per line; blank lines and lines
 // starting with '#' are skipped.
@@ -67,9 +45,8 @@ func Read(path string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// Write puts subnets (after a comment line) into path atomically: a
-// temporary file in the same directory, synced, renamed over, the directory
-// synced; only when the content changes. It reports whether it wrote.
+// Write puts subnets (after a comment line) into path atomically
+// (nodelocal.WriteFile), only when the content changes. It reports whether it wrote.
 func Write(path, comment string, subnets []*net.IPNet) (changed bool, err error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s\n", comment)
@@ -80,33 +57,8 @@ func Write(path, comment string, subnets []*net.IPNet) (changed bool, err error)
 	if have, err := os.ReadFile(path); err == nil && string(have) == want {
 		return false, nil
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := nodelocal.WriteFile(path, []byte(want), 0o644); err != nil {
 		return false, fmt.Errorf("publishing the leased subnet: %w", err)
-	}
-	tmp, err := os.CreateTemp(dir, ".subnet-*")
-	if err != nil {
-		return false, fmt.Errorf("publishing the leased subnet: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err = tmp.WriteString(want); err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return false, fmt.Errorf("publishing the leased subnet in %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return false, fmt.Errorf("publishing the leased subnet: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
 	}
 	return true, nil
 }

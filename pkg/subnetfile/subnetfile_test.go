@@ -6,24 +6,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/village-cni/village/pkg/nodelocal"
 	"github.com/village-cni/village/pkg/subnetfile"
 )
-
-func TestPath(t *testing.T) {
-	t.Setenv(subnetfile.RunDirEnv, "/env/run")
-	for _, tc := range []struct{ dir, want string }{
-		{"", "/env/run/ovl/subnet"},
-		{"/flag/run", "/flag/run/ovl/subnet"},
-	} {
-		if got := subnetfile.Path(tc.dir, "ovl"); got != tc.want {
-			t.Errorf("Path(%q, ovl) = %s, want %s", tc.dir, got, tc.want)
-		}
-	}
-	t.Setenv(subnetfile.RunDirEnv, "")
-	if got := subnetfile.Path("", "ovl"); got != "/run/village/ovl/subnet" {
-		t.Errorf("Path without env = %s", got)
-	}
-}
 
 func TestWriteThenRead(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ovl", "subnet")
@@ -44,7 +29,7 @@ func TestWriteThenRead(t *testing.T) {
 	if err != nil || len(ps) != 2 || ps[0].String() != "10.60.3.0/24" || ps[1].String() != "fd60:0:0:3::/64" {
 		t.Fatalf("Read = %v, %v", ps, err)
 	}
-	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".subnet-*")); len(left) != 0 {
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".subnet"+nodelocal.TempInfix+"*")); len(left) != 0 {
 		t.Fatalf("temporary files left: %v", left)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 )
 
@@ -86,18 +85,6 @@ func NodeName(name string) error {
 		}
 	}
 	return nil
-}
-
-// HostNodeName is the node name of this host when none is given: its host
-// name in lower case, as kubelet names the Node it registers (a host name
-// may carry capitals, a Node name may not). Callers still check it with
-// NodeName.
-func HostNodeName() (string, error) {
-	h, err := os.Hostname()
-	if err != nil {
-		return "", fmt.Errorf("failed to read the host name: %w", err)
-	}
-	return strings.ToLower(strings.TrimSpace(h)), nil
 }
 
 // PodName checks a Kubernetes pod name: a DNS-1123 subdomain, as a Node's.

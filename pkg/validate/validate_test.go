@@ -3,7 +3,6 @@ package validate
 import (
 	"log/slog"
 	"net"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -226,13 +225,3 @@ func FuzzLogLevel(f *testing.F) {
 }
 
 // The host's node name is its host name as kubelet registers it: lower case.
-func TestHostNodeName(t *testing.T) {
-	h, err := os.Hostname()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := HostNodeName()
-	if err != nil || got != strings.ToLower(h) {
-		t.Fatalf("HostNodeName() = %q, %v; want %q", got, err, strings.ToLower(h))
-	}
-}

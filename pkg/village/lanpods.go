@@ -15,7 +15,6 @@ import (
 
 	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/netconf"
-	"github.com/village-cni/village/pkg/subnetfile"
 )
 
 // village-ipam's error codes for an exhausted range set and a requested
@@ -24,6 +23,9 @@ import (
 const (
 	ipamExhausted          = 100
 	ipamAddressUnavailable = 101
+	// ipamDetailOutsidePool is the details of an ipamAddressUnavailable
+	// error for an address in no range (plugin.DetailOutsidePool).
+	ipamDetailOutsidePool = "outside-pool"
 )
 
 // agentAskTimeout bounds a LAN lookup: the agent's own bounded wait for a
@@ -35,7 +37,7 @@ const agentAskTimeout = 25 * time.Second
 const agentReportTimeout = 3 * time.Second
 
 // agentSocket is the node agent's socket ($VILLAGE_RUN_DIR/agent.sock).
-func agentSocket() string { return agentsock.Path(subnetfile.RunDir()) }
+func agentSocket() string { return agentsock.Path("") }
 
 // lanRequest decides whether this pod gets the LAN interface, and with
 // which exact addresses:
@@ -69,7 +71,7 @@ func (a *adder) lanRequest() (netconf.LANRequest, error) {
 	}
 	if err := lan.CheckAddrs(req.IPs); err != nil {
 		a.reportLAN(agentsock.Report{Failure: agentsock.FailOutsidePool, Message: err.Error()})
-		return req, types.NewError(ipamAddressUnavailable, fmt.Sprintf("LAN interface %q: %v", lan.IfName, err), "")
+		return req, types.NewError(ipamAddressUnavailable, fmt.Sprintf("LAN interface %q: %v", lan.IfName, err), ipamDetailOutsidePool)
 	}
 	return req, nil
 }
@@ -150,20 +152,25 @@ func (a *adder) reportLANFailure(err error) {
 	if !a.askedAgent || err == nil {
 		return
 	}
-	reason := agentsock.FailOther
+	a.reportLAN(agentsock.Report{Failure: lanFailure(err), Message: err.Error()})
+}
+
+// lanFailure is the reason of a failed LAN IPAM call, from the IPAM
+// plugin's error code and details (never its message).
+func lanFailure(err error) string {
 	var te *types.Error
-	if errors.As(err, &te) {
-		switch te.Code {
-		case ipamExhausted:
-			reason = agentsock.FailExhausted
-		case ipamAddressUnavailable:
-			reason = agentsock.FailTaken
-			if strings.Contains(te.Msg, "outside") {
-				reason = agentsock.FailOutsidePool
-			}
-		}
+	if !errors.As(err, &te) {
+		return agentsock.FailOther
 	}
-	a.reportLAN(agentsock.Report{Failure: reason, Message: err.Error()})
+	switch {
+	case te.Code == ipamExhausted:
+		return agentsock.FailExhausted
+	case te.Code == ipamAddressUnavailable && te.Details == ipamDetailOutsidePool:
+		return agentsock.FailOutsidePool
+	case te.Code == ipamAddressUnavailable:
+		return agentsock.FailTaken
+	}
+	return agentsock.FailOther
 }
 
 // withRequestedIPs puts ips into the LAN IPAM call's stdin as args.cni.ips

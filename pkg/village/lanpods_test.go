@@ -6,6 +6,9 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/netconf"
 )
 
@@ -66,6 +69,27 @@ func TestLANAttached(t *testing.T) {
 		}
 		if got := lanAttached(conf); got != tc.want {
 			t.Errorf("pods %s prev %q: %v, want %v", tc.pods, tc.prev, got, tc.want)
+		}
+	}
+}
+
+// The LAN failure reason comes from village-ipam's code and details, not
+// from its message's wording.
+func TestLANFailure(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{types.NewError(ipamExhausted, "no free address", ""), agentsock.FailExhausted},
+		{types.NewError(ipamAddressUnavailable, "requested address 10.0.0.9 is already allocated", ""), agentsock.FailTaken},
+		{types.NewError(ipamAddressUnavailable, "outside? the message does not matter", ""), agentsock.FailTaken},
+		{types.NewError(ipamAddressUnavailable, "requested address 10.9.0.1 is not in the pool", ipamDetailOutsidePool), agentsock.FailOutsidePool},
+		{fmt.Errorf("wrapped: %w", types.NewError(ipamAddressUnavailable, "x", ipamDetailOutsidePool)), agentsock.FailOutsidePool},
+		{types.NewError(types.ErrIOFailure, "disk", ""), agentsock.FailOther},
+		{fmt.Errorf("not a CNI error"), agentsock.FailOther},
+	} {
+		if got := lanFailure(tc.err); got != tc.want {
+			t.Errorf("lanFailure(%v) = %s, want %s", tc.err, got, tc.want)
 		}
 	}
 }

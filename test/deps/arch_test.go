@@ -262,3 +262,25 @@ func TestPluginDoesNotLinkKubernetes(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeLocalIsStandardLibraryOnly keeps pkg/nodelocal a leaf every
+// binary may link: it imports the standard library alone (a package path
+// without a dot in its first element).
+func TestNodeLocalIsStandardLibraryOnly(t *testing.T) {
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := goListArgs(t, root, "-deps", "-json=ImportPath", "./pkg/nodelocal")
+	for _, p := range deps {
+		if p.ImportPath == module+"pkg/nodelocal" {
+			continue
+		}
+		if first, _, _ := strings.Cut(p.ImportPath, "/"); strings.Contains(first, ".") {
+			t.Errorf("pkg/nodelocal links %s; it must stay standard library only", p.ImportPath)
+		}
+	}
+	if len(deps) < 2 {
+		t.Fatalf("go list -deps ./pkg/nodelocal listed %d packages", len(deps))
+	}
+}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/netpol/table"
-	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // BenchmarkNetpolAdd: a pod's ADD through the built plugins (libcni) with
@@ -27,7 +27,7 @@ func BenchmarkNetpolAdd(b *testing.B) {
 			name := fmt.Sprintf("npadd%d", os.Getpid())
 			list := ConfList(b, fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"village","bridge":"vlg-npadd","isDefaultGateway":true,"ipMasq":true,
 				"networkPolicy":true,"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.54.2.0/24"}]]}}]}`, name, filepath.Join(n.Dir, "pods")))
-			b.Cleanup(func() { _ = os.RemoveAll(filepath.Join(subnetfile.RunDir(), name)) })
+			b.Cleanup(func() { _ = os.RemoveAll(filepath.Join(nodelocal.RunDir(), name)) })
 			empty := &table.Ruleset{Network: name}
 			if mode != "off" {
 				listed := "elsewhere"

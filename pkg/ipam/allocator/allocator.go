@@ -70,6 +70,9 @@ func (e *ExhaustedError) Error() string {
 type AddressError struct {
 	IP     netip.Addr
 	Reason string
+	// Outside: the address is in no range of the network (not merely
+	// taken), so asking again can never succeed.
+	Outside bool
 }
 
 func (e *AddressError) Error() string { return fmt.Sprintf("requested address %s %s", e.IP, e.Reason) }
@@ -248,7 +251,7 @@ func (a *Allocator) placeRequested(reqs []netip.Addr, held []netip.Addr) ([]neti
 			}
 		}
 		if set < 0 {
-			return nil, &AddressError{IP: ip, Reason: fmt.Sprintf("is outside every range of network %q", a.Network)}
+			return nil, &AddressError{IP: ip, Outside: true, Reason: fmt.Sprintf("is outside every range of network %q", a.Network)}
 		}
 		rng := a.RangeSets[set][r]
 		switch {

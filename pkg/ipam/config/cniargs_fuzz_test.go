@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // checkParseError asserts Parse's error contract: a field error naming the
@@ -93,7 +93,7 @@ func FuzzParseConfig(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	f.Setenv(subnetfile.RunDirEnv, f.TempDir())
+	f.Setenv(nodelocal.RunDirEnv, f.TempDir())
 	f.Fuzz(func(t *testing.T, in []byte) {
 		c, err := Parse(in, "")
 		if err != nil {

@@ -118,7 +118,9 @@ type StoreConfig struct {
 	KeyFile   string   `json:"keyFile"`
 	NodeName  string   `json:"nodeName"`
 	// Kubeconfig and Namespace are the kubernetes store's: a kubeconfig
-	// file ("" = in-cluster) and the namespace of its Leases.
+	// file ("" = the one villaged publishes, nodelocal.HostKubeconfig) and
+	// the namespace of its Leases. NodeName "" means the name villaged
+	// published (nodelocal.NodeName).
 	Kubeconfig string `json:"kubeconfig"`
 	Namespace  string `json:"namespace"`
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/village-cni/village/pkg/ipam/store"
+	"github.com/village-cni/village/pkg/nodelocal"
 	"github.com/village-cni/village/pkg/subnetfile"
 )
 
@@ -85,7 +86,7 @@ func TestParseOrderAndRequested(t *testing.T) {
 func TestParseErrors(t *testing.T) {
 	// "no ranges" looks for the subnet villaged publishes: point it at an
 	// empty directory so the machine's own /run/village cannot answer.
-	t.Setenv(subnetfile.RunDirEnv, t.TempDir())
+	t.Setenv(nodelocal.RunDirEnv, t.TempDir())
 	cases := []struct {
 		name, in, args, field, msg string
 	}{
@@ -242,7 +243,7 @@ func TestGCListNullIsEmpty(t *testing.T) {
 
 func TestRangeFromVillagedSubnetFile(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv(subnetfile.RunDirEnv, dir)
+	t.Setenv(nodelocal.RunDirEnv, dir)
 	in := `{"name":"ovl","ipam":{"type":"village-ipam"}}`
 	_, err := Parse([]byte(in), "")
 	if !errors.Is(err, ErrNotLeased) || !strings.Contains(err.Error(), "is `villaged run` running?") ||
@@ -286,7 +287,7 @@ func TestRangeFromVillagedSubnetFile(t *testing.T) {
 }
 
 func TestParseStaticReadsNoLease(t *testing.T) {
-	t.Setenv(subnetfile.RunDirEnv, t.TempDir()) // no file there
+	t.Setenv(nodelocal.RunDirEnv, t.TempDir()) // no file there
 	c, err := ParseStatic([]byte(`{"name":"ovl","ipam":{"type":"village-ipam","subnetFile":"/elsewhere/s"}}`))
 	if err != nil || len(c.RangeSets) != 0 || c.SubnetFile != "/elsewhere/s" || c.DataDir != store.DefaultDataDir {
 		t.Fatalf("ParseStatic without ranges = %+v, %v", c, err)

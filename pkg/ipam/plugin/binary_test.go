@@ -206,7 +206,9 @@ func TestBinaryRequestedIPs(t *testing.T) {
 	cniErr(t, run(t, call{cmd: "ADD", id: "ctr2", args: "IgnoreUnknown=1;K8S_POD_NAME=p;IP=10.10.0.50", stdin: c2.bytes()}),
 		plugin.ErrCodeAddressUnavailable, "requested address 10.10.0.50 is already allocated")
 	cniErr(t, run(t, call{cmd: "ADD", id: "ctr2", args: "IP=10.10.0.1", stdin: c2.bytes()}), plugin.ErrCodeAddressUnavailable, "10.10.0.1 is the gateway")
-	cniErr(t, run(t, call{cmd: "ADD", id: "ctr2", args: "IP=10.99.0.1", stdin: c2.bytes()}), plugin.ErrCodeAddressUnavailable, "10.99.0.1 is outside every range")
+	if e := cniErr(t, run(t, call{cmd: "ADD", id: "ctr2", args: "IP=10.99.0.1", stdin: c2.bytes()}), plugin.ErrCodeAddressUnavailable, "10.99.0.1 is outside every range"); e.Details != plugin.DetailOutsidePool {
+		t.Errorf("an address outside every range: details %q, want %q", e.Details, plugin.DetailOutsidePool)
+	}
 	// The failed requests left nothing behind for ctr2.
 	r = addResult(t, run(t, call{cmd: "ADD", id: "ctr2", args: "IP=10.10.0.51", stdin: c2.bytes()}), "1.1.0")
 	if addrs(r) != "10.10.0.51/24 fd10::9a/64" { // round-robin continues after fd10::99

@@ -38,6 +38,12 @@ const (
 	ErrCodeNoAllocation uint = 102
 )
 
+// DetailOutsidePool is the details of an ErrCodeAddressUnavailable error
+// when the requested address is in no range of the network (rather than
+// taken): the village plugin reports it to the agent as its own reason
+// without reading the message.
+const DetailOutsidePool = "outside-pool"
+
 // LockTimeoutEnv overrides how long the disk store waits for its lock (a Go
 // duration such as "500ms"; default 30s). Meant for tests; runtimes do not
 // set it.
@@ -132,6 +138,8 @@ func storeError(err error) error {
 		return te
 	case errors.As(err, &ex):
 		return types.NewError(ErrCodeExhausted, err.Error(), "")
+	case errors.As(err, &ae) && ae.Outside:
+		return types.NewError(ErrCodeAddressUnavailable, err.Error(), DetailOutsidePool)
 	case errors.As(err, &ae):
 		return types.NewError(ErrCodeAddressUnavailable, err.Error(), "")
 	case errors.Is(err, store.ErrBusy), errors.Is(err, context.DeadlineExceeded):

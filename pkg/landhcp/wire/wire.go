@@ -14,28 +14,21 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
-// DefaultSocket is where villaged serves the lease manager, under its run
-// directory (/run/village, or $VILLAGE_RUN_DIR).
-const DefaultSocket = "/run/village/dhcp.sock"
-
 // SocketName is the socket's file name in villaged's run directory.
-const SocketName = "dhcp.sock"
+const SocketName = nodelocal.DHCPSocketName
 
 // SocketPath is the socket the plugin calls: path when the config names
-// one, else dhcp.sock in $VILLAGE_RUN_DIR, else DefaultSocket.
+// one, else dhcp.sock in the run directory (nodelocal.DHCPSocket).
 func SocketPath(path string) string {
 	if path != "" {
 		return path
 	}
-	if d := os.Getenv("VILLAGE_RUN_DIR"); d != "" {
-		return filepath.Join(d, SocketName)
-	}
-	return DefaultSocket
+	return nodelocal.DHCPSocket("")
 }
 
 // Ops of a Request.

@@ -14,7 +14,6 @@ import (
 	"maps"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"time"
@@ -33,7 +32,7 @@ import (
 	"github.com/village-cni/village/pkg/metrics"
 	"github.com/village-cni/village/pkg/netpol"
 	"github.com/village-cni/village/pkg/netpol/table"
-	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // Defaults.
@@ -62,7 +61,7 @@ type Config struct {
 }
 
 // StatusName is the status file under <run dir>/<network>/.
-const StatusName = "policy-status.json"
+const StatusName = nodelocal.PolicyStatusName
 
 // Status is what the controller last did, for `villaged status`.
 type Status struct {
@@ -75,13 +74,8 @@ type Status struct {
 	Want     table.Summary `json:"want"`
 }
 
-// StatusPath is the status file of network.
-func StatusPath(runDir, network string) string {
-	if runDir == "" {
-		runDir = subnetfile.RunDir()
-	}
-	return filepath.Join(runDir, network, StatusName)
-}
+// StatusPath is the status file of network (nodelocal.PolicyStatus).
+func StatusPath(runDir, network string) string { return nodelocal.PolicyStatus(runDir, network) }
 
 // Disable removes everything the controller installs: both tables, the
 // namespaces file (so ADD marks nothing) and the status file.
@@ -320,8 +314,8 @@ func (c *ctl) writeStatus(in netpol.Input, rs *table.Ruleset, err error) {
 	}
 	b, _ := json.MarshalIndent(st, "", "  ")
 	path := StatusPath(c.cfg.RunDir, c.cfg.Network)
-	if werr := os.WriteFile(path+".tmp", b, 0o644); werr == nil {
-		_ = os.Rename(path+".tmp", path)
+	if werr := nodelocal.WriteFile(path, b, 0o644); werr != nil {
+		c.cfg.Logf("policy status: %v", werr)
 	}
 }
 

@@ -7,11 +7,10 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/village-cni/village/pkg/subnetfile"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // NamespacesName is the file under <run dir>/<network>/ where the agent
@@ -20,34 +19,21 @@ import (
 // namespace is marked pending (a policy selects pods of its own namespace
 // only), so pods elsewhere never wait for the agent. Without the file (the
 // controller off, or not started) ADD marks nothing.
-const NamespacesName = "policy-namespaces"
+const NamespacesName = nodelocal.PolicyNamespacesName
 
-// NamespacesPath is the file of network under runDir ("" = the default
-// run directory, as the subnet file).
+// NamespacesPath is the file of network under runDir ("" = the run
+// directory, nodelocal.PolicyNamespaces).
 func NamespacesPath(runDir, network string) string {
-	if runDir == "" {
-		runDir = subnetfile.RunDir()
-	}
-	return filepath.Join(runDir, network, NamespacesName)
+	return nodelocal.PolicyNamespaces(runDir, network)
 }
 
 // WriteNamespaces replaces the file atomically.
 func WriteNamespaces(path string, namespaces []string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("failed to make %s: %w", filepath.Dir(path), err)
-	}
-	tmp := path + ".tmp"
 	body := strings.Join(namespaces, "\n")
 	if body != "" {
 		body += "\n"
 	}
-	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
-		return fmt.Errorf("failed to write %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("failed to replace %s: %w", path, err)
-	}
-	return nil
+	return nodelocal.WriteFile(path, []byte(body), 0o644)
 }
 
 // readNamespaces reads the file; ok false when it is missing.

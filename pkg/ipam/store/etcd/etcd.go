@@ -37,7 +37,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,6 +48,7 @@ import (
 
 	"github.com/village-cni/village/pkg/etcdclient"
 	"github.com/village-cni/village/pkg/ipam/store"
+	"github.com/village-cni/village/pkg/nodelocal"
 	"github.com/village-cni/village/pkg/validate"
 )
 
@@ -67,8 +67,9 @@ type Options struct {
 	// Network is the CNI network name; networks never see each other's
 	// allocations.
 	Network string
-	// NodeName is recorded with each allocation and scopes GC (the host
-	// name when empty).
+	// NodeName is recorded with each allocation and scopes GC; empty means
+	// the name villaged published for Network (nodelocal.NodeName), so the
+	// allocations carry the name the agent registers and reclaims under.
 	NodeName string
 	// DialTimeout bounds connecting (etcdclient.DefaultDialTimeout when 0);
 	// OpTimeout bounds each operation (DefaultOpTimeout when 0).
@@ -106,8 +107,8 @@ func New(opts Options) (*Store, error) {
 	}
 	node := opts.NodeName
 	if node == "" {
-		if node, err = os.Hostname(); err != nil {
-			return nil, fmt.Errorf("etcd store: no node name given and the host name is unknown (%v); set ipam.store.nodeName", err)
+		if node, err = nodelocal.NodeName(opts.Network); err != nil {
+			return nil, fmt.Errorf("etcd store: no node name given: %w; set ipam.store.nodeName", err)
 		}
 	}
 	if err := validate.NodeName(node); err != nil {

@@ -44,7 +44,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -58,6 +57,8 @@ import (
 
 	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/nodelocal"
+	"github.com/village-cni/village/pkg/validate"
 )
 
 // DefaultNamespace holds the Leases when ipam.store.namespace is empty.
@@ -81,14 +82,16 @@ const (
 
 // Options configure a Store.
 type Options struct {
-	// Kubeconfig is a kubeconfig file ("" = in-cluster).
+	// Kubeconfig is a kubeconfig file; "" means the one villaged publishes
+	// for the host (nodelocal.PublishedKubeconfig): the store runs in a
+	// plugin on the host, where in-cluster credentials never exist.
 	Kubeconfig string
 	// Namespace holds the Leases (DefaultNamespace when empty).
 	Namespace string
 	// Network is the CNI network name.
 	Network string
-	// NodeName is recorded with each allocation and scopes GC ($NODE_NAME,
-	// else the host name, when empty).
+	// NodeName is recorded with each allocation and scopes GC; empty means
+	// the name villaged published for Network (nodelocal.NodeName).
 	NodeName string
 	// OpTimeout bounds each request (DefaultOpTimeout when 0).
 	OpTimeout time.Duration
@@ -122,18 +125,25 @@ func New(opts Options) (*Store, error) {
 		s.timeout = DefaultOpTimeout
 	}
 	if s.node == "" {
-		s.node = os.Getenv("NODE_NAME")
-	}
-	if s.node == "" {
 		var err error
-		if s.node, err = os.Hostname(); err != nil {
-			return nil, fmt.Errorf("kubernetes store: no node name given and the host name is unknown (%v); set ipam.store.nodeName", err)
+		if s.node, err = nodelocal.NodeName(s.net); err != nil {
+			return nil, fmt.Errorf("kubernetes store: no node name given: %w; set ipam.store.nodeName", err)
 		}
+	}
+	if err := validate.NodeName(s.node); err != nil {
+		return nil, fmt.Errorf("kubernetes store: %w; set ipam.store.nodeName", err)
 	}
 	s.netHash = hash(s.net)
 	host := "(client)"
 	if s.cs == nil {
-		rc, err := kubeconfig.REST(opts.Kubeconfig)
+		path := opts.Kubeconfig
+		if path == "" {
+			var err error
+			if path, err = nodelocal.PublishedKubeconfig(); err != nil {
+				return nil, fmt.Errorf("kubernetes store: %w", err)
+			}
+		}
+		rc, err := kubeconfig.REST(path)
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,230 @@
+// Package nodelocal is the node-local contract between villaged and the
+// binaries a runtime execs on the same host (village, village-ipam and its
+// store helpers): the run directory and every file and socket under it,
+// the one way such a file is written (atomically), this node's name as the
+// agent resolved it, and the host-side kubeconfig the agent keeps for
+// village-ipam-kube. It links the standard library only, so every plugin
+// may import it.
+//
+// The run directory is $VILLAGE_RUN_DIR, else /run/village. Under it:
+//
+//	<run dir>/agent.sock                 the agent's socket (pkg/agentsock)
+//	<run dir>/dhcp.sock                  the agent's DHCP client for LAN pods (pkg/landhcp/wire)
+//	<run dir>/<network>/subnet           the node's leased pod subnet(s) (pkg/subnetfile)
+//	<run dir>/<network>/node-name        this node's name, as the agent resolved it
+//	<run dir>/<network>/policy-namespaces  namespaces holding a NetworkPolicy (pkg/netpol/table)
+//	<run dir>/<network>/policy-status.json what the policy controller last did
+//	<run dir>/macspoofchk/<network>/<veth> a pod port's MAC for macspoofchk (pkg/masq)
+//	<run dir>/kube/{kubeconfig,token,ca.crt} the host-side credentials of a kubernetes LAN pool
+//
+// Functions taking a runDir treat "" as RunDir().
+package nodelocal
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// DefaultRunDir is the run directory when RunDirEnv is not set.
+const (
+	DefaultRunDir = "/run/village"
+	RunDirEnv     = "VILLAGE_RUN_DIR"
+)
+
+// File and socket names under the run directory.
+const (
+	// SubnetName is the file under <run dir>/<network>/ holding the leased
+	// pod subnet(s).
+	SubnetName = "subnet"
+	// NodeNameName is the file under <run dir>/<network>/ where the agent
+	// publishes the node name it runs as.
+	NodeNameName = "node-name"
+	// PolicyNamespacesName lists the namespaces holding a NetworkPolicy.
+	PolicyNamespacesName = "policy-namespaces"
+	// PolicyStatusName is the policy controller's status file.
+	PolicyStatusName = "policy-status.json"
+	// AgentSocketName is the agent's socket.
+	AgentSocketName = "agent.sock"
+	// DHCPSocketName is the socket of the agent's DHCP client for LAN pods.
+	DHCPSocketName = "dhcp.sock"
+	// SpoofDirName holds macspoofchk's per-port MAC records.
+	SpoofDirName = "macspoofchk"
+	// HostCredsDirName holds the host-side Kubernetes credentials.
+	HostCredsDirName = "kube"
+)
+
+// DHCPLeaseDir is where villaged keeps the LAN pods' DHCP leases. It is
+// deliberately not under the run directory: a lease must outlive a reboot
+// of the agent's tmpfs as long as the server granted it.
+const DHCPLeaseDir = "/var/lib/village/dhcp"
+
+// RunDir is $VILLAGE_RUN_DIR or DefaultRunDir.
+func RunDir() string {
+	if d := os.Getenv(RunDirEnv); d != "" {
+		return d
+	}
+	return DefaultRunDir
+}
+
+func dir(runDir string) string {
+	if runDir == "" {
+		return RunDir()
+	}
+	return runDir
+}
+
+// NetworkDir is network's directory under runDir.
+func NetworkDir(runDir, network string) string { return filepath.Join(dir(runDir), network) }
+
+// SubnetFile is network's subnet file.
+func SubnetFile(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), SubnetName)
+}
+
+// NodeNameFile is where the agent of network publishes its node name.
+func NodeNameFile(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), NodeNameName)
+}
+
+// PolicyNamespaces is network's policy-namespaces file.
+func PolicyNamespaces(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), PolicyNamespacesName)
+}
+
+// PolicyStatus is network's policy status file.
+func PolicyStatus(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), PolicyStatusName)
+}
+
+// AgentSocket is the agent's socket.
+func AgentSocket(runDir string) string { return filepath.Join(dir(runDir), AgentSocketName) }
+
+// DHCPSocket is the socket of the agent's DHCP client for LAN pods (when
+// the config's "daemonSocketPath" names none).
+func DHCPSocket(runDir string) string { return filepath.Join(dir(runDir), DHCPSocketName) }
+
+// SpoofDir is network's macspoofchk directory.
+func SpoofDir(runDir, network string) string {
+	return filepath.Join(dir(runDir), SpoofDirName, network)
+}
+
+// HostCredsDir holds the host-side Kubernetes credentials the agent writes.
+func HostCredsDir(runDir string) string { return filepath.Join(dir(runDir), HostCredsDirName) }
+
+// HostKubeconfig is the kubeconfig the agent writes for village-ipam-kube.
+func HostKubeconfig(runDir string) string { return filepath.Join(HostCredsDir(runDir), "kubeconfig") }
+
+// PublishedKubeconfig is the kubeconfig a kubernetes store block without
+// "kubeconfig" means: the one the agent publishes in the run directory. It
+// fails, naming the path, when the agent has published none (a plugin runs
+// on the host, so in-cluster credentials never apply to it).
+func PublishedKubeconfig() (string, error) {
+	p := HostKubeconfig("")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("no \"kubeconfig\" in the store block and villaged has published none at %s (it writes one while it runs with a LAN pool whose store is kubernetes; or name a kubeconfig): %w", p, err)
+	}
+	return p, nil
+}
+
+// PublishNodeName records name as the node name of network's agent.
+func PublishNodeName(runDir, network, name string) error {
+	return WriteFile(NodeNameFile(runDir, network), []byte(name+"\n"), 0o644)
+}
+
+// NodeName is this node's name for network as the stores must record it:
+// the name the agent published (NodeNameFile), else DefaultNodeName, the
+// rule the agent itself follows without --node-name. The caller validates
+// it.
+func NodeName(network string) (string, error) {
+	b, err := os.ReadFile(NodeNameFile("", network))
+	if err == nil {
+		if n := strings.TrimSpace(string(b)); n != "" {
+			return n, nil
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("reading the node name the agent published: %w", err)
+	}
+	return DefaultNodeName()
+}
+
+// DefaultNodeName is the node name when none is given: $NODE_NAME, else the
+// host name in lower case, as kubelet names the Node it registers.
+func DefaultNodeName() (string, error) {
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n, nil
+	}
+	return HostNodeName()
+}
+
+// HostNodeName is the host name in lower case (a host name may carry
+// capitals, a Node name may not).
+func HostNodeName() (string, error) {
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("failed to read the host name: %w", err)
+	}
+	return strings.ToLower(strings.TrimSpace(h)), nil
+}
+
+// TempInfix is in the name of WriteFile's temporary file, after a dot and
+// the file's own name: ".<name>.village-tmp-<random>".
+const TempInfix = ".village-tmp-"
+
+// WriteFile replaces path with data atomically: a temporary file in the
+// same directory (made when missing, 0755), written, given perm, synced,
+// renamed over path, and the directory synced. A crash leaves the old
+// content or the new one, never a part.
+func WriteFile(path string, data []byte, perm fs.FileMode) error {
+	return WriteFrom(path, strings.NewReader(string(data)), perm)
+}
+
+// WriteFrom is WriteFile with the content read from r.
+func WriteFrom(path string, r io.Reader, perm fs.FileMode) error {
+	d, base := filepath.Split(path)
+	if d == "" {
+		d = "."
+	}
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	tmp, err := os.CreateTemp(d, "."+base+TempInfix+"*")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name()) // gone after the rename; cleans up a failure
+	_, err = io.Copy(tmp, r)
+	if err == nil {
+		err = tmp.Chmod(perm)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return SyncDir(d)
+}
+
+// SyncDir fsyncs a directory, so a rename or removal in it is durable.
+func SyncDir(d string) error {
+	f, err := os.Open(d)
+	if err != nil {
+		return fmt.Errorf("syncing directory %s: %w", d, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("syncing directory %s: %w", d, err)
+	}
+	return nil
+}
