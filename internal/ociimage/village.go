@@ -41,9 +41,9 @@ var iptablesTools = map[string]string{
 
 // VillageOptions says where the parts of the DaemonSet image come from.
 type VillageOptions struct {
-	Name    string // image reference, normally buildinfo.Image
-	BinDir  string // directory holding VillageBinaries (./bin after build_linux.sh)
-	RefDir  string // directory holding install.Companions (./bin/ref after build_linux.sh); BinDir/ref when empty
+	Name   string // image reference, normally buildinfo.Image
+	BinDir string // directory holding VillageBinaries (./bin after build_linux.sh)
+	RefDir string // directory holding install.Companions (./bin/ref after build_linux.sh); BinDir/ref when empty
 	// Root is the file system the image's iptables comes from: "" or "/"
 	// for this machine's, or a directory of Debian packages of the image's
 	// platform unpacked (IptablesRoot).
