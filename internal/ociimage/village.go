@@ -112,25 +112,24 @@ func Village(o VillageOptions) (Image, error) {
 	for _, n := range names {
 		img.Files = append(img.Files, File{Path: "/usr/sbin/" + n, Link: iptablesTools[n]})
 	}
-	// The extensions sit in xtables/ beside the real libxtables.
 	libs, err := ELFLibs(root, elfs)
 	if err != nil {
 		return Image{}, err
 	}
+	// The extensions: Debian's iptables looks in /usr/lib/<multiarch>/xtables
+	// (the image has no /lib -> /usr/lib link, so that very path).
 	xtDir := ""
 	for _, l := range libs {
 		if filepath.Base(l) == "libxtables.so.12" {
-			if real, err := inRoot(root, l); err == nil {
-				xtDir = filepath.Join(filepath.Dir(real), "xtables")
-			}
+			xtDir = filepath.Join("/usr/lib", filepath.Base(filepath.Dir(l)), "xtables")
 		}
 	}
-	exts, err := filepath.Glob(filepath.Join(xtDir, "*.so"))
-	if err != nil || len(exts) == 0 {
-		return Image{}, fmt.Errorf("no iptables extensions in %q: %v", xtDir, err)
+	exts, err := filepath.Glob(filepath.Join(root, xtDir, "*.so"))
+	if err != nil || xtDir == "" || len(exts) == 0 {
+		return Image{}, fmt.Errorf("no iptables extensions in %q under %s: %v", xtDir, root, err)
 	}
 	for _, e := range exts {
-		f, err := HostFile(e, "/"+strings.TrimPrefix(e, strings.TrimSuffix(root, "/")))
+		f, err := HostFile(e, filepath.Join(xtDir, filepath.Base(e)))
 		if err != nil {
 			return Image{}, err
 		}

@@ -5,10 +5,9 @@ package armvm
 // name value", then "ARMVM DONE" and the VM powers off. Every namespace is
 // made here; nothing leaves the VM (qemu has no NIC).
 const initScript = `#!/bin/busybox sh
-/bin/busybox mkdir -p /usr/sbin /usr/bin /sbin
+/bin/busybox mount -t proc proc /proc
 /bin/busybox --install -s /bin
 export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mount -t tmpfs tmpfs /run
@@ -32,6 +31,7 @@ cat > /etc/cni/net.d/10-village.conflist <<'CONF'
    "routes":[{"dst":"0.0.0.0/0"},{"dst":"::/0"}]}},
  {"type":"portmap","capabilities":{"portMappings":true},"snat":true}]}
 CONF
+echo '{"cniVersion":"1.0.0","name":"loopback","type":"loopback"}' > /etc/cni/net.d/99-loopback.conf
 cat > /etc/cni/net.d/20-village-ipt.conflist <<'CONF'
 {"cniVersion":"1.0.0","name":"village-ipt","plugins":[
  {"type":"village","bridge":"village1","isGateway":true,"ipMasq":true,"ipMasqBackend":"iptables","clusterCIDR":"10.245.0.0/16",
