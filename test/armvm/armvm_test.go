@@ -77,6 +77,10 @@ var checks = []string{
 func TestArmVM(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, tg := range targets {
+		// arm/v7 is not yet proven here (see docs/performance.md): opt in.
+		if tg.name == "armv7" && os.Getenv("VILLAGE_ARMVM_ARMV7") == "" {
+			continue
+		}
 		t.Run(tg.name, func(t *testing.T) { runVM(t, tg) })
 	}
 }
@@ -232,6 +236,7 @@ func initramfsFiles(t *testing.T, tg target, kroot, uroot, bins string, img ocii
 		add(f)
 	}
 	add(ociimage.File{Path: "/sbin/modprobe", Link: "/bin/busybox"})
+	add(ociimage.File{Path: "/bin/sh", Link: "busybox"}) // the other applets: /bb, last in PATH
 	add(ociimage.File{Path: "/init", Data: []byte(initScript), Mode: 0o755})
 	add(ociimage.File{Path: "/etc/village/expect", Data: []byte(tg.machine + "\n")})
 

@@ -6,8 +6,9 @@ package armvm
 // made here; nothing leaves the VM (qemu has no NIC).
 const initScript = `#!/bin/busybox sh
 /bin/busybox mount -t proc proc /proc
-/bin/busybox --install -s /bin
-export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+/bin/busybox mkdir -p /bb
+/bin/busybox --install -s /bb
+export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/bb
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mount -t tmpfs tmpfs /run
