@@ -208,8 +208,8 @@ func initramfsFiles(t *testing.T, tg target, kroot, uroot, bins string, img ocii
 			files = append(files, f)
 		}
 	}
-	for _, p := range [][2]string{{"bin/busybox", "/bin/busybox"}, {"bin/ip", "/bin/ip"}} {
-		f, err := ociimage.HostFile(filepath.Join(uroot, p[0]), p[1])
+	for _, p := range [][2]string{{uroot + "/bin/busybox", "/bin/busybox"}, {uroot + "/bin/ip", "/bin/ip"}, {bins + "/ref/cnitool", "/usr/local/bin/cnitool"}} {
+		f, err := ociimage.HostFile(p[0], p[1])
 		if err != nil {
 			return "", nil, err
 		}

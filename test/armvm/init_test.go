@@ -9,12 +9,17 @@ const initScript = `#!/bin/busybox sh
 /bin/busybox mkdir -p /bb
 /bin/busybox --install -s /bb
 export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/bb
+# Debian's busybox sh runs its own applets first: iproute2 by its path.
+ip() { /bin/ip "$@"; }
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /tmp
 mkdir -p /run/netns /var/lib/cni /etc/cni/net.d /tmp/cache /etc/village
 echo "ARMVM START $(uname -m) $(uname -r)"
+for m in veth dummy vxlan bridge nf_tables nft_chain_nat nft_masq nf_nat ip_tables iptable_nat xt_MASQUERADE xt_comment xt_addrtype crc32c_generic; do
+  modprobe $m 2>&1 | sed "s/^/ARMVM LOG modprobe: /"
+done
 
 run() {
   name=$1; shift
