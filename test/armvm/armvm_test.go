@@ -189,7 +189,7 @@ func kernelPackage(tg target) (string, error) {
 
 // modulePaths are the parts of the kernel's module tree the checks need:
 // netfilter, bridge, veth, vxlan, dummy and what they depend on.
-var modulePaths = []string{"kernel/net", "kernel/lib", "kernel/crypto", "kernel/arch", "drivers/net/veth.ko", "drivers/net/vxlan", "drivers/net/vxlan.ko", "drivers/net/dummy.ko", "drivers/net/macvlan.ko"}
+var modulePaths = []string{"kernel/net", "kernel/lib", "kernel/crypto", "kernel/arch", "kernel/drivers/net/veth.ko", "kernel/drivers/net/vxlan", "kernel/drivers/net/vxlan.ko", "kernel/drivers/net/dummy.ko", "kernel/drivers/net/macvlan.ko"}
 
 func initramfsFiles(t *testing.T, tg target, kroot, uroot, bins string, img ociimage.Image) (string, []ociimage.File, error) {
 	vm, _ := filepath.Glob(filepath.Join(kroot, "boot", "vmlinuz-*"))
