@@ -17,7 +17,7 @@ mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /tmp
 mkdir -p /run/netns /var/lib/cni /etc/cni/net.d /tmp/cache /etc/village
 echo "ARMVM START $(uname -m) $(uname -r)"
-for m in veth dummy vxlan bridge nf_tables nft_chain_nat nft_masq nf_nat ip_tables iptable_nat xt_MASQUERADE xt_comment xt_addrtype crc32c_generic; do
+for m in veth dummy vxlan bridge br_netfilter nf_tables nft_chain_nat nft_masq nf_nat ip_tables iptable_nat xt_MASQUERADE xt_comment xt_addrtype crc32c_generic; do
   modprobe $m 2>&1 | sed "s/^/ARMVM LOG modprobe: /"
 done
 
@@ -101,7 +101,7 @@ nothing_left() {
   ip -n node -o link
   ! ip -n node -o link | grep -q veth || return 1
   ls -A /var/lib/cni/networks/village 2>/dev/null
-  ! ls -A /var/lib/cni/networks/village 2>/dev/null | grep -q '^[0-9a-f]*[.:]'
+  ! ls -A /var/lib/cni/networks/village 2>/dev/null | grep -Eq '^[0-9]+[.][0-9]+[.][0-9]+[.][0-9]+$|:'
 }
 masq_ipt() {
   ip netns add p4 && cni add village-ipt /run/netns/p4 || return 1
