@@ -149,7 +149,8 @@ agent_rss() {
   n=$1; ns=r$n
   static_node $ns || return 1
   peers $n > /etc/village/$ns.conflist
-  ip netns exec $ns villaged run --conf /etc/village/$ns.conflist --node-name node1 --run-dir /run/village-$ns --metrics-addr off >/tmp/villaged-$n.log 2>&1 &
+  # /bin/ip itself (not the function) so that $! becomes villaged
+  /bin/ip netns exec $ns villaged run --conf /etc/village/$ns.conflist --node-name node1 --run-dir /run/village-$ns --metrics-addr off >/tmp/villaged-$n.log 2>&1 &
   pid=$!
   i=0
   until ip netns exec $ns villaged status --conf /etc/village/$ns.conflist --node-name node1 --run-dir /run/village-$ns >/dev/null 2>&1; do
