@@ -77,10 +77,6 @@ var checks = []string{
 func TestArmVM(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, tg := range targets {
-		// arm/v7 is not yet proven here (see docs/performance.md): opt in.
-		if tg.name == "armv7" && os.Getenv("VILLAGE_ARMVM_ARMV7") == "" {
-			continue
-		}
 		t.Run(tg.name, func(t *testing.T) { runVM(t, tg) })
 	}
 }
