@@ -58,6 +58,14 @@ func candidates(pkgs []string) (map[string]string, error) {
 			}
 		}
 	}
+	// apt names packages of the machine's own architecture without it.
+	if native, err := exec.Command("dpkg", "--print-architecture").Output(); err == nil {
+		for _, p := range pkgs {
+			if name, ok := strings.CutSuffix(p, ":"+strings.TrimSpace(string(native))); ok && vs[p] == "" {
+				vs[p] = vs[name]
+			}
+		}
+	}
 	return vs, nil
 }
 
