@@ -16,6 +16,8 @@ declare -A full=(
   [mount]=mount [containerd]=containerd [runc]=runc [podman]=podman
   [etcd]=etcd-server [busybox]=busybox-static [strace]=strace
   [nc.openbsd]=netcat-openbsd [curl]=curl [dash]=dash [dnsmasq]=dnsmasq-base
+  # test/armvm: the arm VMs, and depmod -b for their initramfs
+  [qemu-system-aarch64]=qemu-system-arm [depmod]=kmod
 )
 
 missing=()

@@ -54,6 +54,50 @@ type Image struct {
 	// Created is the image's creation time and every entry's mtime; zero
 	// means the Unix epoch.
 	Created time.Time
+	// Platform is what the image runs on; zero means this machine's
+	// (runtime.GOARCH).
+	Platform Platform
+}
+
+// Platform is an image's OS/architecture/variant as the OCI config and
+// index record it (linux only).
+type Platform struct {
+	Architecture string `json:"architecture"`
+	OS           string `json:"os"`
+	Variant      string `json:"variant,omitempty"`
+}
+
+// ParsePlatform reads "linux/arm64", "linux/arm/v7" or "arm64".
+func ParsePlatform(s string) (Platform, error) {
+	parts := strings.Split(strings.TrimPrefix(s, "linux/"), "/")
+	if len(parts) > 2 || parts[0] == "" {
+		return Platform{}, fmt.Errorf("platform %q: want linux/ARCH[/VARIANT]", s)
+	}
+	p := Platform{Architecture: parts[0], OS: "linux"}
+	if len(parts) == 2 {
+		p.Variant = parts[1]
+	}
+	return p, nil
+}
+
+// String is the platform as os/arch[/variant].
+func (p Platform) String() string {
+	s := p.OS + "/" + p.Architecture
+	if p.Variant != "" {
+		s += "/" + p.Variant
+	}
+	return s
+}
+
+func (p Platform) orHost() Platform {
+	if p.Architecture == "" {
+		p = Platform{Architecture: runtime.GOARCH}
+		if runtime.GOARCH == "arm" {
+			p.Variant = "v7"
+		}
+	}
+	p.OS = "linux"
+	return p
 }
 
 var epoch = time.Unix(0, 0).UTC()
@@ -63,12 +107,7 @@ type descriptor struct {
 	Digest      string            `json:"digest"`
 	Size        int64             `json:"size"`
 	Annotations map[string]string `json:"annotations,omitempty"`
-	Platform    *platform         `json:"platform,omitempty"`
-}
-
-type platform struct {
-	Architecture string `json:"architecture"`
-	OS           string `json:"os"`
+	Platform    *Platform         `json:"platform,omitempty"`
 }
 
 type blob struct {
@@ -88,25 +127,89 @@ func Write(w io.Writer, img Image) error {
 	if img.Name == "" {
 		return fmt.Errorf("image has no name")
 	}
-	mtime := epoch
-	if !img.Created.IsZero() {
-		mtime = img.Created.UTC().Truncate(time.Second)
+	man, blobs, err := manifest(img)
+	if err != nil {
+		return err
 	}
+	man.Annotations = names(img.Name)
+	return writeLayout(w, man, blobs, mtimeOf(img.Created))
+}
+
+// WriteIndex writes one OCI image-layout tar archive holding imgs, one per
+// platform, behind one image index named name: `ctr images import` and
+// `podman load` pick the manifest of the machine's platform from it.
+func WriteIndex(w io.Writer, name string, created time.Time, imgs []Image) error {
+	if name == "" {
+		return fmt.Errorf("image index has no name")
+	}
+	var mans []descriptor
+	var blobs []blob
+	seen := map[string]bool{}
+	for _, img := range imgs {
+		img.Created = created
+		p := img.Platform.orHost().String()
+		if seen[p] {
+			return fmt.Errorf("image index %q: platform %s twice", name, p)
+		}
+		seen[p] = true
+		man, bs, err := manifest(img)
+		if err != nil {
+			return err
+		}
+		mans = append(mans, man)
+		blobs = append(blobs, bs...)
+	}
+	indexJSON, err := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": mediaIndex, "manifests": mans})
+	if err != nil {
+		return err
+	}
+	idx := newBlob(indexJSON)
+	top := descriptor{MediaType: mediaIndex, Digest: idx.digest, Size: int64(len(idx.data)), Annotations: names(name)}
+	return writeLayout(w, top, append(blobs, idx), mtimeOf(created))
+}
+
+func mtimeOf(created time.Time) time.Time {
+	if created.IsZero() {
+		return epoch
+	}
+	return created.UTC().Truncate(time.Second)
+}
+
+// names are the index annotations naming an image: the full reference for
+// containerd, the tag for the OCI layout (podman).
+func names(name string) map[string]string {
+	tag := name
+	if i := strings.LastIndex(tag, ":"); i > strings.LastIndex(tag, "/") {
+		tag = tag[i+1:]
+	} else {
+		tag = "latest"
+	}
+	return map[string]string{
+		"io.containerd.image.name":          name,
+		"org.opencontainers.image.ref.name": tag,
+	}
+}
+
+// manifest returns the descriptor of img's manifest (with its platform) and
+// the blobs it needs: layer, config, manifest.
+func manifest(img Image) (descriptor, []blob, error) {
+	mtime := mtimeOf(img.Created)
+	plat := img.Platform.orHost()
 	layerTar, err := layer(img.Files, mtime)
 	if err != nil {
-		return fmt.Errorf("layer of image %q: %w", img.Name, err)
+		return descriptor{}, nil, fmt.Errorf("layer of image %q: %w", img.Name, err)
 	}
 	var gz bytes.Buffer
 	zw, err := gzip.NewWriterLevel(&gz, gzip.DefaultCompression)
 	if err != nil {
-		return err
+		return descriptor{}, nil, err
 	}
 	zw.ModTime = epoch // explicit: no time in the gzip header
 	if _, err := zw.Write(layerTar); err != nil {
-		return err
+		return descriptor{}, nil, err
 	}
 	if err := zw.Close(); err != nil {
-		return err
+		return descriptor{}, nil, err
 	}
 	diffID := newBlob(layerTar).digest
 	layerBlob := newBlob(gz.Bytes())
@@ -117,8 +220,8 @@ func Write(w io.Writer, img Image) error {
 	}
 	cfg := map[string]any{
 		"created":      mtime.Format(time.RFC3339),
-		"architecture": runtime.GOARCH,
-		"os":           "linux",
+		"architecture": plat.Architecture,
+		"os":           plat.OS,
 		"config": map[string]any{
 			"Env":        env,
 			"Entrypoint": img.Entrypoint,
@@ -127,45 +230,39 @@ func Write(w io.Writer, img Image) error {
 		},
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
 	}
+	if plat.Variant != "" {
+		cfg["variant"] = plat.Variant
+	}
 	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
-		return err
+		return descriptor{}, nil, err
 	}
 	cfgBlob := newBlob(cfgJSON)
-	manifest := map[string]any{
+	manJSON, err := json.Marshal(map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     mediaManifest,
 		"config":        descriptor{MediaType: mediaConfig, Digest: cfgBlob.digest, Size: int64(len(cfgBlob.data))},
 		"layers":        []descriptor{{MediaType: mediaLayerGz, Digest: layerBlob.digest, Size: int64(len(layerBlob.data))}},
-	}
-	manJSON, err := json.Marshal(manifest)
+	})
 	if err != nil {
-		return err
+		return descriptor{}, nil, err
 	}
 	manBlob := newBlob(manJSON)
-	tag := img.Name
-	if i := strings.LastIndex(tag, ":"); i > strings.LastIndex(tag, "/") {
-		tag = tag[i+1:]
-	} else {
-		tag = "latest"
-	}
-	index := map[string]any{
+	d := descriptor{MediaType: mediaManifest, Digest: manBlob.digest, Size: int64(len(manBlob.data)), Platform: &plat}
+	return d, []blob{layerBlob, cfgBlob, manBlob}, nil
+}
+
+// writeLayout writes the OCI layout: index.json naming top, oci-layout, and
+// the blobs (each once), sorted.
+func writeLayout(w io.Writer, top descriptor, blobs []blob, mtime time.Time) error {
+	indexJSON, err := json.Marshal(map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     mediaIndex,
-		"manifests": []descriptor{{
-			MediaType: mediaManifest, Digest: manBlob.digest, Size: int64(len(manBlob.data)),
-			Annotations: map[string]string{
-				"io.containerd.image.name":          img.Name,
-				"org.opencontainers.image.ref.name": tag,
-			},
-			Platform: &platform{Architecture: runtime.GOARCH, OS: "linux"},
-		}},
-	}
-	indexJSON, err := json.Marshal(index)
+		"manifests":     []descriptor{top},
+	})
 	if err != nil {
 		return err
 	}
-
 	tw := tar.NewWriter(w)
 	entries := []File{
 		{Path: "blobs", Dir: true},
@@ -173,7 +270,12 @@ func Write(w io.Writer, img Image) error {
 		{Path: "index.json", Data: indexJSON},
 		{Path: "oci-layout", Data: []byte(`{"imageLayoutVersion":"1.0.0"}`)},
 	}
-	for _, b := range []blob{layerBlob, cfgBlob, manBlob} {
+	have := map[string]bool{}
+	for _, b := range blobs {
+		if have[b.digest] {
+			continue
+		}
+		have[b.digest] = true
 		entries = append(entries, File{Path: "blobs/sha256/" + strings.TrimPrefix(b.digest, "sha256:"), Data: b.data, Mode: 0o644})
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Path < entries[j].Path })
@@ -264,12 +366,21 @@ func writeEntry(tw *tar.Writer, name string, f File, mtime time.Time) error {
 
 // WriteFile writes img to path atomically (temp file and rename).
 func WriteFile(p string, img Image) error {
+	return writeFile(p, func(w io.Writer) error { return Write(w, img) })
+}
+
+// WriteIndexFile writes WriteIndex's archive to path atomically.
+func WriteIndexFile(p, name string, created time.Time, imgs []Image) error {
+	return writeFile(p, func(w io.Writer) error { return WriteIndex(w, name, created, imgs) })
+}
+
+func writeFile(p string, write func(io.Writer) error) error {
 	tmp, err := os.CreateTemp(path.Dir(p), ".ociimage-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if err := Write(tmp, img); err != nil {
+	if err := write(tmp); err != nil {
 		tmp.Close()
 		return err
 	}

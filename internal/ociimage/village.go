@@ -41,11 +41,22 @@ var iptablesTools = map[string]string{
 
 // VillageOptions says where the parts of the DaemonSet image come from.
 type VillageOptions struct {
-	Name    string // image reference, normally buildinfo.Image
-	BinDir  string // directory holding VillageBinaries (./bin after build_linux.sh)
-	RefDir  string // directory holding install.Companions (./bin/ref after build_linux.sh); BinDir/ref when empty
-	SbinDir string // where the host's xtables-*-multi live (default /usr/sbin)
-	XtDir   string // the host's xtables extension directory (default: found next to libxtables)
+	Name   string // image reference, normally buildinfo.Image
+	BinDir string // directory holding VillageBinaries (./bin after build_linux.sh)
+	RefDir string // directory holding install.Companions (./bin/ref after build_linux.sh); BinDir/ref when empty
+	// Root is the file system the image's iptables comes from: "" or "/"
+	// for this machine's, or a directory of Debian packages of the image's
+	// platform unpacked (IptablesRoot).
+	Root     string
+	Platform Platform // the image's platform; zero: this machine's
+}
+
+// IptablesPackages are the Debian packages (of the image's architecture)
+// that hold the image's iptables: the multi-call binaries, their
+// extensions and every library they link.
+var IptablesPackages = []string{
+	"iptables", "libxtables12", "libip4tc2", "libip6tc2", "libnftnl11", "libmnl0",
+	"libnetfilter-conntrack3", "libnfnetlink0", "libc6",
 }
 
 // Village returns the DaemonSet image: Village's static binaries in BinDir
@@ -54,10 +65,7 @@ type VillageOptions struct {
 // XtablesWrapper, because villaged execs iptables/ip6tables on nodes that use
 // the iptables backend. Nothing else: no shell, no package manager.
 func Village(o VillageOptions) (Image, error) {
-	if o.SbinDir == "" {
-		o.SbinDir = "/usr/sbin"
-	}
-	img := Image{Name: o.Name, Entrypoint: nil, Cmd: []string{"villaged", "version"}}
+	img := Image{Name: o.Name, Entrypoint: nil, Cmd: []string{"villaged", "version"}, Platform: o.Platform}
 	for _, b := range VillageBinaries {
 		f, err := HostFile(filepath.Join(o.BinDir, b), filepath.Join(BinDir, b))
 		if err != nil {
@@ -82,10 +90,13 @@ func Village(o VillageOptions) (Image, error) {
 		return Image{}, err
 	}
 	img.Files = append(img.Files, w)
+	root := o.Root
+	if root == "" {
+		root = "/"
+	}
 	var elfs []string
-	seen := map[string]bool{}
 	for _, multi := range []string{"xtables-nft-multi", "xtables-legacy-multi"} {
-		src := filepath.Join(o.SbinDir, multi)
+		src := filepath.Join(root, "usr/sbin", multi)
 		f, err := HostFile(src, "/usr/sbin/"+multi)
 		if err != nil {
 			return Image{}, fmt.Errorf("the image carries iptables (apt-get install iptables): %w", err)
@@ -101,48 +112,52 @@ func Village(o VillageOptions) (Image, error) {
 	for _, n := range names {
 		img.Files = append(img.Files, File{Path: "/usr/sbin/" + n, Link: iptablesTools[n]})
 	}
-	libs, err := SharedLibs(elfs)
+	libs, err := ELFLibs(root, elfs)
 	if err != nil {
 		return Image{}, err
 	}
-	xtDir := o.XtDir
-	if xtDir == "" {
-		for _, l := range libs {
-			if filepath.Base(l) == "libxtables.so.12" {
-				if real, err := filepath.EvalSymlinks(l); err == nil {
-					xtDir = filepath.Join(filepath.Dir(real), "xtables")
-				}
-			}
+	// The extensions: Debian's iptables looks in /usr/lib/<multiarch>/xtables
+	// (the image has no /lib -> /usr/lib link, so that very path).
+	xtDir := ""
+	for _, l := range libs {
+		if filepath.Base(l) == "libxtables.so.12" {
+			xtDir = filepath.Join("/usr/lib", filepath.Base(filepath.Dir(l)), "xtables")
 		}
 	}
-	exts, err := filepath.Glob(filepath.Join(xtDir, "*.so"))
-	if err != nil || len(exts) == 0 {
-		return Image{}, fmt.Errorf("no iptables extensions in %q: %v", xtDir, err)
+	exts, err := filepath.Glob(filepath.Join(root, xtDir, "*.so"))
+	if err != nil || xtDir == "" || len(exts) == 0 {
+		return Image{}, fmt.Errorf("no iptables extensions in %q under %s: %v", xtDir, root, err)
 	}
 	for _, e := range exts {
-		f, err := HostFile(e, e)
+		f, err := HostFile(e, filepath.Join(xtDir, filepath.Base(e)))
 		if err != nil {
 			return Image{}, err
 		}
 		img.Files = append(img.Files, f)
 	}
-	extLibs, err := SharedLibs(exts)
+	extLibs, err := ELFLibs(root, exts)
 	if err != nil {
 		return Image{}, err
 	}
+	seen := map[string]bool{}
 	for _, l := range append(libs, extLibs...) {
 		if seen[l] {
 			continue
 		}
 		seen[l] = true
-		f, err := HostFile(l, l) // read through symlinks: the file lands at its soname path
+		host, err := inRoot(root, l)
+		if err != nil {
+			return Image{}, err
+		}
+		f, err := HostFile(host, l) // read through symlinks: the file lands at its soname path
 		if err != nil {
 			return Image{}, err
 		}
 		img.Files = append(img.Files, f)
 	}
 	// libc resolves nothing here through NSS, but iptables looks up protocol
-	// names; an empty-base image has no /etc at all otherwise.
+	// names; an empty-base image has no /etc at all otherwise (the same
+	// text on every architecture).
 	if f, err := HostFile("/etc/protocols", "/etc/protocols"); err == nil {
 		img.Files = append(img.Files, f)
 	}
