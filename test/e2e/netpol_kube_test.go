@@ -111,6 +111,10 @@ func TestNetworkPolicyAgents(t *testing.T) {
 		return dialFrom(far.pod.NS, web.ip, 80) != nil, n1.log.String()
 	})
 	np.statusLine(n1, "kernel matches")
+
+	// fail closed while the agent is away or after a reboot
+	// (netpol_failclosed_test.go)
+	np.failClosed(n1, far)
 }
 
 type npLab struct {
