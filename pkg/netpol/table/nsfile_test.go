@@ -2,8 +2,10 @@ package table
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // The ready file counts only while a holder keeps its lock: missing, left
@@ -41,4 +43,47 @@ func TestReadyFile(t *testing.T) {
 	}
 	want("held by a new holder", true)
 	g.Close()
+}
+
+// A holder in another process that is SIGKILLed (an agent killed) leaves
+// the file not ready: the kernel drops the lock with the process.
+func TestReadyFileHolderKilled(t *testing.T) {
+	path := ReadyPath(t.TempDir(), "net")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// flock(1) takes the same exclusive flock HoldReady takes (--close: its
+	// child, sleep, does not inherit the descriptor, as villaged opens it
+	// close-on-exec).
+	// Its child, cat, ends when the test closes its stdin.
+	cmd := exec.Command("flock", "--exclusive", "--close", path, "cat")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("flock(1) (util-linux) is needed: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); stdin.Close(); _ = cmd.Wait() })
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ready, err := IsReady(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ready {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the other process's lock was never seen")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait() // the process is gone, and its descriptors with it
+	if ready, err := IsReady(path); err != nil || ready {
+		t.Fatalf("after the holder was killed: IsReady = %v, %v; want false", ready, err)
+	}
 }
