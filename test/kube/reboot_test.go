@@ -24,9 +24,10 @@ import (
 // process killed, its /run and its kernel network state gone, its disk
 // with the conflist kept) under a pod that a deny-all-ingress
 // NetworkPolicy selects and a control pod nothing selects. From before the
-// reboot until well after the node is back, a prober in the LAN client's
-// namespace connects every 0.2 s to the deny pod's current address (read
-// from the API each time): no probe may be answered, neither by a
+// reboot until well after the node is back, a prober in the LAN namespace
+// (where the cluster routes the pod subnets) connects every 0.2 s to the
+// deny pod's current address (read from the API each time): no probe may
+// be answered, neither by a
 // connection nor by a refusal (only the pod's own stack answers either).
 // The control pod answers once back, and no FailedCreatePodSandBox Event
 // from Village is recorded after the reboot. It logs the time to Ready
@@ -44,9 +45,9 @@ func checkReboot(t *testing.T, c *kubecluster.Cluster, f *fixture) {
 	f.server("rb-deny", n1.Name)
 	f.server("rb-open", n1.Name)
 	before := f.running("rb-deny", "rb-open")
-	expect(t, "LAN -> rb-open before the reboot", "rb-open", dialIn(c.LANClient(), net.JoinHostPort(before["rb-open"].Status.PodIP, "8080")))
+	expect(t, "LAN -> rb-open before the reboot", "rb-open", dialIn(c.LAN(), net.JoinHostPort(before["rb-open"].Status.PodIP, "8080")))
 	if err := kubecluster.Poll(wait, func() error {
-		if answered(c.LANClient(), before["rb-deny"].Status.PodIP) {
+		if answered(c.LAN(), before["rb-deny"].Status.PodIP) {
 			return errors.New("rb-deny still answers the LAN")
 		}
 		return nil
@@ -85,7 +86,7 @@ func checkReboot(t *testing.T, c *kubecluster.Cluster, f *fixture) {
 	}
 	after := restarted(t, f, before, "rb-deny", "rb-open")
 	podsBack := time.Since(start)
-	expect(t, "LAN -> rb-open after the reboot", "rb-open", dialIn(c.LANClient(), net.JoinHostPort(after["rb-open"].Status.PodIP, "8080")))
+	expect(t, "LAN -> rb-open after the reboot", "rb-open", dialIn(c.LAN(), net.JoinHostPort(after["rb-open"].Status.PodIP, "8080")))
 	pr.waitSent(t, 25) // the deny pod running again, compiled or not
 	sent, got, last := pr.stop()
 	if got != 0 {
@@ -179,7 +180,7 @@ func startRebootProber(c *kubecluster.Cluster, namespace, pod string) *rebootPro
 			ip := obj.Status.PodIP
 			p.wg.Go(func() {
 				p.sent.Add(1)
-				if answered(c.LANClient(), ip) {
+				if answered(c.LAN(), ip) {
 					p.got.Add(1)
 					p.last.Store(fmt.Sprintf("%s at %s", ip, time.Now().Format(time.RFC3339Nano)))
 				}
