@@ -48,6 +48,9 @@ const (
 	PolicyNamespacesName = "policy-namespaces"
 	// PolicyStatusName is the policy controller's status file.
 	PolicyStatusName = "policy-status.json"
+	// PolicyReadyName is the file the policy controller holds locked
+	// from its first compile in the kernel on (fail-closed start-up).
+	PolicyReadyName = "policy-ready"
 	// AgentSocketName is the agent's socket.
 	AgentSocketName = "agent.sock"
 	// DHCPSocketName is the socket of the agent's DHCP client for LAN pods.
@@ -94,6 +97,11 @@ func NodeNameFile(runDir, network string) string {
 // PolicyNamespaces is network's policy-namespaces file.
 func PolicyNamespaces(runDir, network string) string {
 	return filepath.Join(NetworkDir(runDir, network), PolicyNamespacesName)
+}
+
+// PolicyReady is network's policy-ready file.
+func PolicyReady(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), PolicyReadyName)
 }
 
 // PolicyStatus is network's policy status file.

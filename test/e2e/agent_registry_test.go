@@ -499,17 +499,44 @@ func (lab *agentLab) deadNodeDisappears(subnets []string) {
 	})
 }
 
-// With no range in the config and nothing published, village-ipam says so
-// with code 11 (try again later).
+// With no range in the config and nothing published yet (villaged not
+// back after a reboot, the conflist still on disk), STATUS says not ready
+// (code 50) and ADD waits for the subnet file: published meanwhile, the
+// ADD succeeds from it; never published, it says so with code 11 (try
+// again later) after its bound.
 func TestAgentIPAMWaitsForLease(t *testing.T) {
 	n := NewNode(t)
+	run := filepath.Join(n.Dir, "run")
 	stdin, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "agt", "type": "village-ipam",
 		"ipam": map[string]any{"type": "village-ipam", "dataDir": filepath.Join(n.Dir, "ipam")}})
-	out := n.Exec(testenv.Call{Bin: "village-ipam", Command: "ADD", ContainerID: "c1", IfName: "eth0", Netns: "/x",
-		Stdin: stdin, Env: []string{"VILLAGE_RUN_DIR=" + filepath.Join(n.Dir, "run")}})
-	e := CNIError(t, out)
+	call := func(command, id string, env ...string) testenv.Output {
+		return n.Exec(testenv.Call{Bin: "village-ipam", Command: command, ContainerID: id, IfName: "eth0", Netns: "/x",
+			Stdin: stdin, Env: append([]string{"VILLAGE_RUN_DIR=" + run}, env...)})
+	}
+	e := CNIError(t, call("ADD", "c1", "VILLAGE_IPAM_LEASE_WAIT=1s"))
 	if e.Code != types.ErrTryAgainLater || !strings.Contains(e.Msg, "villaged has not leased one yet (is `villaged run` running?)") {
 		t.Fatalf("ADD before a lease: code %d %q, want code 11 saying villaged has not leased", e.Code, e.Msg)
+	}
+	e = CNIError(t, call("STATUS", ""))
+	if e.Code != types.ErrPluginNotAvailable || !strings.Contains(e.Msg, "villaged has not leased one yet") {
+		t.Fatalf("STATUS before a lease: code %d %q, want code 50 saying villaged has not leased", e.Code, e.Msg)
+	}
+	// An ADD with the default bound, the file published while it waits.
+	done := make(chan testenv.Output, 1)
+	go func() { done <- call("ADD", "c2") }()
+	select {
+	case out := <-done:
+		t.Fatalf("ADD returned before the lease was published: exit %d, %s", out.ExitCode, out.Stdout)
+	case <-time.After(time.Second):
+	}
+	must(t, os.MkdirAll(filepath.Join(run, "agt"), 0o755), "run dir")
+	must(t, os.WriteFile(filepath.Join(run, "agt", "subnet"), []byte("10.99.3.0/24\n"), 0o644), "publishing the subnet")
+	out := <-done
+	if out.ExitCode != 0 || !strings.Contains(string(out.Stdout), `"10.99.3.`) {
+		t.Fatalf("ADD waiting for the lease: exit %d, %s %s; want an address of 10.99.3.0/24", out.ExitCode, out.Stdout, out.Stderr)
+	}
+	if out := call("STATUS", ""); out.ExitCode != 0 {
+		t.Fatalf("STATUS after the lease: exit %d, %s", out.ExitCode, out.Stdout)
 	}
 }
 

@@ -13,23 +13,30 @@ import (
 )
 
 // BenchmarkNetpolAdd: a pod's ADD through the built plugins (libcni) with
-// the policy controller off (no namespaces file: ADD reads nothing more),
-// on with the pod's namespace free of policies (ADD reads the file), and
-// on with a policy in the pod's namespace (ADD also marks the pod's
-// address pending in nftables). The controller's side is what it leaves
-// on the node: its pending table and namespaces file, written here with
-// pkg/netpol/table as the agent does. DEL, and the agent's unmarking of
-// the address, are outside the timer.
+// "networkPolicy" off (ADD reads nothing more), on before the node's first
+// compile (no controller holds the ready file: ADD marks every pod, making
+// the pending table when missing), on with the pod's namespace free of
+// policies (ADD reads the file), and on with a policy in the pod's
+// namespace (ADD also marks the pod's address pending in nftables). The
+// controller's side is what it leaves on the node: its pending table,
+// namespaces file and held ready file, made here with pkg/netpol/table as
+// the agent does. DEL, and the agent's unmarking of the address, are
+// outside the timer.
 func BenchmarkNetpolAdd(b *testing.B) {
-	for _, mode := range []string{"off", "on-other-namespace", "on-policy-namespace"} {
+	for _, mode := range []string{"off", "on-no-compile-yet", "on-other-namespace", "on-policy-namespace"} {
 		b.Run(mode, func(b *testing.B) {
 			n := NewNode(b)
 			name := fmt.Sprintf("npadd%d", os.Getpid())
 			list := ConfList(b, fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"village","bridge":"vlg-npadd","isDefaultGateway":true,"ipMasq":true,
-				"networkPolicy":true,"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.54.2.0/24"}]]}}]}`, name, filepath.Join(n.Dir, "pods")))
+				"networkPolicy":%v,"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"10.54.2.0/24"}]]}}]}`, name, mode != "off", filepath.Join(n.Dir, "pods")))
 			b.Cleanup(func() { _ = os.RemoveAll(filepath.Join(nodelocal.RunDir(), name)) })
 			empty := &table.Ruleset{Network: name}
-			if mode != "off" {
+			if mode == "on-other-namespace" || mode == "on-policy-namespace" {
+				ready, err := table.HoldReady(table.ReadyPath("", name))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { ready.Close() })
 				listed := "elsewhere"
 				if mode == "on-policy-namespace" {
 					listed = "np"
@@ -63,7 +70,7 @@ func BenchmarkNetpolAdd(b *testing.B) {
 				}); err != nil {
 					b.Fatal(err)
 				}
-				if mode == "on-policy-namespace" && len(left) != len(res.IPs) {
+				if (mode == "on-policy-namespace" || mode == "on-no-compile-yet") && len(left) != len(res.IPs) {
 					b.Fatalf("ADD marked %v pending, want the pod's %d addresses", left, len(res.IPs))
 				}
 				if err := n.Del(list, pod); err != nil {

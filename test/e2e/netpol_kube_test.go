@@ -115,6 +115,9 @@ func TestNetworkPolicyAgents(t *testing.T) {
 	})
 	np.statusLine(n1, "kernel matches")
 
+	// fail closed while the agent is away or after a reboot
+	// (netpol_failclosed_test.go)
+	np.failClosed(n1, far)
 	// villaged's metrics endpoint exposes the policy compiles
 	np.metrics(n1)
 	// a policy part that is not enforced is said on the policy

@@ -149,6 +149,8 @@ func checkLifecycle(t *testing.T, c *kubecluster.Cluster) {
 			}
 		}
 	})
+
+	t.Run("Reboot", func(t *testing.T) { checkReboot(t, c, f) }) // reboot_test.go
 }
 
 var okLine = regexp.MustCompile(`(?m)^ok (\d+)$`)

@@ -155,6 +155,9 @@ func storeError(err error) error {
 func Add(args *skel.CmdArgs) error {
 	ctx := context.Background()
 	t := time.Now()
+	if err := waitForLease(args.StdinData, args.Args); err != nil {
+		return err
+	}
 	inv, err := setup(ctx, args, true)
 	if err != nil {
 		return err
@@ -279,9 +282,13 @@ func prevResultIPs(stdin []byte) ([]netip.Addr, error) {
 }
 
 // Status reports the plugin unavailable (code 50) when the store cannot be
-// used or some range set has no free address left.
+// used, villaged has not published the node's subnet yet, or some range
+// set has no free address left.
 func Status(args *skel.CmdArgs) error {
 	ctx := context.Background()
+	if err := notLeased(args.StdinData, args.Args); err != nil {
+		return err
+	}
 	inv, err := setup(ctx, args, false)
 	if err != nil {
 		var te *types.Error

@@ -78,9 +78,11 @@ type Status struct {
 func StatusPath(runDir, network string) string { return nodelocal.PolicyStatus(runDir, network) }
 
 // Disable removes everything the controller installs: both tables, the
-// namespaces file (so ADD marks nothing) and the status file.
+// namespaces file (so ADD marks nothing), the ready file and the status
+// file.
 func Disable(runDir, network string) error {
 	_ = os.Remove(table.NamespacesPath(runDir, network))
+	_ = os.Remove(table.ReadyPath(runDir, network))
 	_ = os.Remove(StatusPath(runDir, network))
 	return table.Remove(network)
 }
@@ -137,6 +139,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer b.Shutdown()
 	c := &ctl{cfg: cfg, pods: pods.GetStore(), nss: nss.GetStore(), pols: pols.GetStore(),
 		rec: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "villaged", Host: cfg.Node}), reported: map[table.Problem]bool{}}
+	defer c.release()
 	c.sync("start")
 	repair := time.NewTicker(cfg.Repair)
 	defer repair.Stop()
@@ -166,6 +169,9 @@ type ctl struct {
 	last            *table.Ruleset
 	lastCounts      [2]int // policies, local pods of last
 	failed          bool
+	// ready is the ready file, held from the first compile in the
+	// kernel until Run returns (ready.go).
+	ready *os.File
 }
 
 // input reads the caches.
@@ -243,6 +249,9 @@ func (c *ctl) sync(why string) {
 	}
 	if err == nil {
 		err = table.WriteNamespaces(table.NamespacesPath(c.cfg.RunDir, c.cfg.Network), rs.Namespaces)
+	}
+	if err == nil {
+		err = c.holdReady()
 	}
 	d := time.Since(start)
 	c.cfg.Metrics.ObservePolicy(c.cfg.Network, d, err, len(rs.Pods), len(rs.Problems))
@@ -383,4 +392,29 @@ func portsOnly(cs []corev1.Container) []corev1.Container {
 		}
 	}
 	return out
+}
+
+// holdReady takes the ready file once the first compile is in the kernel
+// and the namespaces file written: from then on ADD marks only pods of
+// namespaces with a policy (table.MarkUntilReady).
+func (c *ctl) holdReady() error {
+	if c.ready != nil {
+		return nil
+	}
+	f, err := table.HoldReady(table.ReadyPath(c.cfg.RunDir, c.cfg.Network))
+	if err != nil {
+		return err
+	}
+	c.ready = f
+	c.cfg.Logf("network policy: first compile in the kernel; new pods are marked pending only in namespaces with a policy")
+	return nil
+}
+
+// release lets go of the ready file: ADD marks every new pod pending
+// again until a controller has compiled.
+func (c *ctl) release() {
+	if c.ready != nil {
+		_ = c.ready.Close()
+		c.ready = nil
+	}
 }

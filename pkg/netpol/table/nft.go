@@ -457,11 +457,23 @@ func MarkPending(network string, ips []netip.Addr) error {
 	} else if !ok {
 		return ErrNoController
 	}
+	if err := queueMarks(c, network, ips); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("failed to mark %v pending in table inet %s: %w", ips, PendingTable(network), err)
+	}
+	return nil
+}
+
+// queueMarks queues the addition of ips to the network's pending sets.
+func queueMarks(c *nftables.Conn, network string, ips []netip.Addr) error {
 	_, sets := pendingSets(network)
 	var by [2][]netip.Addr
 	for _, a := range ips {
 		a = a.Unmap()
-		by[map[bool]int{false: 0, true: 1}[a.Is6()]] = append(by[map[bool]int{false: 0, true: 1}[a.Is6()]], a)
+		i := map[bool]int{false: 0, true: 1}[a.Is6()]
+		by[i] = append(by[i], a)
 	}
 	for i, s := range sets {
 		if len(by[i]) > 0 {
@@ -469,9 +481,6 @@ func MarkPending(network string, ips []netip.Addr) error {
 				return err
 			}
 		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("failed to mark %v pending in table inet %s: %w", ips, PendingTable(network), err)
 	}
 	return nil
 }

@@ -7,8 +7,11 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/village-cni/village/pkg/nodelocal"
 )
@@ -71,6 +74,106 @@ func MarkNewPod(runDir, network, namespace string, ips []netip.Addr) (bool, erro
 			return false, nil
 		}
 		return false, err
+	}
+	return true, nil
+}
+
+// Fail-closed start-up. On a network with "networkPolicy": true, a new pod
+// is marked pending whatever the namespaces file says until this node's
+// policy controller has its first compile in the kernel. The sign of that
+// is the ready file, <run dir>/<network>/policy-ready, held under an
+// exclusive flock by the controller that wrote it for as long as it runs:
+//
+//   - first boot, or after a reboot: the run directory (a tmpfs) holds no
+//     ready file, so everything is pending;
+//   - the agent stopped, killed or restarting: the kernel drops its lock
+//     with its last descriptor, so the file left behind is not ready;
+//   - the controller's first Apply succeeded: it creates the file and
+//     holds it; from then on the namespaces file decides (MarkNewPod).
+//
+// The lock ties the file to the running controller without pids (the
+// agent runs in a pod of its own pid namespace; the plugin in the
+// runtime's): flock is on the file, which both see through /run/village.
+
+// ReadyName is the ready file under <run dir>/<network>/.
+const ReadyName = nodelocal.PolicyReadyName
+
+// ReadyPath is the ready file of network under runDir ("" = the default
+// run directory).
+func ReadyPath(runDir, network string) string {
+	return nodelocal.PolicyReady(runDir, network)
+}
+
+// IsReady reports whether a running controller holds the ready file at
+// path: false when the file is missing or nobody holds its lock.
+func IsReady(path string) (bool, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("failed to open %s: %w", path, err)
+	}
+	defer f.Close()
+	// A shared lock we can take means no exclusive holder: the file is a
+	// leftover of a controller that is gone. Taken, it goes with f.
+	switch err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); {
+	case errors.Is(err, unix.EWOULDBLOCK):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("failed to test the lock of %s: %w", path, err)
+	}
+	return false, nil
+}
+
+// HoldReady creates the ready file at path and holds its exclusive lock
+// until the returned file is closed (or the process ends). The controller
+// calls it once its first compile is in the kernel.
+func HoldReady(path string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("failed to make %s: %w", filepath.Dir(path), err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create %s: %w", path, err)
+	}
+	// Blocking: a plugin holds its shared lock for a moment only.
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("failed to lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// MarkUntilReady is what ADD does first for a pod with addresses ips on a
+// network with "networkPolicy": true: while no controller holds the ready
+// file, the addresses are marked pending, the pending table made when it
+// is missing (after a reboot the kernel has none). It reports whether it
+// marked; when it did not, MarkNewPod decides.
+func MarkUntilReady(runDir, network string, ips []netip.Addr) (bool, error) {
+	if len(ips) == 0 {
+		return false, nil
+	}
+	ready, err := IsReady(ReadyPath(runDir, network))
+	if err != nil || ready {
+		return false, err
+	}
+	c, err := open()
+	if err != nil {
+		return false, fmt.Errorf("failed to open nftables: %w", err)
+	}
+	if ok, err := tableExists(c, PendingTable(network)); err != nil {
+		return false, err
+	} else if !ok {
+		if err := ensurePending(c, network); err != nil {
+			return false, fmt.Errorf("pending table of network %q: %w", network, err)
+		}
+	}
+	if err := queueMarks(c, network, ips); err != nil {
+		return false, err
+	}
+	if err := c.Flush(); err != nil {
+		return false, fmt.Errorf("failed to mark %v pending in table inet %s (no policy compile on this node yet): %w", ips, PendingTable(network), err)
 	}
 	return true, nil
 }
