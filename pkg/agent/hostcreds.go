@@ -10,6 +10,7 @@ import (
 
 	authv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -20,8 +21,10 @@ import (
 // ("store": {"type": "kubernetes"}): village-ipam-kube runs on the host,
 // outside any pod, so it has no service-account token of its own. The agent
 // requests one for the ServiceAccount HostCredsAccount (whose RBAC grants
-// only the pool's Leases and reading Nodes, deploy/kubernetes/rbac.yaml),
-// writes it with the cluster's CA and a kubeconfig naming both under
+// only the pool's Leases and reading Nodes, deploy/kubernetes/rbac.yaml, and
+// whose Lease writes admission.yaml confines to the pool's names), bound to
+// the agent's own Pod ($POD_NAME, $POD_UID from the downward API) so that it
+// stops working when that Pod is deleted, writes it with the cluster's CA and a kubeconfig naming both under
 // <run dir>/kube/, and requests a new one well before it expires. The
 // kubeconfig is what the LAN IPAM block's "kubeconfig" names.
 const (
@@ -49,12 +52,16 @@ func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.C
 			return fmt.Errorf("reading the cluster CA: %w", err)
 		}
 	}
+	pod := &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: os.Getenv("POD_NAME"), UID: ktypes.UID(os.Getenv("POD_UID"))}
+	if pod.Name == "" || pod.UID == "" {
+		return fmt.Errorf("the LAN pool's host token is bound to the agent's Pod: set POD_NAME and POD_UID (the DaemonSet's downward API, deploy/kubernetes/daemonset.yaml)")
+	}
 	dir := filepath.Join(runDir, hostCredsDir)
 	ns := inClusterNamespace()
 	wg.Go(func() {
 		for {
 			next := hostCredsRetry
-			if err := writeHostCreds(ctx, cs, ns, dir, rc.Host, ca); err != nil {
+			if err := writeHostCreds(ctx, cs, ns, pod, dir, rc.Host, ca); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -72,10 +79,10 @@ func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.C
 	return nil
 }
 
-func writeHostCreds(ctx context.Context, cs kubernetes.Interface, ns, dir, server string, ca []byte) error {
+func writeHostCreds(ctx context.Context, cs kubernetes.Interface, ns string, pod *authv1.BoundObjectReference, dir, server string, ca []byte) error {
 	life := int64(hostTokenLife / time.Second)
 	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, HostCredsAccount,
-		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &life}}, metav1.CreateOptions{})
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &life, BoundObjectRef: pod}}, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("requesting a token: %w", err)
 	}
