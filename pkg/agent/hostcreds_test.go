@@ -1,0 +1,96 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	authv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	ktesting "k8s.io/client-go/testing"
+
+	"github.com/village-cni/village/pkg/netconf"
+)
+
+// TestHostCredsBoundToAgentPod: the LAN pool's host token is requested for
+// village-ipam bound to the agent's own Pod ($POD_NAME, $POD_UID) for an
+// hour, and written with its kubeconfig; without the Pod's identity no
+// token is requested at all.
+func TestHostCredsBoundToAgentPod(t *testing.T) {
+	c := &Conf{Net: &netconf.NetConf{LAN: &netconf.LAN{IPAM: []byte(`{"type":"village-ipam","store":{"type":"kubernetes"}}`)}}}
+	rc := &rest.Config{Host: "https://192.0.2.1:6443", TLSClientConfig: rest.TLSClientConfig{CAData: []byte("ca")}}
+	var mu sync.Mutex
+	var got []*authv1.TokenRequest
+	var accounts []string
+	cs := fake.NewSimpleClientset()
+	cs.PrependReactor("create", "serviceaccounts", func(a ktesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "token" {
+			return false, nil, nil
+		}
+		tr := a.(ktesting.CreateAction).GetObject().(*authv1.TokenRequest)
+		mu.Lock()
+		got = append(got, tr.DeepCopy())
+		accounts = append(accounts, a.(ktesting.CreateActionImpl).Name)
+		mu.Unlock()
+		out := tr.DeepCopy()
+		out.Status.Token = "minted"
+		return true, out, nil
+	})
+	start := func(t *testing.T) (dir string, err error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		t.Cleanup(func() { cancel(); wg.Wait() })
+		dir = t.TempDir()
+		return dir, startHostCreds(ctx, &wg, c, rc, cs, dir, t.Logf)
+	}
+
+	t.Run("NoPodIdentity", func(t *testing.T) {
+		t.Setenv("POD_NAME", "")
+		t.Setenv("POD_UID", "")
+		if _, err := start(t); err == nil {
+			t.Fatal("started without POD_NAME and POD_UID: the token would be bound to no pod")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) != 0 {
+			t.Fatalf("requested %d tokens without the Pod's identity", len(got))
+		}
+	})
+	t.Run("Bound", func(t *testing.T) {
+		t.Setenv("POD_NAME", "village-abcde")
+		t.Setenv("POD_UID", "0b5d-uid")
+		dir, err := start(t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		token := filepath.Join(dir, hostCredsDir, "token")
+		deadline := time.Now().Add(time.Minute)
+		for {
+			if b, err := os.ReadFile(token); err == nil && string(b) == "minted" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no token written in %s", token)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		tr := got[0]
+		ref := tr.Spec.BoundObjectRef
+		if accounts[0] != HostCredsAccount {
+			t.Errorf("token of ServiceAccount %q, want %q", accounts[0], HostCredsAccount)
+		}
+		if ref == nil || ref.Kind != "Pod" || ref.APIVersion != "v1" || ref.Name != "village-abcde" || ref.UID != "0b5d-uid" {
+			t.Errorf("token bound to %+v, want the agent's Pod village-abcde (uid 0b5d-uid)", ref)
+		}
+		if tr.Spec.ExpirationSeconds == nil || *tr.Spec.ExpirationSeconds != 3600 {
+			t.Errorf("token life %v, want 3600 s", tr.Spec.ExpirationSeconds)
+		}
+	})
+}
