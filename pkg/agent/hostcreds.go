@@ -10,7 +10,6 @@ import (
 
 	authv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -23,8 +22,7 @@ import (
 // requests one for the ServiceAccount HostCredsAccount (whose RBAC grants
 // only the pool's Leases and reading Nodes, deploy/kubernetes/rbac.yaml, and
 // whose Lease writes admission.yaml confines to the pool's names), bound to
-// the agent's own Pod ($POD_NAME, $POD_UID from the downward API) so that it
-// stops working when that Pod is deleted, writes it with the cluster's CA and a kubeconfig naming both under
+// this node's Node object, writes it with the cluster's CA and a kubeconfig naming both under
 // <run dir>/kube/, and requests a new one well before it expires. The
 // kubeconfig is what the LAN IPAM block's "kubeconfig" names.
 const (
@@ -52,16 +50,12 @@ func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.C
 			return fmt.Errorf("reading the cluster CA: %w", err)
 		}
 	}
-	pod := &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: os.Getenv("POD_NAME"), UID: ktypes.UID(os.Getenv("POD_UID"))}
-	if pod.Name == "" || pod.UID == "" {
-		return fmt.Errorf("the LAN pool's host token is bound to the agent's Pod: set POD_NAME and POD_UID (the DaemonSet's downward API, deploy/kubernetes/daemonset.yaml)")
-	}
 	dir := filepath.Join(runDir, hostCredsDir)
 	ns := inClusterNamespace()
 	wg.Go(func() {
 		for {
 			next := hostCredsRetry
-			if err := writeHostCreds(ctx, cs, ns, pod, dir, rc.Host, ca); err != nil {
+			if err := writeHostCreds(ctx, cs, ns, c.Node, dir, rc.Host, ca); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -79,10 +73,20 @@ func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.C
 	return nil
 }
 
-func writeHostCreds(ctx context.Context, cs kubernetes.Interface, ns string, pod *authv1.BoundObjectReference, dir, server string, ca []byte) error {
+// writeHostCreds requests the token bound to Node node. The API server
+// binds a token to a Pod only when the Pod runs as the token's
+// ServiceAccount, and the agent's Pod runs as village, not village-ipam;
+// bound to the Node the token stops working when the Node is deleted (and
+// after an hour anyway).
+func writeHostCreds(ctx context.Context, cs kubernetes.Interface, ns, node, dir, server string, ca []byte) error {
+	n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading Node %q to bind the token to: %w", node, err)
+	}
 	life := int64(hostTokenLife / time.Second)
+	ref := &authv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: n.Name, UID: n.UID}
 	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, HostCredsAccount,
-		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &life, BoundObjectRef: pod}}, metav1.CreateOptions{})
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &life, BoundObjectRef: ref}}, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("requesting a token: %w", err)
 	}

@@ -4,11 +4,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	authv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
@@ -17,12 +20,11 @@ import (
 	"github.com/village-cni/village/pkg/netconf"
 )
 
-// TestHostCredsBoundToAgentPod: the LAN pool's host token is requested for
-// village-ipam bound to the agent's own Pod ($POD_NAME, $POD_UID) for an
-// hour, and written with its kubeconfig; without the Pod's identity no
-// token is requested at all.
-func TestHostCredsBoundToAgentPod(t *testing.T) {
-	c := &Conf{Net: &netconf.NetConf{LAN: &netconf.LAN{IPAM: []byte(`{"type":"village-ipam","store":{"type":"kubernetes"}}`)}}}
+// TestHostCredsBoundToNode: the LAN pool's host token is requested for
+// village-ipam bound to this node's Node object for an hour, and written
+// with its kubeconfig; without the Node no token is requested at all.
+func TestHostCredsBoundToNode(t *testing.T) {
+	c := &Conf{Node: "node-1", Net: &netconf.NetConf{LAN: &netconf.LAN{IPAM: []byte(`{"type":"village-ipam","store":{"type":"kubernetes"}}`)}}}
 	rc := &rest.Config{Host: "https://192.0.2.1:6443", TLSClientConfig: rest.TLSClientConfig{CAData: []byte("ca")}}
 	var mu sync.Mutex
 	var got []*authv1.TokenRequest
@@ -49,21 +51,33 @@ func TestHostCredsBoundToAgentPod(t *testing.T) {
 		return dir, startHostCreds(ctx, &wg, c, rc, cs, dir, t.Logf)
 	}
 
-	t.Run("NoPodIdentity", func(t *testing.T) {
-		t.Setenv("POD_NAME", "")
-		t.Setenv("POD_UID", "")
-		if _, err := start(t); err == nil {
-			t.Fatal("started without POD_NAME and POD_UID: the token would be bound to no pod")
+	t.Run("NoNode", func(t *testing.T) {
+		dir, err := start(t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The agent retries every 10 s: the first attempt has failed once
+		// the Node was asked for.
+		deadline := time.Now().Add(time.Minute)
+		for !slices.ContainsFunc(cs.Actions(), func(a ktesting.Action) bool { return a.GetVerb() == "get" && a.GetResource().Resource == "nodes" }) {
+			if time.Now().After(deadline) {
+				t.Fatal("the Node was never read")
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		if len(got) != 0 {
-			t.Fatalf("requested %d tokens without the Pod's identity", len(got))
+			t.Fatalf("requested %d tokens without the Node to bind them to", len(got))
+		}
+		if _, err := os.Stat(filepath.Join(dir, hostCredsDir, "token")); err == nil {
+			t.Fatal("a token was written")
 		}
 	})
 	t.Run("Bound", func(t *testing.T) {
-		t.Setenv("POD_NAME", "village-abcde")
-		t.Setenv("POD_UID", "0b5d-uid")
+		if _, err := cs.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "0b5d-uid"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		dir, err := start(t)
 		if err != nil {
 			t.Fatal(err)
@@ -86,8 +100,8 @@ func TestHostCredsBoundToAgentPod(t *testing.T) {
 		if accounts[0] != HostCredsAccount {
 			t.Errorf("token of ServiceAccount %q, want %q", accounts[0], HostCredsAccount)
 		}
-		if ref == nil || ref.Kind != "Pod" || ref.APIVersion != "v1" || ref.Name != "village-abcde" || ref.UID != "0b5d-uid" {
-			t.Errorf("token bound to %+v, want the agent's Pod village-abcde (uid 0b5d-uid)", ref)
+		if ref == nil || ref.Kind != "Node" || ref.APIVersion != "v1" || ref.Name != "node-1" || ref.UID != "0b5d-uid" {
+			t.Errorf("token bound to %+v, want Node node-1 (uid 0b5d-uid)", ref)
 		}
 		if tr.Spec.ExpirationSeconds == nil || *tr.Spec.ExpirationSeconds != 3600 {
 			t.Errorf("token life %v, want 3600 s", tr.Spec.ExpirationSeconds)

@@ -123,10 +123,10 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		return obj("v1", "Pod", "p", f)
 	}
 	lease := func(name string) *unstructured.Unstructured { return obj("coordination.k8s.io/v1", "Lease", name, nil) }
-	token := func(bound bool, life int64) *unstructured.Unstructured {
+	token := func(boundTo string, life int64) *unstructured.Unstructured {
 		spec := map[string]any{"expirationSeconds": life}
-		if bound {
-			spec["boundObjectRef"] = map[string]any{"kind": "Pod", "apiVersion": "v1", "name": "village-x", "uid": "u"}
+		if boundTo != "" {
+			spec["boundObjectRef"] = map[string]any{"kind": boundTo, "apiVersion": "v1", "name": "x", "uid": "u"}
 		}
 		return obj("authentication.k8s.io/v1", "TokenRequest", "village-ipam", map[string]any{"spec": spec})
 	}
@@ -182,9 +182,11 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		{"kube-scheduler Lease created", "village-ipam", lease("kube-scheduler"), nil, leases, "", admission.Create, ipam, false},
 		{"kube-controller-manager Lease updated", "village-ipam", lease("kube-controller-manager"), lease("kube-controller-manager"), leases, "", admission.Update, ipam, false},
 		{"kube-controller-manager Lease deleted", "village-ipam", nil, lease("kube-controller-manager"), leases, "", admission.Delete, ipam, false},
-		{"token bound to a Pod, an hour", "village-token", token(true, 3600), nil, sas, "token", admission.Create, agent, true},
-		{"token bound to nothing", "village-token", token(false, 3600), nil, sas, "token", admission.Create, agent, false},
-		{"token for a day", "village-token", token(true, 86400), nil, sas, "token", admission.Create, agent, false},
+		{"token bound to a Pod, an hour", "village-token", token("Pod", 3600), nil, sas, "token", admission.Create, agent, true},
+		{"token bound to a Node, an hour", "village-token", token("Node", 3600), nil, sas, "token", admission.Create, agent, true},
+		{"token bound to a Secret", "village-token", token("Secret", 3600), nil, sas, "token", admission.Create, agent, false},
+		{"token bound to nothing", "village-token", token("", 3600), nil, sas, "token", admission.Create, agent, false},
+		{"token for a day", "village-token", token("Node", 86400), nil, sas, "token", admission.Create, agent, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, ok := policies[tc.policy]

@@ -307,10 +307,6 @@ func TestDaemonSet(t *testing.T) {
 	if !envFromField(agent, "NODE_NAME", "spec.nodeName") || flagMap(agent.Command[2:])["--node-name"] != "$(NODE_NAME)" {
 		t.Errorf("agent must get its Node's name from the downward API: %v", agent.Command)
 	}
-	// The host-side pool token is bound to the agent's Pod (pkg/agent hostcreds).
-	if !envFromField(agent, "POD_NAME", "metadata.name") || !envFromField(agent, "POD_UID", "metadata.uid") {
-		t.Errorf("agent must get its Pod's name and UID from the downward API (POD_NAME, POD_UID): %v", agent.Env)
-	}
 	sa := o.serviceAccounts[0]
 	if spec.ServiceAccountName != sa.Name || sa.Namespace != ds.Namespace {
 		t.Errorf("serviceAccountName %q, ServiceAccount %s/%s", spec.ServiceAccountName, sa.Namespace, sa.Name)
@@ -394,8 +390,8 @@ func TestRBAC(t *testing.T) {
 // ValidatingAdmissionPolicies do, each bound with Deny and failing closed,
 // each matching exactly the identity it confines: the agent (village) to its
 // own Node, its node's Pods and Village's annotations, keyed on the
-// node-name claim of its Pod-bound token; its TokenRequests to Pod-bound
-// ones; the host-side pool store (village-ipam) to the store's own Leases.
+// node-name claim of its Pod-bound token; its TokenRequests to bound ones;
+// the host-side pool store (village-ipam) to the store's own Leases.
 // test/kube's LeastPrivilege proves they refuse what they must, on a real
 // API server.
 func TestAdmissionPolicies(t *testing.T) {
@@ -418,7 +414,7 @@ func TestAdmissionPolicies(t *testing.T) {
 				"k.startsWith('" + kubeconfig.Prefix + "')"}},
 		{"village-token", user(agent), "", []string{"serviceaccounts/token"},
 			[]admissionv1.OperationType{admissionv1.Create},
-			[]string{"boundObjectRef.kind.orValue('') == 'Pod'", "expirationSeconds.orValue(3600) <= 3600"}},
+			[]string{"boundObjectRef.kind.orValue('') in ['Pod', 'Node']", "expirationSeconds.orValue(3600) <= 3600"}},
 		{"village-ipam", user(ipam), "coordination.k8s.io", []string{"leases"},
 			[]admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
 			[]string{"request.name.startsWith('" + kubestore.LeasePrefix + "')"}},

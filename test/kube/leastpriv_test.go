@@ -26,7 +26,7 @@ import (
 // projected token the kubelet wrote for node-1's Village pod, read from the
 // node's disk) can change only node-1's Node and node-1's pods, and there
 // only village.cni.io/ annotations; it cannot read Secrets nor touch another
-// component's Lease; the tokens it can mint are bound to a Pod and can write
+// component's Lease; the tokens it can mint are bound to an object and can write
 // only the LAN pool's Leases. Each refusal comes from the API server (RBAC
 // or deploy/kubernetes/admission.yaml), and is logged with its status. The
 // agent's own writes still work.
@@ -44,6 +44,11 @@ func checkLeastPrivilege(t *testing.T, c *kubecluster.Cluster) {
 		t.Fatalf("no Village pod on %s", n1.Name)
 	}
 	agent := agentClient(t, c, n1, &agentPod)
+	n1Node, err := admin.CoreV1().Nodes().Get(ctx, n1.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n1UID := n1Node.UID
 
 	// The leader Leases of kube-scheduler and kube-controller-manager (this
 	// cluster runs them without leader election, so they may not exist:
@@ -117,8 +122,8 @@ func checkLeastPrivilege(t *testing.T, c *kubecluster.Cluster) {
 	mint := func(account string, bound bool, life int64) func() (string, error) {
 		return func() (string, error) {
 			spec := authv1.TokenRequestSpec{ExpirationSeconds: &life}
-			if bound {
-				spec.BoundObjectRef = &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: agentPod.Name, UID: agentPod.UID}
+			if bound { // as pkg/agent hostcreds does
+				spec.BoundObjectRef = &authv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: n1.Name, UID: n1UID}
 			}
 			tr, err := agent.CoreV1().ServiceAccounts(kubecluster.VillageNamespace).CreateToken(ctx, account, &authv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
 			if err != nil {
@@ -148,7 +153,7 @@ func checkLeastPrivilege(t *testing.T, c *kubecluster.Cluster) {
 			{"deleting a pod", func() error { return agent.CoreV1().Pods(f.ns).Delete(ctx, "own", metav1.DeleteOptions{}) }},
 			{"minting a token of its own ServiceAccount", mintErr(mint("village", true, 3600))},
 			{"minting a token of another ServiceAccount", mintErr(mint("default", true, 3600))},
-			{"minting a village-ipam token bound to no pod", mintErr(mint("village-ipam", false, 3600))},
+			{"minting a village-ipam token bound to nothing", mintErr(mint("village-ipam", false, 3600))},
 			{"minting a village-ipam token for a day", mintErr(mint("village-ipam", true, 86400))},
 		}
 		rs = append(rs, leaseWrites(agent, "the agent")...)
@@ -159,7 +164,7 @@ func checkLeastPrivilege(t *testing.T, c *kubecluster.Cluster) {
 	t.Run("MintedTokenRefused", func(t *testing.T) {
 		tok, err := mint("village-ipam", true, 3600)()
 		if err != nil {
-			t.Fatalf("the agent cannot mint its Pod-bound village-ipam token (what pkg/agent hostcreds does): %v", err)
+			t.Fatalf("the agent cannot mint its Node-bound village-ipam token (what pkg/agent hostcreds does): %v", err)
 		}
 		ipam := tokenClient(t, c, tok)
 		rs := []refusal{
