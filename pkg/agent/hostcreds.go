@@ -21,11 +21,13 @@ import (
 // ("store": {"type": "kubernetes"}): village-ipam-kube runs on the host,
 // outside any pod, so it has no service-account token of its own. The agent
 // requests one for the ServiceAccount HostCredsAccount (whose RBAC grants
-// only the pool's Leases and reading Nodes, deploy/kubernetes/rbac.yaml),
-// writes it with the cluster's CA and a kubeconfig naming both under
-// <run dir>/kube/ (nodelocal.HostCredsDir), and requests a new one well before it expires. The
-// kubeconfig (nodelocal.HostKubeconfig) is what the LAN IPAM block's
-// "kubeconfig" names, or means when it names none.
+// only the pool's Leases and reading Nodes, deploy/kubernetes/rbac.yaml, and
+// whose Lease writes admission.yaml confines to the pool's names), bound to
+// this node's Node object, writes it with the cluster's CA and a kubeconfig
+// naming both under <run dir>/kube/ (nodelocal.HostCredsDir), and requests
+// a new one well before it expires. The kubeconfig
+// (nodelocal.HostKubeconfig) is what the LAN IPAM block's "kubeconfig"
+// names, or means when it names none.
 const (
 	HostCredsAccount = "village-ipam"
 	// hostTokenLife is the lifetime asked for; a new token is requested
@@ -52,7 +54,7 @@ func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.C
 	wg.Go(func() {
 		for {
 			next := hostCredsRetry
-			if err := writeHostCreds(ctx, cs, ns, dir, rc.Host, ca); err != nil {
+			if err := writeHostCreds(ctx, cs, ns, c.Node, dir, rc.Host, ca); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -70,10 +72,20 @@ func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.C
 	return nil
 }
 
-func writeHostCreds(ctx context.Context, cs kubernetes.Interface, ns, dir, server string, ca []byte) error {
+// writeHostCreds requests the token bound to Node node. The API server
+// binds a token to a Pod only when the Pod runs as the token's
+// ServiceAccount, and the agent's Pod runs as village, not village-ipam;
+// bound to the Node the token stops working when the Node is deleted (and
+// after an hour anyway).
+func writeHostCreds(ctx context.Context, cs kubernetes.Interface, ns, node, dir, server string, ca []byte) error {
+	n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading Node %q to bind the token to: %w", node, err)
+	}
 	life := int64(hostTokenLife / time.Second)
+	ref := &authv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: n.Name, UID: n.UID}
 	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, HostCredsAccount,
-		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &life}}, metav1.CreateOptions{})
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &life, BoundObjectRef: ref}}, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("requesting a token: %w", err)
 	}

@@ -114,6 +114,9 @@ func startLANPods(ctx context.Context, c *Conf, opts Options) (wait func(), err 
 	}
 	wg.Go(func() { agentsock.Serve(ctx, ln, l, opts.logf) })
 	opts.logf("LAN pods (%q): answering on %s", lan.Pods, path)
+	if w := lanAllWarning(c); w != "" {
+		opts.logf("%s", w)
+	}
 	return wg.Wait, nil
 }
 
@@ -357,13 +360,17 @@ func lanStatus(ctx context.Context, c *Conf, runDir string) []string {
 	if runDir == "" {
 		runDir = nodelocal.RunDir()
 	}
+	var lines []string
+	if w := lanAllWarning(c); w != "" {
+		lines = append(lines, "LAN pods: "+w)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	resp, err := agentsock.Ask(ctx, agentsock.Path(runDir), agentsock.Request{Op: agentsock.OpLANList})
 	if err != nil {
-		return []string{fmt.Sprintf("LAN pods (%q): unknown: %v", c.Net.LAN.Pods, err)}
+		return append(lines, fmt.Sprintf("LAN pods (%q): unknown: %v", c.Net.LAN.Pods, err))
 	}
-	lines := []string{fmt.Sprintf("LAN pods (%q, %d):", c.Net.LAN.Pods, len(resp.Pods))}
+	lines = append(lines, fmt.Sprintf("LAN pods (%q, %d):", c.Net.LAN.Pods, len(resp.Pods)))
 	for _, p := range resp.Pods {
 		lines = append(lines, fmt.Sprintf("  %s/%s\t%s", p.Namespace, p.Name, p.Addresses))
 	}

@@ -17,7 +17,7 @@
 //
 // A Node without the underlay-ip annotation or without spec.podCIDRs is
 // not (yet) a peer. The agent writes only its own Node's annotations, with a
-// JSON merge patch, and writes them again when they differ from what it
+// JSON merge patch of the Node's status subresource, and writes them again when they differ from what it
 // wants (changed or removed by hand): the informer's copy tells it, so a
 // quiet cluster costs no request beyond the watch.
 //
@@ -217,7 +217,8 @@ func (r *Registry) Nodes(ctx context.Context) (nodes []registry.Node, rev int64,
 	return nodes, rev, errors.Join(errs...), nil
 }
 
-// Publish writes rec's annotations on this node's Node (one merge patch).
+// Publish writes rec's annotations on this node's Node (one merge patch of
+// nodes/status).
 func (r *Registry) Publish(ctx context.Context, rec registry.Node) error {
 	if rec.Name != r.cfg.Node {
 		return fmt.Errorf("kubernetes registry of Node %q cannot publish Node %q", r.cfg.Node, rec.Name)
@@ -231,7 +232,10 @@ func (r *Registry) Publish(ctx context.Context, rec registry.Node) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	_, err = r.cs.CoreV1().Nodes().Patch(ctx, r.cfg.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "villaged"})
+	// Through the status subresource, as flanneld does: it keeps the
+	// patch's metadata and cannot change the Node's spec, so the agent's
+	// identity needs no "patch" on Nodes themselves (rbac.yaml).
+	_, err = r.cs.CoreV1().Nodes().Patch(ctx, r.cfg.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "villaged"}, "status")
 	return r.wrap(fmt.Sprintf("annotating Node %q", r.cfg.Node), err)
 }
 

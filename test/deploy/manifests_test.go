@@ -19,9 +19,11 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -31,6 +33,8 @@ import (
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/buildinfo"
 	"github.com/village-cni/village/pkg/install"
+	kubestore "github.com/village-cni/village/pkg/ipam/store/kube"
+	"github.com/village-cni/village/pkg/kubeconfig"
 	"github.com/village-cni/village/pkg/netconf"
 )
 
@@ -42,6 +46,8 @@ type objects struct {
 	bindings        []*rbacv1.ClusterRoleBinding
 	roles           []*rbacv1.Role
 	roleBindings    []*rbacv1.RoleBinding
+	policies        []*admissionv1.ValidatingAdmissionPolicy
+	policyBindings  []*admissionv1.ValidatingAdmissionPolicyBinding
 	all             []runtime.Object
 }
 
@@ -78,6 +84,10 @@ func load(t *testing.T) *objects {
 				o.roles = append(o.roles, v)
 			case *rbacv1.RoleBinding:
 				o.roleBindings = append(o.roleBindings, v)
+			case *admissionv1.ValidatingAdmissionPolicy:
+				o.policies = append(o.policies, v)
+			case *admissionv1.ValidatingAdmissionPolicyBinding:
+				o.policyBindings = append(o.policyBindings, v)
 			default:
 				t.Errorf("%s: unexpected kind %s", filepath.Base(f), obj.GetObjectKind().GroupVersionKind())
 			}
@@ -334,7 +344,7 @@ func TestRBAC(t *testing.T) {
 		return out
 	}
 	want := map[string][]string{
-		"ClusterRole village": {"[] [nodes] [] [get list patch watch]", "[] [pods] [] [get list patch watch]",
+		"ClusterRole village": {"[] [nodes] [] [get list watch]", "[] [nodes/status] [] [patch]", "[] [pods] [] [get list patch watch]",
 			"[] [namespaces] [] [get list watch]", "[networking.k8s.io] [networkpolicies] [] [list watch]",
 			"[ events.k8s.io] [events] [] [create patch]"},
 		"ClusterRole village-ipam": {"[] [nodes] [] [get]"},
@@ -383,6 +393,92 @@ func TestRBAC(t *testing.T) {
 	}
 	if ipam := o.serviceAccounts[1]; ipam.AutomountServiceAccountToken == nil || *ipam.AutomountServiceAccountToken {
 		t.Errorf("ServiceAccount %s is no pod's: automountServiceAccountToken must be false", ipam.Name)
+	}
+}
+
+// TestAdmissionPolicies: what RBAC cannot confine, admission.yaml's
+// ValidatingAdmissionPolicies do, each bound with Deny and failing closed,
+// each matching exactly the identity it confines: the agent (village) to its
+// own Node, its node's Pods and Village's annotations, keyed on the
+// node-name claim of its Pod-bound token; its TokenRequests to bound ones;
+// the host-side pool store (village-ipam) to the store's own Leases.
+// test/kube's LeastPrivilege proves they refuse what they must, on a real
+// API server.
+func TestAdmissionPolicies(t *testing.T) {
+	o := load(t)
+	user := func(sa *corev1.ServiceAccount) string {
+		return "request.userInfo.username == 'system:serviceaccount:" + sa.Namespace + ":" + sa.Name + "'"
+	}
+	agent, ipam := o.serviceAccounts[0], o.serviceAccounts[1]
+	want := []struct {
+		name, user string
+		group      string
+		resources  []string
+		ops        []admissionv1.OperationType
+		mentions   []string
+	}{
+		{"village-agent", user(agent), "", []string{"nodes", "nodes/*", "pods", "pods/*"},
+			[]admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete, admissionv1.Connect},
+			[]string{"'authentication.kubernetes.io/node-name'", "oldObject.metadata.name == variables.node",
+				"oldObject.spec.?nodeName.orValue('') == variables.node", "object.spec == oldObject.spec",
+				"k.startsWith('" + kubeconfig.Prefix + "')"}},
+		{"village-token", user(agent), "", []string{"serviceaccounts/token"},
+			[]admissionv1.OperationType{admissionv1.Create},
+			[]string{"boundObjectRef.kind.orValue('') in ['Pod', 'Node']", "expirationSeconds.orValue(3600) <= 3600"}},
+		{"village-ipam", user(ipam), "coordination.k8s.io", []string{"leases"},
+			[]admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
+			[]string{"request.name.startsWith('" + kubestore.LeasePrefix + "')"}},
+	}
+	if len(o.policies) != len(want) || len(o.policyBindings) != len(want) {
+		t.Fatalf("%d ValidatingAdmissionPolicies and %d bindings, want %d of each", len(o.policies), len(o.policyBindings), len(want))
+	}
+	for _, w := range want {
+		i := slices.IndexFunc(o.policies, func(p *admissionv1.ValidatingAdmissionPolicy) bool { return p.Name == w.name })
+		if i < 0 {
+			t.Errorf("no ValidatingAdmissionPolicy %s", w.name)
+			continue
+		}
+		p := o.policies[i].Spec
+		if p.FailurePolicy == nil || *p.FailurePolicy != admissionv1.Fail || p.ParamKind != nil {
+			t.Errorf("policy %s: failurePolicy %v, paramKind %v; want Fail and none", w.name, p.FailurePolicy, p.ParamKind)
+		}
+		if len(p.MatchConditions) != 1 || p.MatchConditions[0].Expression != w.user {
+			t.Errorf("policy %s matches %+v, want only %s", w.name, p.MatchConditions, w.user)
+		}
+		mc := p.MatchConstraints
+		if mc == nil || len(mc.ResourceRules) != 1 || mc.NamespaceSelector != nil || mc.ObjectSelector != nil {
+			t.Fatalf("policy %s: matchConstraints %+v, want one rule and no selector", w.name, mc)
+		}
+		r := mc.ResourceRules[0]
+		if !slices.Equal(r.APIGroups, []string{w.group}) || !slices.Equal(r.Resources, w.resources) ||
+			!slices.Equal(r.Operations, w.ops) || !slices.Equal(r.APIVersions, []string{"*"}) {
+			t.Errorf("policy %s: rule %+v, want group %q resources %v operations %v, every version", w.name, r, w.group, w.resources, w.ops)
+		}
+		var all strings.Builder
+		for _, v := range p.Validations {
+			all.WriteString(v.Expression + "\n")
+			if v.Reason == nil || *v.Reason != metav1.StatusReasonForbidden || (v.Message == "" && v.MessageExpression == "") {
+				t.Errorf("policy %s: validation %q has reason %v and no message", w.name, v.Expression, v.Reason)
+			}
+		}
+		for _, v := range p.Variables {
+			all.WriteString(v.Expression + "\n")
+		}
+		for _, m := range w.mentions {
+			if !strings.Contains(all.String(), m) {
+				t.Errorf("policy %s does not check %s", w.name, m)
+			}
+		}
+		j := slices.IndexFunc(o.policyBindings, func(b *admissionv1.ValidatingAdmissionPolicyBinding) bool { return b.Spec.PolicyName == w.name })
+		if j < 0 {
+			t.Errorf("policy %s is bound by nothing", w.name)
+			continue
+		}
+		b := o.policyBindings[j]
+		if b.Name != w.name || !slices.Equal(b.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) ||
+			b.Spec.ParamRef != nil || b.Spec.MatchResources != nil {
+			t.Errorf("binding %s: %+v, want Deny, no params and no narrower match", b.Name, b.Spec)
+		}
 	}
 }
 

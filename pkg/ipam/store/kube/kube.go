@@ -64,6 +64,11 @@ import (
 // DefaultNamespace holds the Leases when ipam.store.namespace is empty.
 const DefaultNamespace = "kube-system"
 
+// LeasePrefix begins the name of every Lease the store writes; the shipped
+// ValidatingAdmissionPolicy village-ipam (deploy/kubernetes/admission.yaml)
+// refuses the store's identity a write to any other Lease.
+const LeasePrefix = "village-ipam-"
+
 // DefaultOpTimeout bounds each API request.
 const DefaultOpTimeout = 10 * time.Second
 
@@ -170,11 +175,11 @@ func (s *Store) name(ip netip.Addr) string {
 	if ip.Unmap().Is6() {
 		a = strings.ReplaceAll(ip.StringExpanded(), ":", "-")
 	}
-	return "village-ipam-" + s.netHash + "-" + a
+	return LeasePrefix + s.netHash + "-" + a
 }
 
 func (s *Store) lastName(rangeSet int) string {
-	return "village-ipam-" + s.netHash + "-last-" + strconv.Itoa(rangeSet)
+	return LeasePrefix + s.netHash + "-last-" + strconv.Itoa(rangeSet)
 }
 
 func (s *Store) leases() leaseClient { return s.cs.CoordinationV1().Leases(s.ns) }

@@ -1,0 +1,216 @@
+package deploy
+
+import (
+	"context"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/plugin/cel"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/cel/environment"
+)
+
+// compiledPolicy is one ValidatingAdmissionPolicy compiled the way the API
+// server's admission plugin compiles it (k8s.io/apiserver's own code).
+type compiledPolicy struct {
+	match, validate cel.ConditionEvaluator
+}
+
+func compilePolicy(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy) compiledPolicy {
+	t.Helper()
+	c, err := cel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := cel.OptionalVariableDeclarations{HasAuthorizer: true}
+	var vars []cel.NamedExpressionAccessor
+	for _, v := range p.Spec.Variables {
+		vars = append(vars, &validating.Variable{Name: v.Name, Expression: v.Expression})
+	}
+	c.CompileAndStoreVariables(vars, opt, environment.StoredExpressions)
+	var vs, ms []cel.ExpressionAccessor
+	for _, v := range p.Spec.Validations {
+		vs = append(vs, &validating.ValidationCondition{Expression: v.Expression, Message: v.Message})
+	}
+	for _, m := range p.Spec.MatchConditions {
+		ms = append(ms, &validating.ValidationCondition{Expression: m.Expression})
+	}
+	return compiledPolicy{match: c.CompileCondition(ms, opt, environment.StoredExpressions), validate: c.CompileCondition(vs, opt, environment.StoredExpressions)}
+}
+
+// decide is the policy's answer to one request: denied (with the failing
+// expressions) or allowed; an expression that errs denies, as
+// failurePolicy Fail makes it.
+func (p compiledPolicy) decide(t *testing.T, va *admission.VersionedAttributes, res schema.GroupVersionResource) (allowed bool, why []string) {
+	t.Helper()
+	req := cel.CreateAdmissionRequest(va.Attributes, metav1.GroupVersionResource(res), metav1.GroupVersionKind(va.VersionedKind))
+	eval := func(c cel.ConditionEvaluator) []cel.EvaluationResult {
+		rs, _, err := c.ForInput(context.Background(), va, req, cel.OptionalVariableBindings{}, nil, 1e7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	for _, m := range eval(p.match) {
+		if m.Error != nil {
+			t.Fatalf("match condition: %v", m.Error)
+		}
+		if m.EvalResult.Value() != true {
+			return true, nil // not this policy's identity
+		}
+	}
+	allowed = true
+	for _, r := range eval(p.validate) {
+		switch {
+		case r.Error != nil:
+			allowed, why = false, append(why, "error: "+r.Error.Error())
+		case r.EvalResult.Value() != true:
+			allowed, why = false, append(why, r.ExpressionAccessor.GetExpression())
+		}
+	}
+	return allowed, why
+}
+
+// TestAdmissionPolicyDecisions: admission.yaml's policies, compiled and
+// evaluated by the API server's own CEL admission code, allow what the
+// agent and the LAN pool store do and deny what they must not. (An empty
+// field of the request, no subResource or no extra, is absent to CEL: the
+// policies must say has(), which this test caught.) test/kube's
+// LeastPrivilege asks a real API server.
+func TestAdmissionPolicyDecisions(t *testing.T) {
+	o := load(t)
+	policies := map[string]compiledPolicy{}
+	for _, p := range o.policies {
+		policies[p.Name] = compilePolicy(t, p)
+	}
+	obj := func(apiVersion, kind, name string, fields map[string]any) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": apiVersion, "kind": kind, "metadata": map[string]any{"name": name, "namespace": "ns"}}}
+		for k, v := range fields {
+			if k == "annotations" || k == "labels" {
+				u.Object["metadata"].(map[string]any)[k] = v
+				continue
+			}
+			u.Object[k] = v
+		}
+		return u
+	}
+	status := map[string]any{"addresses": []any{map[string]any{"type": "InternalIP", "address": "10.1.1.1"}}}
+	node := func(name string, ann map[string]any, more ...map[string]any) *unstructured.Unstructured {
+		f := map[string]any{"spec": map[string]any{"podCIDR": "10.0.0.0/24"}, "status": status}
+		if ann != nil {
+			f["annotations"] = ann
+		}
+		for _, m := range more {
+			for k, v := range m {
+				f[k] = v
+			}
+		}
+		return obj("v1", "Node", name, f)
+	}
+	pod := func(nodeName, image string, more ...map[string]any) *unstructured.Unstructured {
+		f := map[string]any{"spec": map[string]any{"nodeName": nodeName, "containers": []any{map[string]any{"name": "c", "image": image}}},
+			"status": map[string]any{"phase": "Running"}}
+		for _, m := range more {
+			for k, v := range m {
+				f[k] = v
+			}
+		}
+		return obj("v1", "Pod", "p", f)
+	}
+	lease := func(name string) *unstructured.Unstructured { return obj("coordination.k8s.io/v1", "Lease", name, nil) }
+	token := func(boundTo string, life int64) *unstructured.Unstructured {
+		spec := map[string]any{"expirationSeconds": life}
+		if boundTo != "" {
+			spec["boundObjectRef"] = map[string]any{"kind": boundTo, "apiVersion": "v1", "name": "x", "uid": "u"}
+		}
+		return obj("authentication.k8s.io/v1", "TokenRequest", "village-ipam", map[string]any{"spec": spec})
+	}
+	const (
+		agentUser = "system:serviceaccount:kube-system:village"
+		ipamUser  = "system:serviceaccount:kube-system:village-ipam"
+		claim     = "authentication.kubernetes.io/node-name"
+	)
+	onNode1 := map[string][]string{claim: {"n1"}}
+	agent := &user.DefaultInfo{Name: agentUser, Extra: onNode1}
+	unbound := &user.DefaultInfo{Name: agentUser}
+	ipam := &user.DefaultInfo{Name: ipamUser, Extra: onNode1}
+	kubelet := &user.DefaultInfo{Name: "system:node:n2"}
+	ann := map[string]any{"village.cni.io/underlay-ip": "10.1.1.1", "example.com/x": "1"}
+	ann2 := map[string]any{"village.cni.io/underlay-ip": "10.1.1.2", "example.com/x": "1"}
+	nodes := schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+	pods := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	leases := schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
+	sas := schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}
+	for _, tc := range []struct {
+		name, policy string
+		obj, old     *unstructured.Unstructured
+		res          schema.GroupVersionResource
+		sub          string
+		op           admission.Operation
+		u            user.Info
+		allow        bool
+	}{
+		{"own Node, Village annotation changed", "village-agent", node("n1", ann2), node("n1", ann), nodes, "status", admission.Update, agent, true},
+		{"own Node, first Village annotation", "village-agent", node("n1", map[string]any{"village.cni.io/underlay-ip": "1"}), node("n1", nil), nodes, "status", admission.Update, agent, true},
+		{"own Node, Village annotation removed", "village-agent", node("n1", map[string]any{"example.com/x": "1"}), node("n1", ann), nodes, "status", admission.Update, agent, true},
+		{"another Node, Village annotation", "village-agent", node("n2", ann2), node("n2", ann), nodes, "status", admission.Update, agent, false},
+		{"another Node through nodes", "village-agent", node("n2", ann2), node("n2", ann), nodes, "", admission.Update, agent, false},
+		{"own Node, foreign annotation changed", "village-agent", node("n1", map[string]any{"village.cni.io/underlay-ip": "10.1.1.1", "example.com/x": "2"}), node("n1", ann), nodes, "status", admission.Update, agent, false},
+		{"own Node, foreign annotation removed", "village-agent", node("n1", map[string]any{"village.cni.io/underlay-ip": "10.1.1.1"}), node("n1", ann), nodes, "status", admission.Update, agent, false},
+		{"own Node, label", "village-agent", node("n1", ann, map[string]any{"labels": map[string]any{"a": "b"}}), node("n1", ann), nodes, "status", admission.Update, agent, false},
+		{"own Node, status", "village-agent", node("n1", ann, map[string]any{"status": map[string]any{}}), node("n1", ann), nodes, "status", admission.Update, agent, false},
+		{"own Node, taint", "village-agent", node("n1", ann, map[string]any{"spec": map[string]any{"taints": []any{map[string]any{"key": "x", "effect": "NoSchedule"}}}}), node("n1", ann), nodes, "", admission.Update, agent, false},
+		{"own Node, token naming no node", "village-agent", node("n1", ann2), node("n1", ann), nodes, "status", admission.Update, unbound, false},
+		{"own node's pod, Village annotation", "village-agent", pod("n1", "img", map[string]any{"annotations": map[string]any{"village.cni.io/lan-address": "net1=192.0.2.5/24"}}), pod("n1", "img"), pods, "", admission.Update, agent, true},
+		{"another node's pod, Village annotation", "village-agent", pod("n2", "img", map[string]any{"annotations": map[string]any{"village.cni.io/lan-address": "x"}}), pod("n2", "img"), pods, "", admission.Update, agent, false},
+		{"own node's pod, image", "village-agent", pod("n1", "evil"), pod("n1", "img"), pods, "", admission.Update, agent, false},
+		{"own node's pod, label", "village-agent", pod("n1", "img", map[string]any{"labels": map[string]any{"app": "x"}}), pod("n1", "img"), pods, "", admission.Update, agent, false},
+		{"own node's pod, foreign annotation", "village-agent", pod("n1", "img", map[string]any{"annotations": map[string]any{"example.com/x": "1"}}), pod("n1", "img"), pods, "", admission.Update, agent, false},
+		{"own node's pod, status", "village-agent", pod("n1", "img", map[string]any{"status": map[string]any{"phase": "Failed"}}), pod("n1", "img"), pods, "status", admission.Update, agent, false},
+		{"own node's pod, ephemeral container", "village-agent", pod("n1", "img"), pod("n1", "img"), pods, "ephemeralcontainers", admission.Update, agent, false},
+		{"own node's pod, delete", "village-agent", nil, pod("n1", "img"), pods, "", admission.Delete, agent, false},
+		{"own node's pod, eviction", "village-agent", pod("n1", "img"), nil, pods, "eviction", admission.Create, agent, false},
+		{"a kubelet is not the agent", "village-agent", node("n2", ann2), node("n2", ann), nodes, "status", admission.Update, kubelet, true},
+		{"pool Lease created", "village-ipam", lease("village-ipam-0123-192.0.2.5"), nil, leases, "", admission.Create, ipam, true},
+		{"pool Lease updated", "village-ipam", lease("village-ipam-0123-last-0"), lease("village-ipam-0123-last-0"), leases, "", admission.Update, ipam, true},
+		{"pool Lease deleted", "village-ipam", nil, lease("village-ipam-0123-192.0.2.5"), leases, "", admission.Delete, ipam, true},
+		{"kube-scheduler Lease created", "village-ipam", lease("kube-scheduler"), nil, leases, "", admission.Create, ipam, false},
+		{"kube-controller-manager Lease updated", "village-ipam", lease("kube-controller-manager"), lease("kube-controller-manager"), leases, "", admission.Update, ipam, false},
+		{"kube-controller-manager Lease deleted", "village-ipam", nil, lease("kube-controller-manager"), leases, "", admission.Delete, ipam, false},
+		{"token bound to a Pod, an hour", "village-token", token("Pod", 3600), nil, sas, "token", admission.Create, agent, true},
+		{"token bound to a Node, an hour", "village-token", token("Node", 3600), nil, sas, "token", admission.Create, agent, true},
+		{"token bound to a Secret", "village-token", token("Secret", 3600), nil, sas, "token", admission.Create, agent, false},
+		{"token bound to nothing", "village-token", token("", 3600), nil, sas, "token", admission.Create, agent, false},
+		{"token for a day", "village-token", token("Node", 86400), nil, sas, "token", admission.Create, agent, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, ok := policies[tc.policy]
+			if !ok {
+				t.Fatalf("no policy %s", tc.policy)
+			}
+			name := ""
+			va := &admission.VersionedAttributes{}
+			for _, u := range []*unstructured.Unstructured{tc.old, tc.obj} {
+				if u != nil {
+					name, va.VersionedKind = u.GetName(), u.GroupVersionKind()
+				}
+			}
+			if tc.obj != nil {
+				va.VersionedObject = admission.NewLazyObject(tc.obj)
+			}
+			if tc.old != nil {
+				va.VersionedOldObject = admission.NewLazyObject(tc.old)
+			}
+			va.Attributes = admission.NewAttributesRecord(nil, nil, va.VersionedKind, "ns", name, tc.res, tc.sub, tc.op, nil, false, tc.u)
+			allowed, why := p.decide(t, va, tc.res)
+			if allowed != tc.allow {
+				t.Errorf("%s: allowed %v, want %v (failed: %q)", tc.policy, allowed, tc.allow, why)
+			}
+		})
+	}
+}
