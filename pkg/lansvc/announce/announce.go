@@ -17,8 +17,16 @@
 // Traffic sent to the MAC then reaches the node's stack, where kube-proxy's
 // LoadBalancer rules carry it to the endpoints; no address is added.
 //
-// Taking an address over (Set adding it, or the interface coming back up)
-// sends a burst of gratuitous ARP, in both the request and the reply form
+// Before it answers for an address new to its set, an Announcer asks the
+// LAN whether anyone else still does (an ARP probe as RFC 5227 makes it, a
+// neighbour solicitation), and waits ProbeWait. An answer from another
+// MAC means the address is still held elsewhere: the Announcer does not
+// take it, and Set reports it contested, to be tried again on a later
+// Set. So two nodes whose views of who is alive differ for a moment (a
+// starved agent declared dead while it still answers) never answer side
+// by side: the address moves only once its holder has let it go.
+//
+// Taking an address over sends a burst of gratuitous ARP, in both the request and the reply form
 // (hosts differ in which one they learn from), and unsolicited neighbour
 // advertisements to all nodes. While held, each address is announced again
 // every Refresh, so a router or switch whose cache outlives its forwarding
@@ -50,6 +58,9 @@ type Config struct {
 	// Refresh is the period of the announcement of every held address.
 	// Zero means DefaultRefresh; negative turns it off.
 	Refresh time.Duration
+	// ProbeWait is how long an address new to the set is probed for
+	// before it is taken; zero means DefaultProbeWait.
+	ProbeWait time.Duration
 	// Log receives what the Announcer does; nil means slog.Default.
 	Log *slog.Logger
 }
@@ -61,6 +72,10 @@ type Config struct {
 // the same address, so one round of the burst must come after it.
 var DefaultBurst = []time.Duration{0, 200 * time.Millisecond, 600 * time.Millisecond, 1200 * time.Millisecond, 2500 * time.Millisecond}
 
+// DefaultProbeWait: an answer on a LAN comes within a millisecond or two;
+// the margin is for a loaded holder. The probe is sent twice within it.
+const DefaultProbeWait = 150 * time.Millisecond
+
 // DefaultRefresh is well under the common 300 s FDB ageing time of
 // switches, so the port of the MAC stays learnt while the address is held.
 const DefaultRefresh = 30 * time.Second
@@ -70,6 +85,7 @@ const DefaultRefresh = 30 * time.Second
 type Counters struct {
 	ARPReplies   uint64 // ARP requests answered
 	NDPAdverts   uint64 // neighbour solicitations answered
+	Contested    uint64 // probes another MAC answered: the address was left to it
 	Gratuitous   uint64 // gratuitous ARP frames sent (both forms count)
 	Unsolicited  uint64 // unsolicited neighbour advertisements sent
 	SendFailures uint64
@@ -94,10 +110,21 @@ type Announcer struct {
 	wg   sync.WaitGroup
 }
 
-// holding is one held address: its burst and refresh timer.
+// holding is one address of the set: probed, then held with its burst
+// and refresh timer.
 type holding struct {
-	cancel chan struct{}
+	cancel    chan struct{}
+	held      bool          // probed and taken: answered for
+	contested chan struct{} // closed when another MAC answers while probing
 }
+
+func newHolding() *holding {
+	return &holding{cancel: make(chan struct{}), contested: make(chan struct{})}
+}
+
+// ErrContested: another MAC still answers for the address; it was not
+// taken.
+var ErrContested = errors.New("another host still answers for it")
 
 // New opens the Announcer's sockets on cfg.Interface, in the network
 // namespace of the calling thread (callers in another namespace open it
@@ -108,6 +135,9 @@ func New(cfg Config) (*Announcer, error) {
 	}
 	if cfg.Refresh == 0 {
 		cfg.Refresh = DefaultRefresh
+	}
+	if cfg.ProbeWait == 0 {
+		cfg.ProbeWait = DefaultProbeWait
 	}
 	log := cfg.Log
 	if log == nil {
@@ -186,10 +216,14 @@ func interfaceFamilies(ifi *net.Interface) (v4, ll6 bool, err error) {
 var ErrFamily = errors.New("the LAN interface has no address of this family")
 
 // Set makes addrs the addresses this node answers for. Addresses new to
-// the set are announced at once (the burst); addresses no longer in it
-// stop being answered. It tolerates repeats: the same set twice does
-// nothing the second time. An address of a family the interface cannot
-// serve is refused with ErrFamily, and the rest of the set still applies.
+// the set are probed for ProbeWait, then taken and announced (the burst),
+// unless another MAC answered the probe: then they are left out, and the
+// error (ErrContested) names them; a later Set probes them again.
+// Addresses no longer in the set stop being answered at once. It
+// tolerates repeats: the same set twice does nothing the second time. An
+// address of a family the interface cannot serve is refused with
+// ErrFamily, and the rest of the set still applies. Set returns when
+// every new address is taken or contested.
 func (a *Announcer) Set(addrs []netip.Addr) error {
 	want := map[netip.Addr]bool{}
 	var errs []error
@@ -206,25 +240,12 @@ func (a *Announcer) Set(addrs []netip.Addr) error {
 	}
 
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.closed {
+		a.mu.Unlock()
 		return errors.New("announce: closed")
 	}
-	// Add before delete: a move between two addresses never leaves a
-	// moment with neither answered.
-	for ip := range want {
-		if a.held[ip] != nil {
-			continue
-		}
-		h := &holding{cancel: make(chan struct{})}
-		a.held[ip] = h
-		if err := a.join(ip); err != nil {
-			errs = append(errs, err)
-		}
-		a.wg.Add(1)
-		go func() { defer a.wg.Done(); a.announceLoop(ip, h) }()
-		a.log.Info("answering for address", "address", ip)
-	}
+	// Release before probing: an address this node lets go is not
+	// answered by it while it probes others.
 	for ip, h := range a.held {
 		if want[ip] {
 			continue
@@ -234,9 +255,108 @@ func (a *Announcer) Set(addrs []netip.Addr) error {
 		if err := a.leave(ip); err != nil {
 			errs = append(errs, err)
 		}
-		a.log.Info("no longer answering for address", "address", ip)
+		if h.held {
+			a.log.Info("no longer answering for address", "address", ip)
+		}
 	}
+	probing := map[netip.Addr]*holding{}
+	for ip := range want {
+		if a.held[ip] != nil {
+			continue
+		}
+		h := newHolding()
+		a.held[ip] = h
+		probing[ip] = h
+		if err := a.join(ip); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	a.mu.Unlock()
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for ip, h := range probing {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.probeThenTake(ip, h); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// probeThenTake asks the LAN for ip twice within ProbeWait and takes it
+// unless another MAC answered (or announced it) meanwhile.
+func (a *Announcer) probeThenTake(ip netip.Addr, h *holding) error {
+	deadline := time.Now().Add(a.cfg.ProbeWait)
+	for i := range 2 {
+		if i == 1 && !a.waitUntil(time.Now().Add(a.cfg.ProbeWait/2), h) {
+			return nil
+		}
+		if err := a.probe(ip); err != nil {
+			a.log.Warn("probing address", "address", ip, "err", err)
+		}
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	contested := false
+	select {
+	case <-t.C:
+	case <-h.contested:
+		contested = true
+	case <-h.cancel:
+		return nil
+	case <-a.done:
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.held[ip] != h {
+		return nil // released or replaced meanwhile
+	}
+	if contested {
+		delete(a.held, ip)
+		_ = a.leave(ip)
+		a.counters.Contested++
+		return fmt.Errorf("announce %s on %s: %w", ip, a.ifi.Name, ErrContested)
+	}
+	h.held = true
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.announceLoop(ip, h) }()
+	a.log.Info("answering for address", "address", ip)
+	return nil
+}
+
+// contest records that mac, not ours, answered or announced ip: an
+// address being probed is then left to it.
+func (a *Announcer) contest(ip netip.Addr, mac net.HardwareAddr) {
+	if macEqual(mac, a.ifi.HardwareAddr) {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.held[ip]
+	if h == nil || h.held {
+		return
+	}
+	select {
+	case <-h.contested:
+	default:
+		close(h.contested)
+	}
+}
+
+// probe asks the LAN once whether anyone answers for ip.
+func (a *Announcer) probe(ip netip.Addr) error {
+	if ip.Is4() {
+		return a.v4.probe(ip)
+	}
+	return a.v6.probe(ip)
 }
 
 // Held lists the addresses this node answers for, sorted.
@@ -244,8 +364,10 @@ func (a *Announcer) Held() []netip.Addr {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make([]netip.Addr, 0, len(a.held))
-	for ip := range a.held {
-		out = append(out, ip)
+	for ip, h := range a.held {
+		if h.held {
+			out = append(out, ip)
+		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out
@@ -258,8 +380,12 @@ func (a *Announcer) Reannounce() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for ip, h := range a.held {
+		if !h.held {
+			continue
+		}
 		close(h.cancel)
-		nh := &holding{cancel: make(chan struct{})}
+		nh := newHolding()
+		nh.held = true
 		a.held[ip] = nh
 		a.wg.Add(1)
 		go func() { defer a.wg.Done(); a.announceLoop(ip, nh) }()
@@ -306,11 +432,12 @@ func (a *Announcer) closeSockets() error {
 	return errors.Join(errs...)
 }
 
-// holds reports whether ip is held now.
+// holds reports whether ip is held (probed and taken) now.
 func (a *Announcer) holds(ip netip.Addr) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.held[ip] != nil
+	h := a.held[ip]
+	return h != nil && h.held
 }
 
 // count adds to the counters under the lock.

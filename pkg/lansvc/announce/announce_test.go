@@ -1,6 +1,7 @@
 package announce_test
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -171,10 +172,11 @@ func TestAnswersOnlyHeldAddressesOnTheLANInterface(t *testing.T) {
 	})
 }
 
-// TestTakeoverAnnounces: when another node takes an address over, its
-// burst of gratuitous ARP (both forms) and unsolicited advertisements
-// moves a client's existing neighbour entries to its MAC with no new
-// question from the client.
+// TestTakeoverAnnounces: a node does not take an address another node
+// still answers for; once that one lets it go, its burst of gratuitous
+// ARP (both forms) and unsolicited advertisements moves a client's
+// existing neighbour entries to its MAC with no new question from the
+// client.
 func TestTakeoverAnnounces(t *testing.T) {
 	l := testenv.NewLAN(t)
 	n1 := host(l, 11)
@@ -188,11 +190,23 @@ func TestTakeoverAnnounces(t *testing.T) {
 	resolve(t, client.NS, vip4, n1.MAC)
 	resolve(t, client.NS, vip6, n1.MAC)
 
+	// While n1 answers, n2's probes are answered: it takes nothing.
+	err := a2.Set([]netip.Addr{vip4, vip6})
+	if !errors.Is(err, announce.ErrContested) || !strings.Contains(err.Error(), vip4.String()) || !strings.Contains(err.Error(), vip6.String()) {
+		t.Fatalf("n2's Set while n1 holds both: %v, want both contested", err)
+	}
+	if h := a2.Held(); len(h) != 0 {
+		t.Fatalf("n2 holds %v while n1 answers", h)
+	}
+	if got := arpAnswers(t, client, vip4); len(got) != 1 || got[0] != n1.MAC.String() {
+		t.Fatalf("ARP answers for %s with n2 contested: %v, want exactly [%s]", vip4, got, n1.MAC)
+	}
+
 	c := testenv.StartCapture(t, client.NS, "eth0", "arp or icmp6")
-	if err := a2.Set([]netip.Addr{vip4, vip6}); err != nil {
+	if err := a1.Set(nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := a1.Set(nil); err != nil {
+	if err := a2.Set([]netip.Addr{vip4, vip6}); err != nil {
 		t.Fatal(err)
 	}
 	for _, ip := range []netip.Addr{vip4, vip6} {

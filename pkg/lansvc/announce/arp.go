@@ -48,8 +48,20 @@ func (s *arpSide) gratuitous(ip netip.Addr) error {
 	)
 }
 
-// serveARP answers ARP requests for held addresses until the socket is
-// closed.
+// probe sends an RFC 5227 probe for ip: a request from the unspecified
+// address, so no host's cache learns anything from it, which the holder
+// of ip answers.
+func (s *arpSide) probe(ip netip.Addr) error {
+	p, err := arp.NewPacket(arp.OperationRequest, s.mac, netip.IPv4Unspecified(), make(net.HardwareAddr, 6), ip)
+	if err != nil {
+		return fmt.Errorf("ARP probe for %s: %w", ip, err)
+	}
+	return wrap(s.c.WriteTo(p, ethernet.Broadcast), "ARP probe for %s", ip)
+}
+
+// serveARP answers ARP requests for held addresses, and notes any other
+// host's answer or announcement for an address being probed, until the
+// socket is closed.
 func (a *Announcer) serveARP() {
 	for {
 		p, _, err := a.v4.c.Read()
@@ -60,6 +72,9 @@ func (a *Announcer) serveARP() {
 			// A frame the library cannot parse (not Ethernet/IPv4 ARP)
 			// is not the end of the socket.
 			continue
+		}
+		if p.SenderIP.IsValid() && !p.SenderIP.IsUnspecified() {
+			a.contest(p.SenderIP, p.SenderHardwareAddr)
 		}
 		if !answerARP(p, a.v4.mac) || !a.holds(p.TargetIP) {
 			continue

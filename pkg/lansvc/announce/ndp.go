@@ -34,13 +34,15 @@ type ndpSide struct {
 }
 
 // nsFilter accepts IPv6 packets whose next header is ICMPv6 and whose
-// ICMPv6 type is a neighbour solicitation (RFC 4861 4.3). Solicitations
-// carry no extension header.
+// ICMPv6 type is a neighbour solicitation or advertisement (RFC 4861 4.3,
+// 4.4; they carry no extension header): solicitations to answer, and
+// advertisements that show another host holding an address being probed.
 var nsFilter = mustAssemble([]bpf.Instruction{
 	bpf.LoadAbsolute{Off: 6, Size: 1}, // next header
-	bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: 58, SkipTrue: 3},
+	bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: 58, SkipTrue: 4},
 	bpf.LoadAbsolute{Off: 40, Size: 1}, // ICMPv6 type
-	bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(ipv6.ICMPTypeNeighborSolicitation), SkipTrue: 1},
+	bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(ipv6.ICMPTypeNeighborSolicitation), SkipTrue: 1},
+	bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(ipv6.ICMPTypeNeighborAdvertisement), SkipTrue: 1},
 	bpf.RetConstant{Val: 1 << 16},
 	bpf.RetConstant{Val: 0},
 })
@@ -146,6 +148,23 @@ func (s *ndpSide) unsolicited(ip netip.Addr) error {
 	return nil
 }
 
+// probe asks the LAN who holds ip: a solicitation to its solicited-node
+// group, which the holder answers.
+func (s *ndpSide) probe(ip netip.Addr) error {
+	g, err := ndp.SolicitedNodeMulticast(ip)
+	if err != nil {
+		return fmt.Errorf("solicited-node group of %s: %w", ip, err)
+	}
+	m := &ndp.NeighborSolicitation{
+		TargetAddress: ip,
+		Options:       []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: s.ifi.HardwareAddr}},
+	}
+	if err := s.c.WriteTo(m, s.cm(), g.WithZone(s.zone)); err != nil {
+		return fmt.Errorf("neighbour solicitation probing %s on %s: %w", ip, s.ifi.Name, err)
+	}
+	return nil
+}
+
 // cm sends on the LAN interface with the hop limit NDP requires; the
 // kernel picks the source (the interface's link-local address).
 func (s *ndpSide) cm() *ipv6.ControlMessage {
@@ -168,8 +187,18 @@ func (a *Announcer) serveNDP() {
 		if pa, ok := from.(*packet.Addr); ok && macEqual(pa.HardwareAddr, s.ifi.HardwareAddr) {
 			continue // our own frame, seen going out
 		}
-		src, ns, ok := parseSolicitation(buf[:n])
-		if !ok || !a.holds(ns.TargetAddress) {
+		src, m, ok := parseNDP(buf[:n])
+		if !ok {
+			continue
+		}
+		if na, isNA := m.(*ndp.NeighborAdvertisement); isNA {
+			if pa, ok := from.(*packet.Addr); ok {
+				a.contest(na.TargetAddress, pa.HardwareAddr)
+			}
+			continue
+		}
+		ns, isNS := m.(*ndp.NeighborSolicitation)
+		if !isNS || !a.holds(ns.TargetAddress) {
 			continue
 		}
 		// RFC 4861 7.2.4: a solicitation from the unspecified address
@@ -191,10 +220,11 @@ func (a *Announcer) serveNDP() {
 	}
 }
 
-// parseSolicitation reads an IPv6 packet holding a neighbour solicitation:
-// its source address and the message. Anything else, or a packet that is
-// not valid NDP (hop limit other than 255, RFC 4861 7.1.1), is refused.
-func parseSolicitation(b []byte) (netip.Addr, *ndp.NeighborSolicitation, bool) {
+// parseNDP reads an IPv6 packet holding a neighbour solicitation or
+// advertisement: its source address and the message. Anything else, or a
+// packet that is not valid NDP (hop limit other than 255, RFC 4861
+// 7.1.1), is refused.
+func parseNDP(b []byte) (netip.Addr, ndp.Message, bool) {
 	if len(b) < ipv6.HeaderLen || b[0]>>4 != 6 || b[6] != 58 || b[7] != ndp.HopLimit {
 		return netip.Addr{}, nil, false
 	}
@@ -207,6 +237,9 @@ func parseSolicitation(b []byte) (netip.Addr, *ndp.NeighborSolicitation, bool) {
 	if err != nil {
 		return netip.Addr{}, nil, false
 	}
-	ns, ok := m.(*ndp.NeighborSolicitation)
-	return src, ns, ok
+	switch m.(type) {
+	case *ndp.NeighborSolicitation, *ndp.NeighborAdvertisement:
+		return src, m, true
+	}
+	return netip.Addr{}, nil, false
 }

@@ -58,7 +58,7 @@ func solicitation(t testing.TB, src, target netip.Addr, hop byte) []byte {
 	return append(h, body...)
 }
 
-func TestParseSolicitation(t *testing.T) {
+func TestParseNDP(t *testing.T) {
 	src := netip.MustParseAddr("fe80::1")
 	vip := netip.MustParseAddr("fd00::200")
 	good := solicitation(t, src, vip, 255)
@@ -76,24 +76,28 @@ func TestParseSolicitation(t *testing.T) {
 		{"not ICMPv6", func() []byte { b := append([]byte(nil), good...); b[6] = 17; return b }(), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gotSrc, ns, ok := parseSolicitation(tc.b)
+			gotSrc, m, ok := parseNDP(tc.b)
 			if ok != tc.ok {
 				t.Fatalf("ok = %v, want %v", ok, tc.ok)
 			}
-			if ok && (ns.TargetAddress != vip || gotSrc != netip.AddrFrom16(([16]byte)(tc.b[8:24]))) {
-				t.Fatalf("got source %s target %s", gotSrc, ns.TargetAddress)
+			if !ok {
+				return
+			}
+			ns, isNS := m.(*ndp.NeighborSolicitation)
+			if !isNS || ns.TargetAddress != vip || gotSrc != netip.AddrFrom16(([16]byte)(tc.b[8:24])) {
+				t.Fatalf("got source %s message %#v", gotSrc, m)
 			}
 		})
 	}
 }
 
-func FuzzParseSolicitation(f *testing.F) {
+func FuzzParseNDP(f *testing.F) {
 	f.Add(solicitation(f, netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fd00::200"), 255))
 	f.Add([]byte{0x60})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		src, ns, ok := parseSolicitation(b)
-		if ok && (ns == nil || !src.Is6()) {
-			t.Fatalf("ok with source %v and message %v", src, ns)
+		src, m, ok := parseNDP(b)
+		if ok && (m == nil || !src.Is6()) {
+			t.Fatalf("ok with source %v and message %v", src, m)
 		}
 	})
 }

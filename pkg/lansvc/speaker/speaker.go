@@ -18,6 +18,7 @@
 package speaker
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -27,8 +28,13 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/village-cni/village/pkg/lansvc/announce"
 	"github.com/village-cni/village/pkg/lansvc/elect"
 )
+
+// retryContested is how soon an address left to another holder is
+// probed again.
+const retryContested = 200 * time.Millisecond
 
 // Announcer is what the speaker needs of pkg/lansvc/announce.
 type Announcer interface {
@@ -195,6 +201,12 @@ func (s *Speaker) sync() {
 		mine = elect.Mine(s.cfg.Node, wants, s.cfg.Members.Alive)
 	}
 	err := s.cfg.Announcer.Set(mine)
+	if errors.Is(err, announce.ErrContested) {
+		// Another node still answers for an address this one should
+		// take: it lets go as soon as it sees the same members. Try
+		// again soon rather than at the next period.
+		time.AfterFunc(retryContested, s.Kick)
+	}
 	msg := ""
 	if err != nil {
 		msg = err.Error()
@@ -205,6 +217,6 @@ func (s *Speaker) sync() {
 	s.lastErr = msg
 	s.mu.Unlock()
 	if err != nil && !repeat {
-		s.log.Warn("answering for LAN Service addresses", "err", err)
+		s.log.Info("answering for LAN Service addresses", "err", err)
 	}
 }
