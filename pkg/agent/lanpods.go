@@ -22,22 +22,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/village-cni/village/pkg/agentsock"
-	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/subnetfile"
-)
-
-// The names of the LAN pods contract (issue 21, DESIGN.md).
-const (
-	// AnnotationLAN "true" on a Pod: it wants the LAN interface.
-	AnnotationLAN = kubeconfig.Prefix + "lan"
-	// AnnotationLANIP on a Pod: exactly these LAN addresses (implies lan).
-	AnnotationLANIP = kubeconfig.Prefix + "lan-ip"
-	// AnnotationLANAddress is written by the agent: "net1=192.168.50.210/24".
-	AnnotationLANAddress = kubeconfig.AnnotationLANAddress
-	// LabelLAN on a Namespace, with value LabelLANAllowed: its pods may ask.
-	LabelLAN        = kubeconfig.Prefix + "lan"
-	LabelLANAllowed = "allowed"
 )
 
 // lanWait bounds how long a lookup waits for a pod the agent has not seen
@@ -48,16 +35,6 @@ const lanWait = 10 * time.Second
 // eventEvery is how often the same Event (pod, reason, message) is written
 // again while kubelet keeps retrying the same failed ADD.
 const eventEvery = time.Minute
-
-// Event reasons on the Pod.
-const (
-	ReasonLANForbidden   = "LANForbidden"
-	ReasonLANInvalid     = "LANRequestInvalid"
-	ReasonLANOutsidePool = "LANAddressOutsidePool"
-	ReasonLANTaken       = "LANAddressTaken"
-	ReasonLANExhausted   = "LANPoolExhausted"
-	ReasonLANFailed      = "LANFailed"
-)
 
 // lanPods answers the plugin on the agent socket (pkg/agentsock) from an
 // informer over the Pods bound to this node (field selector spec.nodeName)
@@ -161,19 +138,19 @@ func (l *lanPods) LANPod(ctx context.Context, network string, ref agentsock.Pod)
 	}
 	ann := pod.Annotations
 	want := false
-	if v := ann[AnnotationLAN]; v != "" {
+	if v := ann[kubenames.AnnotationLAN]; v != "" {
 		if want, err = strconv.ParseBool(v); err != nil {
-			msg := fmt.Sprintf("annotation %s=%q: want \"true\" or \"false\"", AnnotationLAN, v)
-			l.event(pod, ReasonLANInvalid, msg)
+			msg := fmt.Sprintf("annotation %s=%q: want \"true\" or \"false\"", kubenames.AnnotationLAN, v)
+			l.event(pod, kubenames.ReasonLANInvalid, msg)
 			return agentsock.LAN{}, errors.New(msg)
 		}
 	}
 	var ips []string
-	if v := ann[AnnotationLANIP]; v != "" {
+	if v := ann[kubenames.AnnotationLANIP]; v != "" {
 		addrs, err := netconf.ParseLANAddrs(v)
 		if err != nil {
-			msg := fmt.Sprintf("annotation %s: %v", AnnotationLANIP, err)
-			l.event(pod, ReasonLANInvalid, msg)
+			msg := fmt.Sprintf("annotation %s: %v", kubenames.AnnotationLANIP, err)
+			l.event(pod, kubenames.ReasonLANInvalid, msg)
 			return agentsock.LAN{}, errors.New(msg)
 		}
 		for _, a := range addrs {
@@ -187,8 +164,8 @@ func (l *lanPods) LANPod(ctx context.Context, network string, ref agentsock.Pod)
 	if ok, err := l.allowed(ctx, pod.Namespace); err != nil {
 		return agentsock.LAN{}, err
 	} else if !ok {
-		msg := fmt.Sprintf("pod %s/%s asks for the LAN (network %q) but namespace %q may not: label it %s=%s to allow its pods", pod.Namespace, pod.Name, network, pod.Namespace, LabelLAN, LabelLANAllowed)
-		l.event(pod, ReasonLANForbidden, msg)
+		msg := fmt.Sprintf("pod %s/%s asks for the LAN (network %q) but namespace %q may not: label it %s=%s to allow its pods", pod.Namespace, pod.Name, network, pod.Namespace, kubenames.LabelLAN, kubenames.LabelLANAllowed)
+		l.event(pod, kubenames.ReasonLANForbidden, msg)
 		return agentsock.LAN{}, errors.New(msg)
 	}
 	return agentsock.LAN{Want: true, IPs: ips}, nil
@@ -232,7 +209,7 @@ func (l *lanPods) pod(ctx context.Context, ref agentsock.Pod) (*corev1.Pod, erro
 // allowed reports whether namespace ns carries the LAN label.
 func (l *lanPods) allowed(ctx context.Context, ns string) (bool, error) {
 	if obj, ok, _ := l.nss.GetStore().GetByKey(ns); ok {
-		if obj.(*corev1.Namespace).Labels[LabelLAN] == LabelLANAllowed {
+		if obj.(*corev1.Namespace).Labels[kubenames.LabelLAN] == kubenames.LabelLANAllowed {
 			return true, nil
 		}
 	}
@@ -241,7 +218,7 @@ func (l *lanPods) allowed(ctx context.Context, ns string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("reading namespace %q: %v: %w", ns, err, agentsock.ErrRetry)
 	}
-	return n.Labels[LabelLAN] == LabelLANAllowed, nil
+	return n.Labels[kubenames.LabelLAN] == kubenames.LabelLANAllowed, nil
 }
 
 // LANReport writes what the ADD did: the lan-address annotation, or an
@@ -260,10 +237,10 @@ func (l *lanPods) LANReport(_ context.Context, _ string, ref agentsock.Pod, r ag
 		}
 	}
 	if r.Failure != "" {
-		reason := map[string]string{agentsock.FailOutsidePool: ReasonLANOutsidePool, agentsock.FailTaken: ReasonLANTaken,
-			agentsock.FailExhausted: ReasonLANExhausted}[r.Failure]
+		reason := map[string]string{agentsock.FailOutsidePool: kubenames.ReasonLANOutsidePool, agentsock.FailTaken: kubenames.ReasonLANTaken,
+			agentsock.FailExhausted: kubenames.ReasonLANExhausted}[r.Failure]
 		if reason == "" {
-			reason = ReasonLANFailed
+			reason = kubenames.ReasonLANFailed
 		}
 		l.event(pod, reason, r.Message)
 		return nil
@@ -276,12 +253,12 @@ func (l *lanPods) LANReport(_ context.Context, _ string, ref agentsock.Pod, r ag
 func (l *lanPods) annotate(ref agentsock.Pod, value string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationLANAddress: value}}})
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{kubenames.AnnotationLANAddress: value}}})
 	if _, err := l.cs.CoreV1().Pods(ref.Namespace).Patch(ctx, ref.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: "villaged"}); err != nil {
-		l.logf("LAN pods: annotating pod %s %s=%s: %v", ref, AnnotationLANAddress, value, err)
+		l.logf("LAN pods: annotating pod %s %s=%s: %v", ref, kubenames.AnnotationLANAddress, value, err)
 		return
 	}
-	l.logf("LAN pods: pod %s %s=%s", ref, AnnotationLANAddress, value)
+	l.logf("LAN pods: pod %s %s=%s", ref, kubenames.AnnotationLANAddress, value)
 }
 
 // event writes a Warning Event on the pod (in the background), at most once
@@ -308,7 +285,7 @@ func (l *lanPods) event(pod *corev1.Pod, reason, msg string) {
 		Reason: reason, Message: msg, Type: corev1.EventTypeWarning,
 		Source:         corev1.EventSource{Component: "village", Host: l.node},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: kubeconfig.Prefix + "villaged", ReportingInstance: l.node,
+		ReportingController: kubenames.Prefix + "villaged", ReportingInstance: l.node,
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -328,7 +305,7 @@ func (l *lanPods) LANList(context.Context) ([]agentsock.LANPod, error) {
 	var out []agentsock.LANPod
 	for _, obj := range l.pods.GetStore().List() {
 		p := obj.(*corev1.Pod)
-		if v := p.Annotations[AnnotationLANAddress]; v != "" {
+		if v := p.Annotations[kubenames.AnnotationLANAddress]; v != "" {
 			out = append(out, agentsock.LANPod{Namespace: p.Namespace, Name: p.Name, Addresses: v})
 		}
 	}

@@ -10,7 +10,7 @@
 //
 // # Annotations
 //
-// Village owns the prefix "village.cni.io/":
+// Village owns the prefix "village.cni.io/" (the names: pkg/kubenames):
 //
 //	village.cni.io/underlay-ip   the node's underlay address (overlay endpoint / next hop)
 //	village.cni.io/vtep-mac      the MAC of its VTEP (vxlan)
@@ -45,13 +45,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/registry"
-)
-
-// Annotation keys on a Node, all under kubeconfig.Prefix.
-const (
-	AnnotationIP      = kubeconfig.Prefix + "underlay-ip"
-	AnnotationVtepMAC = kubeconfig.Prefix + "vtep-mac"
 )
 
 // DefaultTimeout bounds one API request (the watch excepted).
@@ -176,12 +171,12 @@ func podCIDRs(n *corev1.Node) []string {
 // a Village peer (no underlay-ip annotation or no pod subnets), err when it
 // claims to be one but its annotations do not parse.
 func Record(n *corev1.Node) (rec registry.Node, ok bool, err error) {
-	ip := n.Annotations[AnnotationIP]
+	ip := n.Annotations[kubenames.AnnotationUnderlayIP]
 	cidrs := podCIDRs(n)
 	if ip == "" || len(cidrs) == 0 {
 		return rec, false, nil
 	}
-	rec = registry.Node{Name: n.Name, IP: ip, PodCIDRs: slices.Clone(cidrs), VtepMAC: n.Annotations[AnnotationVtepMAC]}
+	rec = registry.Node{Name: n.Name, IP: ip, PodCIDRs: slices.Clone(cidrs), VtepMAC: n.Annotations[kubenames.AnnotationVtepMAC]}
 	if err := rec.Validate(); err != nil {
 		return rec, false, fmt.Errorf("Node %q: %w", n.Name, err)
 	}
@@ -190,7 +185,7 @@ func Record(n *corev1.Node) (rec registry.Node, ok bool, err error) {
 
 // annotations are the annotations that say rec.
 func annotations(rec registry.Node) map[string]string {
-	return map[string]string{AnnotationIP: rec.IP, AnnotationVtepMAC: rec.VtepMAC}
+	return map[string]string{kubenames.AnnotationUnderlayIP: rec.IP, kubenames.AnnotationVtepMAC: rec.VtepMAC}
 }
 
 // Nodes lists every Node that is a Village peer (one request), sorted by
@@ -244,7 +239,7 @@ func slim(obj any) (any, error) {
 	}
 	ann := map[string]string{}
 	for k, v := range n.Annotations {
-		if strings.HasPrefix(k, kubeconfig.Prefix) {
+		if strings.HasPrefix(k, kubenames.Prefix) {
 			ann[k] = v
 		}
 	}
@@ -296,7 +291,7 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 			return
 		}
 		n := obj.(*corev1.Node)
-		if n.Annotations[AnnotationIP] == want.IP && n.Annotations[AnnotationVtepMAC] == want.VtepMAC {
+		if n.Annotations[kubenames.AnnotationUnderlayIP] == want.IP && n.Annotations[kubenames.AnnotationVtepMAC] == want.VtepMAC {
 			return
 		}
 		if err := r.Publish(ctx, want); err != nil {
@@ -306,7 +301,7 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 			}
 			return
 		}
-		logf("annotated Node %q: %s=%s %s=%s", r.cfg.Node, AnnotationIP, want.IP, AnnotationVtepMAC, want.VtepMAC)
+		logf("annotated Node %q: %s=%s %s=%s", r.cfg.Node, kubenames.AnnotationUnderlayIP, want.IP, kubenames.AnnotationVtepMAC, want.VtepMAC)
 	}
 	ensure()
 	for {

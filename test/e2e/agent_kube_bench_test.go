@@ -24,7 +24,7 @@ import (
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/overlay"
 )
 
@@ -96,7 +96,7 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 			for i := range work {
 				ip := underlay(i, 0)
 				n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%04d", i), Annotations: map[string]string{
-					kuberegistry.AnnotationIP: ip, kuberegistry.AnnotationVtepMAC: overlay.DeriveMAC(net.ParseIP(ip)).String()}},
+					kubenames.AnnotationUnderlayIP: ip, kubenames.AnnotationVtepMAC: overlay.DeriveMAC(net.ParseIP(ip)).String()}},
 					Spec: corev1.NodeSpec{PodCIDR: cidr(i), PodCIDRs: []string{cidr(i)}}}
 				created[i] = time.Now()
 				if _, err := nodesAPI.Create(ctx, n, metav1.CreateOptions{}); err != nil {
@@ -155,8 +155,8 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 		wg.Go(func() {
 			for i := range work {
 				ip := underlay(i, 1)
-				patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:%q}}}`, kuberegistry.AnnotationIP, ip,
-					kuberegistry.AnnotationVtepMAC, overlay.DeriveMAC(net.ParseIP(ip)).String())
+				patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:%q}}}`, kubenames.AnnotationUnderlayIP, ip,
+					kubenames.AnnotationVtepMAC, overlay.DeriveMAC(net.ParseIP(ip)).String())
 				if _, err := nodesAPI.Patch(ctx, fmt.Sprintf("n%04d", i), types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 					b.Error(err)
 				}
@@ -199,7 +199,7 @@ func startWatcher(ctx context.Context, b *testing.B, self *Node, conf string, no
 	b.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
 	waitUntil(b, 60*time.Second, "the agent annotates its Node", func() bool {
 		n, err := nodes.Get(ctx, "watcher", metav1.GetOptions{})
-		return err == nil && n.Annotations[kuberegistry.AnnotationIP] != ""
+		return err == nil && n.Annotations[kubenames.AnnotationUnderlayIP] != ""
 	}, log)
 	return cmd.Process.Pid, log
 }

@@ -29,7 +29,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/metrics"
 	"github.com/village-cni/village/pkg/netpol"
 	"github.com/village-cni/village/pkg/netpol/table"
@@ -200,7 +200,7 @@ func (c *ctl) input() netpol.Input {
 
 func podOf(p *corev1.Pod) *netpol.Pod {
 	np := &netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, HostNetwork: p.Spec.HostNetwork}
-	_, np.LAN = p.Annotations[kubeconfig.AnnotationLANAddress]
+	_, np.LAN = p.Annotations[kubenames.AnnotationLANAddress]
 	for _, ip := range p.Status.PodIPs {
 		if a, err := netip.ParseAddr(ip.IP); err == nil {
 			np.IPs = append(np.IPs, a.Unmap())
@@ -304,7 +304,7 @@ func (c *ctl) report(rs *table.Ruleset) {
 		}
 		c.cfg.Logf("network policy: not enforced: %s", p)
 		if o, ok, _ := c.pols.GetByKey(p.Policy); ok {
-			c.rec.Event(o.(*networkingv1.NetworkPolicy), corev1.EventTypeWarning, "NetworkPolicyNotEnforced", "node "+c.cfg.Node+": "+p.Reason)
+			c.rec.Event(o.(*networkingv1.NetworkPolicy), corev1.EventTypeWarning, kubenames.ReasonPolicyNotEnforced, "node "+c.cfg.Node+": "+p.Reason)
 		}
 	}
 	c.reported = now
@@ -371,8 +371,8 @@ func slim(obj any) (any, error) {
 	}
 	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
 		ResourceVersion: p.ResourceVersion, Labels: p.Labels}}
-	if v, ok := p.Annotations[kubeconfig.AnnotationLANAddress]; ok {
-		out.Annotations = map[string]string{kubeconfig.AnnotationLANAddress: v}
+	if v, ok := p.Annotations[kubenames.AnnotationLANAddress]; ok {
+		out.Annotations = map[string]string{kubenames.AnnotationLANAddress: v}
 	}
 	out.Spec.NodeName, out.Spec.HostNetwork = p.Spec.NodeName, p.Spec.HostNetwork
 	out.Spec.Containers = portsOnly(p.Spec.Containers)

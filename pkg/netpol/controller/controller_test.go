@@ -7,7 +7,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 )
 
 // TestSlimKeepsWhatCompileReads: the cached copy of a Pod still yields the
@@ -15,7 +15,7 @@ import (
 func TestSlimKeepsWhatCompileReads(t *testing.T) {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{"app": "x"},
-			Annotations: map[string]string{kubeconfig.AnnotationLANAddress: "net1=192.168.50.210/24", "other": "big"}},
+			Annotations: map[string]string{kubenames.AnnotationLANAddress: "net1=192.168.50.210/24", "other": "big"}},
 		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: false,
 			InitContainers: []corev1.Container{{Name: "side", Image: "i", Ports: []corev1.ContainerPort{{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP}}}},
 			Containers: []corev1.Container{{Name: "c", Image: "i", Command: []string{"serve"},
@@ -75,7 +75,7 @@ func TestCompileReads(t *testing.T) {
 		{"node", func(p *corev1.Pod) { p.Spec.NodeName = "n2" }, true},
 		{"named port", func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].ContainerPort = 81 }, true},
 		{"LAN annotation", func(p *corev1.Pod) {
-			p.Annotations = map[string]string{kubeconfig.AnnotationLANAddress: "net1=192.168.50.210/24"}
+			p.Annotations = map[string]string{kubenames.AnnotationLANAddress: "net1=192.168.50.210/24"}
 		}, true},
 	} {
 		old, cur := base(), base()
