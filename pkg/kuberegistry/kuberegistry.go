@@ -76,6 +76,9 @@ type Config struct {
 	// informer's cache (no request), the repair of a change lost between
 	// the informer and the feed's reader; 0 means DefaultResync.
 	Resync time.Duration
+	// Nodes is the agent's shared Node informer (with Slim as its
+	// transform; the caller starts it); nil: Run makes and starts its own.
+	Nodes cache.SharedIndexInformer
 }
 
 // DefaultResync is Config.Resync when 0.
@@ -97,7 +100,7 @@ func New(cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes registry: %w", err)
 	}
-	rc.UserAgent = "villaged"
+	rc.UserAgent = kubenames.Agent
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes registry at %s: %w", rc.Host, err)
@@ -226,13 +229,14 @@ func (r *Registry) Publish(ctx context.Context, rec registry.Node) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	_, err = r.cs.CoreV1().Nodes().Patch(ctx, r.cfg.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "villaged"})
+	_, err = r.cs.CoreV1().Nodes().Patch(ctx, r.cfg.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent})
 	return r.wrap(fmt.Sprintf("annotating Node %q", r.cfg.Node), err)
 }
 
-// slim keeps of a Node only what the registry reads, so the informer's
-// cache of a large cluster stays small.
-func slim(obj any) (any, error) {
+// Slim keeps of a Node only what the registry reads, so the informer's
+// cache of a large cluster stays small: the transform of a Node informer
+// given in Config.Nodes.
+func Slim(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
@@ -261,8 +265,12 @@ func slim(obj any) (any, error) {
 // and the reader is repaired then. The informer relists and rewatches by
 // itself when the API server goes away and comes back.
 func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan registry.Node, feed *registry.Feed, logf func(string, ...any)) {
-	factory := informers.NewSharedInformerFactoryWithOptions(r.cs, 0, informers.WithTransform(slim))
-	inf := factory.Core().V1().Nodes().Informer()
+	inf := r.cfg.Nodes
+	var factory informers.SharedInformerFactory
+	if inf == nil {
+		factory = informers.NewSharedInformerFactoryWithOptions(r.cs, 0, informers.WithTransform(Slim))
+		inf = factory.Core().V1().Nodes().Informer()
+	}
 	own := make(chan struct{}, 1)
 	h := &handler{r: r, feed: feed, own: own, logf: logf}
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: h.add, UpdateFunc: h.update, DeleteFunc: h.delete})
@@ -270,8 +278,11 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 		logf("kubernetes registry: %v", err)
 		return
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	defer func() { _ = inf.RemoveEventHandler(reg) }()
+	if factory != nil {
+		factory.Start(ctx.Done())
+		defer factory.Shutdown()
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		return
 	}

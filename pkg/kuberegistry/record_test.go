@@ -57,7 +57,7 @@ func TestSlimKeepsWhatRecordReads(t *testing.T) {
 	n := node("a", map[string]string{kubenames.AnnotationUnderlayIP: "192.168.1.2", "other.io/x": "big"}, "10.244.1.0/24", "10.244.1.0/24")
 	n.ResourceVersion = "7"
 	n.Status.Images = []corev1.ContainerImage{{Names: []string{"big"}}}
-	out, err := slim(n)
+	out, err := Slim(n)
 	if err != nil {
 		t.Fatal(err)
 	}

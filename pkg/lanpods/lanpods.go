@@ -1,11 +1,34 @@
-package agent
+// Package lanpods is villaged's LAN pods controller ("macvlan.pods":
+// "annotated"): it answers the plugin's questions about a Kubernetes pod
+// on the agent socket (does it want the LAN interface, which addresses)
+// from the Pods and Namespaces of the agent's shared informers, and writes
+// back what the ADD did: the pod's village.cni.io/lan-address annotation,
+// or a Warning Event saying why it got no LAN address.
+//
+// The design, in the order a lookup meets it:
+//   - The informers are the agent's (pkg/agent builds one factory per
+//     process): a Pod informer over this node's pods, or over the whole
+//     cluster's when NetworkPolicy needs them too (then this controller
+//     filters on spec.nodeName), and the Namespace informer.
+//   - A pod the informer has not seen yet (kubelet runs the ADD as soon as
+//     the pod is bound) costs one direct read of the API, then a bounded
+//     wait for the informer (lanWait); past it the ADD fails retryably
+//     (CNI code 11) and kubelet tries the sandbox again.
+//   - A namespace may ask only with the label village.cni.io/lan=allowed;
+//     a miss in the informer is read from the API (it has the last word).
+//   - The annotation patch and the Events are written in the background,
+//     so the ADD never waits for the API; the same Event is written at
+//     most once per eventEvery while kubelet retries the same ADD.
+//
+// It serves no socket itself: the agent listens and hands the requests to
+// a Controller (it implements agentsock.Handler).
+package lanpods
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,16 +38,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	ktypes "k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/netconf"
-	"github.com/village-cni/village/pkg/subnetfile"
 )
 
 // lanWait bounds how long a lookup waits for a pod the agent has not seen
@@ -36,16 +57,37 @@ const lanWait = 10 * time.Second
 // again while kubelet keeps retrying the same failed ADD.
 const eventEvery = time.Minute
 
-// lanPods answers the plugin on the agent socket (pkg/agentsock) from an
-// informer over the Pods bound to this node (field selector spec.nodeName)
-// and one over Namespaces, and writes the pods' LAN addresses and Events
-// through the API.
-type lanPods struct {
+// Config is what a Controller works with: the agent's Kubernetes side,
+// passed in narrow (kube-router's pattern): the clientset for the few
+// direct requests, the shared informers, the agent's one Event recorder.
+type Config struct {
+	Network string
+	Node    string
+	// Client reads a pod or namespace the informers have not seen and
+	// writes the annotation; nil: no API access (APIErr says why), and
+	// every lookup of a Kubernetes pod fails saying so.
+	Client kubernetes.Interface
+	APIErr error
+	// Pods (this node's pods at least: a cluster-wide informer serves too)
+	// and Namespaces are the agent's shared informers, started by the
+	// agent; nil when the network's pods are not "annotated" (then a
+	// lookup is refused).
+	Pods, Namespaces cache.SharedIndexInformer
+	// Events records the Warnings on pods (the agent's one recorder).
+	Events record.EventRecorder
+	Logf   func(string, ...any)
+}
+
+// Controller answers the plugin's LAN questions on the agent socket
+// (pkg/agentsock's Handler) from the informers, and writes the pods' LAN
+// addresses and Events through the API.
+type Controller struct {
 	cs      kubernetes.Interface // nil: no API access (apiErr says why)
 	apiErr  error
 	node    string
 	network string
 	logf    func(string, ...any)
+	rec     record.EventRecorder
 
 	pods, nss cache.SharedIndexInformer
 
@@ -54,70 +96,34 @@ type lanPods struct {
 	events  map[string]time.Time
 }
 
-// startLANPods serves the agent socket when the network has a LAN section,
-// and with pods "annotated" watches this node's Pods and the Namespaces.
-// It returns once the socket exists; everything stops with ctx (wait
-// returns when it has).
-func startLANPods(ctx context.Context, c *Conf, opts Options) (wait func(), err error) {
-	lan := c.Net.LAN
-	if lan == nil {
-		return func() {}, nil
+// New makes the controller and adds its handlers to the informers.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
 	}
-	runDir := opts.RunDir
-	if runDir == "" {
-		runDir = subnetfile.RunDir()
+	l := &Controller{cs: cfg.Client, apiErr: cfg.APIErr, node: cfg.Node, network: cfg.Network, logf: cfg.Logf, rec: cfg.Events,
+		pods: cfg.Pods, nss: cfg.Namespaces, changed: make(chan struct{}), events: map[string]time.Time{}}
+	if l.cs == nil || l.pods == nil || l.nss == nil {
+		l.pods, l.nss = nil, nil
+		return l, nil
 	}
-	l := &lanPods{node: c.Node, network: c.Net.Name, logf: opts.logf, changed: make(chan struct{}), events: map[string]time.Time{}}
-	rc, cs, err := c.kubeClient()
-	if err == nil {
-		l.cs = cs
-	} else {
-		l.apiErr = err
-		opts.logf("LAN pods: no Kubernetes API (%v): lookups of annotated pods fail", err)
-	}
-	path := agentsock.Path(runDir)
-	ln, err := agentsock.Listen(path)
-	if err != nil {
-		return nil, err
-	}
-	var wg sync.WaitGroup
-	if l.cs != nil && lan.Pods == netconf.PodsAnnotated {
-		l.watch(ctx, &wg)
-	}
-	if l.cs != nil && rc != nil {
-		if err := startHostCreds(ctx, &wg, c, rc, l.cs, runDir, opts.logf); err != nil {
-			opts.logf("LAN pods: host credentials: %v", err)
-		}
-	}
-	wg.Go(func() { agentsock.Serve(ctx, ln, l, opts.logf) })
-	opts.logf("LAN pods (%q): answering on %s", lan.Pods, path)
-	return wg.Wait, nil
-}
-
-func (l *lanPods) watch(ctx context.Context, wg *sync.WaitGroup) {
-	pf := informers.NewSharedInformerFactoryWithOptions(l.cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", l.node).String()
-	}))
-	l.pods = pf.Core().V1().Pods().Informer()
-	nf := informers.NewSharedInformerFactory(l.cs, 0)
-	l.nss = nf.Core().V1().Namespaces().Informer()
 	note := func(any) { l.note() }
 	for _, inf := range []cache.SharedIndexInformer{l.pods, l.nss} {
-		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: note, UpdateFunc: func(_, o any) { note(o) }, DeleteFunc: note})
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: note, UpdateFunc: func(_, o any) { note(o) }, DeleteFunc: note}); err != nil {
+			return nil, fmt.Errorf("LAN pods of network %q: %w", cfg.Network, err)
+		}
 	}
-	pf.Start(ctx.Done())
-	nf.Start(ctx.Done())
-	wg.Go(func() { <-ctx.Done(); pf.Shutdown(); nf.Shutdown() })
+	return l, nil
 }
 
-func (l *lanPods) note() {
+func (l *Controller) note() {
 	l.mu.Lock()
 	close(l.changed)
 	l.changed = make(chan struct{})
 	l.mu.Unlock()
 }
 
-func (l *lanPods) changes() <-chan struct{} {
+func (l *Controller) changes() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.changed
@@ -125,7 +131,7 @@ func (l *lanPods) changes() <-chan struct{} {
 
 // LANPod says what the pod's annotations ask of the LAN, refusing (with an
 // Event on the Pod) a pod of a namespace that may not ask.
-func (l *lanPods) LANPod(ctx context.Context, network string, ref agentsock.Pod) (agentsock.LAN, error) {
+func (l *Controller) LANPod(ctx context.Context, network string, ref agentsock.Pod) (agentsock.LAN, error) {
 	if l.cs == nil {
 		return agentsock.LAN{}, fmt.Errorf("the agent on node %s has no Kubernetes API access (%v), so it cannot read pod %s's annotations", l.node, l.apiErr, ref)
 	}
@@ -174,7 +180,7 @@ func (l *lanPods) LANPod(ctx context.Context, network string, ref agentsock.Pod)
 // pod finds the pod in the informer's store; on a miss (or another pod of
 // the same name) it reads the API once, then waits for the informer up to
 // lanWait.
-func (l *lanPods) pod(ctx context.Context, ref agentsock.Pod) (*corev1.Pod, error) {
+func (l *Controller) pod(ctx context.Context, ref agentsock.Pod) (*corev1.Pod, error) {
 	match := func(p *corev1.Pod) bool { return ref.UID == "" || string(p.UID) == ref.UID }
 	deadline := time.NewTimer(lanWait)
 	defer deadline.Stop()
@@ -207,7 +213,7 @@ func (l *lanPods) pod(ctx context.Context, ref agentsock.Pod) (*corev1.Pod, erro
 }
 
 // allowed reports whether namespace ns carries the LAN label.
-func (l *lanPods) allowed(ctx context.Context, ns string) (bool, error) {
+func (l *Controller) allowed(ctx context.Context, ns string) (bool, error) {
 	if obj, ok, _ := l.nss.GetStore().GetByKey(ns); ok {
 		if obj.(*corev1.Namespace).Labels[kubenames.LabelLAN] == kubenames.LabelLANAllowed {
 			return true, nil
@@ -224,7 +230,7 @@ func (l *lanPods) allowed(ctx context.Context, ns string) (bool, error) {
 // LANReport writes what the ADD did: the lan-address annotation, or an
 // Event saying why the pod got no LAN address. The answer does not wait
 // for the API.
-func (l *lanPods) LANReport(_ context.Context, _ string, ref agentsock.Pod, r agentsock.Report) error {
+func (l *Controller) LANReport(_ context.Context, _ string, ref agentsock.Pod, r agentsock.Report) error {
 	if l.cs == nil {
 		return fmt.Errorf("no Kubernetes API access: %v", l.apiErr)
 	}
@@ -250,20 +256,20 @@ func (l *lanPods) LANReport(_ context.Context, _ string, ref agentsock.Pod, r ag
 	return nil
 }
 
-func (l *lanPods) annotate(ref agentsock.Pod, value string) {
+func (l *Controller) annotate(ref agentsock.Pod, value string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{kubenames.AnnotationLANAddress: value}}})
-	if _, err := l.cs.CoreV1().Pods(ref.Namespace).Patch(ctx, ref.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: "villaged"}); err != nil {
+	if _, err := l.cs.CoreV1().Pods(ref.Namespace).Patch(ctx, ref.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}); err != nil {
 		l.logf("LAN pods: annotating pod %s %s=%s: %v", ref, kubenames.AnnotationLANAddress, value, err)
 		return
 	}
 	l.logf("LAN pods: pod %s %s=%s", ref, kubenames.AnnotationLANAddress, value)
 }
 
-// event writes a Warning Event on the pod (in the background), at most once
-// per eventEvery for the same reason and message.
-func (l *lanPods) event(pod *corev1.Pod, reason, msg string) {
+// event records a Warning Event on the pod (the recorder writes it in the
+// background), at most once per eventEvery for the same reason and message.
+func (l *Controller) event(pod *corev1.Pod, reason, msg string) {
 	key := string(pod.UID) + "\x00" + pod.Namespace + "/" + pod.Name + "\x00" + reason + "\x00" + msg
 	l.mu.Lock()
 	if t, ok := l.events[key]; ok && time.Since(t) < eventEvery {
@@ -277,34 +283,21 @@ func (l *lanPods) event(pod *corev1.Pod, reason, msg string) {
 		}
 	}
 	l.mu.Unlock()
-	now := metav1.Now()
-	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: pod.Name + ".", Namespace: pod.Namespace},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name,
-			UID: pod.UID},
-		Reason: reason, Message: msg, Type: corev1.EventTypeWarning,
-		Source:         corev1.EventSource{Component: "village", Host: l.node},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: kubenames.Prefix + "villaged", ReportingInstance: l.node,
-	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := l.cs.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-			l.logf("LAN pods: Event %s on pod %s/%s: %v", reason, pod.Namespace, pod.Name, err)
-		}
-	}()
+	l.rec.Event(pod, corev1.EventTypeWarning, reason, msg) // written in the background
 	l.logf("LAN pods: pod %s/%s: %s: %s", pod.Namespace, pod.Name, reason, msg)
 }
 
 // LANList lists this node's pods with a LAN address (their annotation).
-func (l *lanPods) LANList(context.Context) ([]agentsock.LANPod, error) {
+func (l *Controller) LANList(context.Context) ([]agentsock.LANPod, error) {
 	if l.pods == nil {
 		return nil, nil
 	}
 	var out []agentsock.LANPod
 	for _, obj := range l.pods.GetStore().List() {
 		p := obj.(*corev1.Pod)
+		if p.Spec.NodeName != l.node {
+			continue // a cluster-wide informer (NetworkPolicy's too)
+		}
 		if v := p.Annotations[kubenames.AnnotationLANAddress]; v != "" {
 			out = append(out, agentsock.LANPod{Namespace: p.Namespace, Name: p.Name, Addresses: v})
 		}
@@ -313,36 +306,4 @@ func (l *lanPods) LANList(context.Context) ([]agentsock.LANPod, error) {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	return out, nil
-}
-
-// inClusterNamespace is the agent's own namespace (kube-system when it
-// cannot tell).
-func inClusterNamespace() string {
-	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-	if err != nil || len(strings.TrimSpace(string(b))) == 0 {
-		return "kube-system"
-	}
-	return strings.TrimSpace(string(b))
-}
-
-// lanStatus is `villaged status`'s lines about the node's LAN pods, as the
-// running agent knows them (asked on its socket); nil without a LAN section.
-func lanStatus(ctx context.Context, c *Conf, runDir string) []string {
-	if c.Net.LAN == nil {
-		return nil
-	}
-	if runDir == "" {
-		runDir = subnetfile.RunDir()
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := agentsock.Ask(ctx, agentsock.Path(runDir), agentsock.Request{Op: agentsock.OpLANList})
-	if err != nil {
-		return []string{fmt.Sprintf("LAN pods (%q): unknown: %v", c.Net.LAN.Pods, err)}
-	}
-	lines := []string{fmt.Sprintf("LAN pods (%q, %d):", c.Net.LAN.Pods, len(resp.Pods))}
-	for _, p := range resp.Pods {
-		lines = append(lines, fmt.Sprintf("  %s/%s\t%s", p.Namespace, p.Name, p.Addresses))
-	}
-	return lines
 }
