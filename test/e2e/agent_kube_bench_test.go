@@ -349,8 +349,23 @@ func BenchmarkAgentKubeWatches(b *testing.B) {
 		}
 		return len(open) > 0 && time.Since(since) >= 5*time.Second
 	}, log)
+	// The TCP connections they share (client-go multiplexes a clientset's
+	// requests over HTTP/2): the node namespace's connections to the API
+	// server (only the agent runs there).
+	ss, err := exec.Command("ip", "netns", "exec", filepath.Base(self.NS.Path()), "ss", "-Htn", "state", "established",
+		"dst", agentEtcdIP+":6443").CombinedOutput()
+	if err != nil {
+		b.Fatalf("ss: %v: %s", err, ss)
+	}
+	conns := 0
+	for _, l := range strings.Split(string(ss), "\n") {
+		if strings.TrimSpace(l) != "" {
+			conns++
+		}
+	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	b.Logf("FIGURE: %d simulated Nodes, registry + NetworkPolicy + LAN pods on: the agent holds %d watches on the API server (%d for %d such nodes): %v (load %s)",
-		nodes, len(open), len(open)*(nodes+1), nodes+1, open, strings.Join(strings.Fields(string(load))[:3], " "))
+	b.Logf("FIGURE: %d simulated Nodes, registry + NetworkPolicy + LAN pods on: the agent holds %d watches on the API server over %d TCP connections (%d watches for %d such nodes): %v (load %s)",
+		nodes, len(open), conns, len(open)*(nodes+1), nodes+1, open, strings.Join(strings.Fields(string(load))[:3], " "))
 	b.ReportMetric(float64(len(open)), "watches/node")
+	b.ReportMetric(float64(conns), "connections/node")
 }
