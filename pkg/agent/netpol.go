@@ -13,8 +13,9 @@ import (
 // NetworkPolicy enforcement is the village entry's key "networkPolicy"
 // (default false). On, `villaged run` runs pkg/netpol/controller over the
 // agent's Kubernetes side (kube.go: the kubernetes registry's kubeconfig,
-// else the in-cluster configuration; the shared informers); off, it removes whatever an earlier run with
-// it on installed, so nothing of it is left.
+// else the in-cluster configuration; the shared informers); off, it
+// removes whatever an earlier run with it on installed, so nothing of it
+// is left.
 
 // policyOn reads the networkPolicy key of the conflist's village entry.
 func (c *Conf) policyOn() (bool, error) {
