@@ -71,7 +71,7 @@ func TestControllerOverSharedInformers(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Start(ctx.Done())
-	t.Cleanup(f.Shutdown)
+	t.Cleanup(func() { cancel(); f.Shutdown() }) // the informers stop with ctx
 	f.WaitForCacheSync(ctx.Done())
 	ref := func(ns, name string) agentsock.Pod { return agentsock.Pod{Namespace: ns, Name: name} }
 
