@@ -27,7 +27,8 @@
 # The kube section (also run after the others when no -only is given) is
 # BenchmarkAgentKubeScale in test/e2e: one villaged watching a real
 # kube-apiserver (scripts/kube-apiserver.sh) while 1,000 Node objects are
-# created, then idle, then 100 of them changed at once.
+# created, then idle, then 100 of them changed at once; and
+# BenchmarkAgentKubeWatches: the watches one agent holds on the API server.
 #
 # The kubelet section (only with -only kubelet: ~20 minutes) is
 # BenchmarkKubeletPodStart in test/kube: one internal/kubecluster node, the CNI
@@ -76,7 +77,7 @@ crictl=$(./scripts/crictl.sh)
 
 kube_bench() {
   VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
-    go test -run '^$' -bench '^BenchmarkAgentKubeScale$' -benchtime 1x -timeout 30m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
+    go test -run '^$' -bench '^BenchmarkAgentKube(Scale|Watches)$' -benchtime 1x -timeout 30m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
 }
 kubelet_bench() {
   VILLAGE_KUBE_DIR="${VILLAGE_KUBE_DIR:-/var/cache/village/kubernetes-v1.37.2}" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \

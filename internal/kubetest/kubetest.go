@@ -18,10 +18,12 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -407,4 +409,32 @@ func (s *Server) AuditEvents(user string) ([]AuditEvent, error) {
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// OpenWatches are the watches the API server holds open for clients whose
+// user agent starts with agent, by request URI (sorted): the WATCH requests
+// of the audit log (Options.Audit) that have started their response and
+// not completed it.
+func (s *Server) OpenWatches(agent string) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, "audit.log"))
+	if err != nil {
+		return nil, err
+	}
+	open := map[string]string{} // auditID -> request URI
+	for _, line := range strings.Split(string(b), "\n") {
+		var e struct {
+			AuditEvent
+			AuditID string `json:"auditID"`
+		}
+		if line == "" || json.Unmarshal([]byte(line), &e) != nil || e.Verb != "watch" || !strings.HasPrefix(e.UserAgent, agent) {
+			continue
+		}
+		switch e.Stage {
+		case "ResponseStarted":
+			open[e.AuditID] = e.RequestURI
+		case "ResponseComplete", "Panic":
+			delete(open, e.AuditID)
+		}
+	}
+	return slices.Sorted(maps.Values(open)), nil
 }

@@ -7,14 +7,10 @@ import (
 	"os"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-
 	"github.com/village-cni/village/pkg/cidr"
 	"github.com/village-cni/village/pkg/etcdclient"
 	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
-	"github.com/village-cni/village/pkg/kubeconfig"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/nodelocal"
@@ -91,26 +87,6 @@ func (c *Conf) netfilter(cidrs []*net.IPNet) masq.Spec { return c.Net.Netfilter(
 
 // Registry is the backend's registry section, nil without one.
 func (c *Conf) Registry() *netconf.Registry { return c.Backend.Registry }
-
-// kubeClient is the agent's Kubernetes client for the LAN pods and the
-// NetworkPolicy controller: through the registry's kubeconfig when the
-// registry is kubernetes, else the in-cluster configuration. It returns the
-// configuration too (the LAN pods' host credentials name its server).
-func (c *Conf) kubeClient() (*rest.Config, *kubernetes.Clientset, error) {
-	path := ""
-	if r := c.Registry(); r != nil && r.Type == netconf.RegistryKubernetes {
-		path = r.Kubeconfig
-	}
-	rc, err := kubeconfig.REST(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, nil, err
-	}
-	return rc, cs, nil
-}
 
 // Load reads opts.ConfFile and resolves the node name and file paths.
 func Load(opts Options) (*Conf, error) {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	ktesting "k8s.io/client-go/testing"
 
+	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/nodelocal"
 )
@@ -25,7 +26,8 @@ import (
 // village-ipam bound to this node's Node object for an hour, and written
 // with its kubeconfig; without the Node no token is requested at all.
 func TestHostCredsBoundToNode(t *testing.T) {
-	c := &Conf{Node: "node-1", Net: &netconf.NetConf{LAN: &netconf.LAN{IPAM: []byte(`{"type":"village-ipam","store":{"type":"kubernetes"}}`)}}}
+	c := &Conf{Node: "node-1", Net: &netconf.NetConf{LAN: &netconf.LAN{IPAM: []byte(`{"type":"village-ipam","store":{"type":"kubernetes"}}`)}},
+		LANStore: &ipamconfig.StoreConfig{Type: ipamconfig.StoreKubernetes}}
 	rc := &rest.Config{Host: "https://192.0.2.1:6443", TLSClientConfig: rest.TLSClientConfig{CAData: []byte("ca")}}
 	var mu sync.Mutex
 	var got []*authv1.TokenRequest

@@ -11,10 +11,11 @@ import (
 
 // NetworkPolicy enforcement is the village entry's key "networkPolicy"
 // (default false, netconf.NetConf.NetworkPolicy, parsed with the rest of
-// the entry). On, `villaged run` runs pkg/netpol/controller against
-// the Kubernetes API (the kubernetes registry's kubeconfig, else the
-// in-cluster configuration); off, it removes whatever an earlier run with
-// it on installed, so nothing of it is left.
+// the entry). On, `villaged run` runs pkg/netpol/controller over the
+// agent's Kubernetes side (kube.go: the kubernetes registry's kubeconfig,
+// else the in-cluster configuration; the shared informers); off, it
+// removes whatever an earlier run with it on installed, so nothing of it
+// is left.
 
 // startPolicy starts the controller in wg when the key is on, and removes
 // its tables and files when it is off.
@@ -25,14 +26,17 @@ func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		return
 	}
-	_, cs, err := a.c.kubeClient()
+	side, err := a.n.kubeSide()
 	if err != nil {
 		a.opts.logf("network policy: no Kubernetes API client: %v: NOT ENFORCED", err)
 		return
 	}
+	// The informers are the Kubernetes side's (the Pod informer lists the
+	// whole cluster's pods when the key is on); Run starts them.
+	cfg := controller.Config{Network: a.c.Net.Name, Node: a.c.Node, Pods: side.pods(), Namespaces: side.namespaces(),
+		Policies: side.policies(), Events: side.rec, RunDir: a.opts.RunDir, Metrics: a.m, Logf: a.opts.logf}
 	wg.Go(func() {
-		err := controller.Run(ctx, controller.Config{Network: a.c.Net.Name, Node: a.c.Node, Client: cs,
-			RunDir: a.opts.RunDir, Metrics: a.m, Logf: a.opts.logf})
+		err := controller.Run(ctx, cfg)
 		if err != nil && ctx.Err() == nil {
 			a.opts.logf("network policy controller stopped: %v", err)
 		}

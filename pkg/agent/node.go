@@ -21,6 +21,10 @@ type node struct {
 	c   *Conf
 	r   *overlay.Reconciler
 	src source
+	// side is the Kubernetes side (kube.go), made on first use; sideErr
+	// says why there is none.
+	side    *kubeSide
+	sideErr error
 }
 
 // openNode loads opts.ConfFile and opens the reconciler and the registry.
@@ -37,7 +41,7 @@ func openNode(opts Options) (*node, error) {
 		return nil, err
 	}
 	n := &node{c: c, r: r}
-	if n.src, err = c.openSource(); err != nil {
+	if n.src, err = n.openSource(); err != nil {
 		r.Close()
 		return nil, err
 	}
@@ -58,6 +62,9 @@ func openNode(opts Options) (*node, error) {
 func (n *node) close() {
 	if n.src != nil {
 		n.src.close()
+	}
+	if n.side != nil {
+		n.side.shutdown()
 	}
 	n.r.Close()
 }

@@ -158,7 +158,7 @@ type status struct {
 	bridgeNF     string              // whether bridged pod traffic reaches netfilter
 	orphans      []string
 	foreign      []string
-	lan          []string // the node's LAN pods (lanpods.go)
+	lan          []string // the node's LAN pods (lanside.go)
 	policy       []string // NetworkPolicy lines (netpol.go)
 	clean        bool
 }

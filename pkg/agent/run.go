@@ -68,8 +68,9 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("publishing the node name of network %s: %w", c.Net.Name, err)
 	}
 	startDHCP(mctx, c, opts, &mwg)
-	// The plugin's LAN lookups (lanpods.go), answered from the first second.
-	lanWait, err := startLANPods(mctx, c, opts)
+	// The plugin's LAN lookups (lanside.go, pkg/lanpods), answered from
+	// the first second.
+	lanWait, err := a.startLANPods(mctx)
 	if err != nil {
 		return err
 	}
@@ -141,6 +142,11 @@ func Run(ctx context.Context, opts Options) error {
 		opts.logf("node %s: %s, pods %s; %d static peers, no registry", c.Node, ip, cidrList(cidrs), len(a.view))
 		a.pass(ctx, "start (sweep)", false)
 		a.repairMasq()
+	}
+	if n.side != nil {
+		// The informers the registry and NetworkPolicy took (those of the
+		// LAN pods already run): one watch per kind for all of them.
+		n.side.start(ctx.Done())
 	}
 	a.loop(ctx, feed, records, kernel)
 	opts.logf("stopping: routes stay; the registration expires after its TTL unless villaged is back")

@@ -34,17 +34,21 @@ type source interface {
 }
 
 // openSource connects to the backend's registry (nil when it has none).
-func (c *Conf) openSource() (source, error) {
+// The kubernetes registry goes through the process's one Kubernetes side,
+// its Node informer the shared one.
+func (n *node) openSource() (source, error) {
+	c := n.c
 	r := c.Registry()
 	switch {
 	case r == nil:
 		return nil, nil
 	case r.Type == netconf.RegistryKubernetes:
-		k, err := kuberegistry.New(kuberegistry.Config{Kubeconfig: r.Kubeconfig, Node: c.Node, Check: kubeCheck, Resync: kubeResync})
+		side, err := n.kubeSide()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("kubernetes registry: %w", err)
 		}
-		return kubeSource{k}, nil
+		cfg := kuberegistry.Config{Node: c.Node, Check: kubeCheck, Resync: kubeResync, Nodes: side.nodes()}
+		return kubeSource{kuberegistry.NewForClient(side.cs, cfg, side.rc.Host)}, nil
 	default:
 		reg, closeReg, err := c.openRegistry()
 		if err != nil {

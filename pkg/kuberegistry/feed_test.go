@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/village-cni/village/internal/kubetest"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/registry"
 )
 
@@ -33,7 +34,7 @@ type feedLab struct {
 }
 
 func peerNode(name, ip, cidr string) *corev1.Node {
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{AnnotationIP: ip}},
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{kubenames.AnnotationUnderlayIP: ip}},
 		Spec: corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}}}
 }
 
@@ -150,9 +151,9 @@ func changesAloneConverge(t *testing.T, kube *kubetest.Server) {
 	parallel(n, func(i int) {
 		switch i % 6 {
 		case 0, 1: // a new underlay address and MAC
-			lab.patch(name(i), map[string]any{AnnotationIP: fmt.Sprintf("192.168.12.%d", i%250+1), AnnotationVtepMAC: "0e:76:c0:a8:0c:01"})
+			lab.patch(name(i), map[string]any{kubenames.AnnotationUnderlayIP: fmt.Sprintf("192.168.12.%d", i%250+1), kubenames.AnnotationVtepMAC: "0e:76:c0:a8:0c:01"})
 		case 2: // no longer a peer
-			lab.patch(name(i), map[string]any{AnnotationIP: nil})
+			lab.patch(name(i), map[string]any{kubenames.AnnotationUnderlayIP: nil})
 		case 3:
 			if err := api.Delete(ctx, name(i), metav1.DeleteOptions{}); err != nil {
 				t.Error(err)
@@ -201,7 +202,7 @@ func lostRepaired(t *testing.T, kube *kubetest.Server) {
 			t.Fatal(err)
 		}
 	}
-	lab.patch("l-ok00", map[string]any{AnnotationIP: "192.168.22.1"})
+	lab.patch("l-ok00", map[string]any{kubenames.AnnotationUnderlayIP: "192.168.22.1"})
 	lab.converged("lost creations")
 	if dropped.Load() == 0 {
 		t.Fatal("no event was lost: the test proves nothing")

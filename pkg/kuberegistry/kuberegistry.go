@@ -10,7 +10,7 @@
 //
 // # Annotations
 //
-// Village owns the prefix "village.cni.io/":
+// Village owns the prefix "village.cni.io/" (the names: pkg/kubenames):
 //
 //	village.cni.io/underlay-ip   the node's underlay address (overlay endpoint / next hop)
 //	village.cni.io/vtep-mac      the MAC of its VTEP (vxlan)
@@ -45,13 +45,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/registry"
-)
-
-// Annotation keys on a Node, all under kubeconfig.Prefix.
-const (
-	AnnotationIP      = kubeconfig.Prefix + "underlay-ip"
-	AnnotationVtepMAC = kubeconfig.Prefix + "vtep-mac"
 )
 
 // DefaultTimeout bounds one API request (the watch excepted).
@@ -81,6 +76,9 @@ type Config struct {
 	// informer's cache (no request), the repair of a change lost between
 	// the informer and the feed's reader; 0 means DefaultResync.
 	Resync time.Duration
+	// Nodes is the agent's shared Node informer (with Slim as its
+	// transform; the caller starts it); nil: Run makes and starts its own.
+	Nodes cache.SharedIndexInformer
 }
 
 // DefaultResync is Config.Resync when 0.
@@ -102,7 +100,7 @@ func New(cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes registry: %w", err)
 	}
-	rc.UserAgent = "villaged"
+	rc.UserAgent = kubenames.Agent
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes registry at %s: %w", rc.Host, err)
@@ -176,12 +174,12 @@ func podCIDRs(n *corev1.Node) []string {
 // a Village peer (no underlay-ip annotation or no pod subnets), err when it
 // claims to be one but its annotations do not parse.
 func Record(n *corev1.Node) (rec registry.Node, ok bool, err error) {
-	ip := n.Annotations[AnnotationIP]
+	ip := n.Annotations[kubenames.AnnotationUnderlayIP]
 	cidrs := podCIDRs(n)
 	if ip == "" || len(cidrs) == 0 {
 		return rec, false, nil
 	}
-	rec = registry.Node{Name: n.Name, IP: ip, PodCIDRs: slices.Clone(cidrs), VtepMAC: n.Annotations[AnnotationVtepMAC]}
+	rec = registry.Node{Name: n.Name, IP: ip, PodCIDRs: slices.Clone(cidrs), VtepMAC: n.Annotations[kubenames.AnnotationVtepMAC]}
 	if err := rec.Validate(); err != nil {
 		return rec, false, fmt.Errorf("Node %q: %w", n.Name, err)
 	}
@@ -190,7 +188,7 @@ func Record(n *corev1.Node) (rec registry.Node, ok bool, err error) {
 
 // annotations are the annotations that say rec.
 func annotations(rec registry.Node) map[string]string {
-	return map[string]string{AnnotationIP: rec.IP, AnnotationVtepMAC: rec.VtepMAC}
+	return map[string]string{kubenames.AnnotationUnderlayIP: rec.IP, kubenames.AnnotationVtepMAC: rec.VtepMAC}
 }
 
 // Nodes lists every Node that is a Village peer (one request), sorted by
@@ -235,20 +233,21 @@ func (r *Registry) Publish(ctx context.Context, rec registry.Node) error {
 	// Through the status subresource, as flanneld does: it keeps the
 	// patch's metadata and cannot change the Node's spec, so the agent's
 	// identity needs no "patch" on Nodes themselves (rbac.yaml).
-	_, err = r.cs.CoreV1().Nodes().Patch(ctx, r.cfg.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "villaged"}, "status")
+	_, err = r.cs.CoreV1().Nodes().Patch(ctx, r.cfg.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}, "status")
 	return r.wrap(fmt.Sprintf("annotating Node %q", r.cfg.Node), err)
 }
 
-// slim keeps of a Node only what the registry reads, so the informer's
-// cache of a large cluster stays small.
-func slim(obj any) (any, error) {
+// Slim keeps of a Node only what the registry reads, so the informer's
+// cache of a large cluster stays small: the transform of a Node informer
+// given in Config.Nodes.
+func Slim(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
 	}
 	ann := map[string]string{}
 	for k, v := range n.Annotations {
-		if strings.HasPrefix(k, kubeconfig.Prefix) {
+		if strings.HasPrefix(k, kubenames.Prefix) {
 			ann[k] = v
 		}
 	}
@@ -270,8 +269,12 @@ func slim(obj any) (any, error) {
 // and the reader is repaired then. The informer relists and rewatches by
 // itself when the API server goes away and comes back.
 func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan registry.Node, feed *registry.Feed, logf func(string, ...any)) {
-	factory := informers.NewSharedInformerFactoryWithOptions(r.cs, 0, informers.WithTransform(slim))
-	inf := factory.Core().V1().Nodes().Informer()
+	inf := r.cfg.Nodes
+	var factory informers.SharedInformerFactory
+	if inf == nil {
+		factory = informers.NewSharedInformerFactoryWithOptions(r.cs, 0, informers.WithTransform(Slim))
+		inf = factory.Core().V1().Nodes().Informer()
+	}
 	own := make(chan struct{}, 1)
 	h := &handler{r: r, feed: feed, own: own, logf: logf}
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: h.add, UpdateFunc: h.update, DeleteFunc: h.delete})
@@ -279,8 +282,11 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 		logf("kubernetes registry: %v", err)
 		return
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	defer func() { _ = inf.RemoveEventHandler(reg) }()
+	if factory != nil {
+		factory.Start(ctx.Done())
+		defer factory.Shutdown()
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		return
 	}
@@ -300,7 +306,7 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 			return
 		}
 		n := obj.(*corev1.Node)
-		if n.Annotations[AnnotationIP] == want.IP && n.Annotations[AnnotationVtepMAC] == want.VtepMAC {
+		if n.Annotations[kubenames.AnnotationUnderlayIP] == want.IP && n.Annotations[kubenames.AnnotationVtepMAC] == want.VtepMAC {
 			return
 		}
 		if err := r.Publish(ctx, want); err != nil {
@@ -310,7 +316,7 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 			}
 			return
 		}
-		logf("annotated Node %q: %s=%s %s=%s", r.cfg.Node, AnnotationIP, want.IP, AnnotationVtepMAC, want.VtepMAC)
+		logf("annotated Node %q: %s=%s %s=%s", r.cfg.Node, kubenames.AnnotationUnderlayIP, want.IP, kubenames.AnnotationVtepMAC, want.VtepMAC)
 	}
 	ensure()
 	for {

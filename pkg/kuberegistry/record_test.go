@@ -5,6 +5,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/village-cni/village/pkg/kubenames"
 )
 
 func node(name string, ann map[string]string, podCIDR string, podCIDRs ...string) *corev1.Node {
@@ -13,7 +15,7 @@ func node(name string, ann map[string]string, podCIDR string, podCIDRs ...string
 }
 
 func TestRecord(t *testing.T) {
-	full := map[string]string{AnnotationIP: "192.168.1.2", AnnotationVtepMAC: "0e:76:c0:a8:01:02"}
+	full := map[string]string{kubenames.AnnotationUnderlayIP: "192.168.1.2", kubenames.AnnotationVtepMAC: "0e:76:c0:a8:01:02"}
 	for _, tc := range []struct {
 		name      string
 		n         *corev1.Node
@@ -24,9 +26,9 @@ func TestRecord(t *testing.T) {
 		{"podCIDR only", node("a", full, "10.244.1.0/24"), true, false, "192.168.1.2", "[10.244.1.0/24]"},
 		{"no podCIDR yet", node("a", full, ""), false, false, "", ""},
 		{"no annotation (no Village)", node("a", nil, "10.244.1.0/24", "10.244.1.0/24"), false, false, "", ""},
-		{"mac optional (host-gw)", node("a", map[string]string{AnnotationIP: "fd00::2"}, "", "10.244.1.0/24"), true, false, "fd00::2", "[10.244.1.0/24]"},
-		{"bad ip", node("a", map[string]string{AnnotationIP: "x"}, "", "10.244.1.0/24"), false, true, "", ""},
-		{"bad mac", node("a", map[string]string{AnnotationIP: "192.168.1.2", AnnotationVtepMAC: "zz"}, "", "10.244.1.0/24"), false, true, "", ""},
+		{"mac optional (host-gw)", node("a", map[string]string{kubenames.AnnotationUnderlayIP: "fd00::2"}, "", "10.244.1.0/24"), true, false, "fd00::2", "[10.244.1.0/24]"},
+		{"bad ip", node("a", map[string]string{kubenames.AnnotationUnderlayIP: "x"}, "", "10.244.1.0/24"), false, true, "", ""},
+		{"bad mac", node("a", map[string]string{kubenames.AnnotationUnderlayIP: "192.168.1.2", kubenames.AnnotationVtepMAC: "zz"}, "", "10.244.1.0/24"), false, true, "", ""},
 		{"bad cidr", node("a", full, "", "10.244.1.0/33"), false, true, "", ""},
 	} {
 		rec, ok, err := Record(tc.n)
@@ -52,10 +54,10 @@ func fmtList(s []string) string {
 }
 
 func TestSlimKeepsWhatRecordReads(t *testing.T) {
-	n := node("a", map[string]string{AnnotationIP: "192.168.1.2", "other.io/x": "big"}, "10.244.1.0/24", "10.244.1.0/24")
+	n := node("a", map[string]string{kubenames.AnnotationUnderlayIP: "192.168.1.2", "other.io/x": "big"}, "10.244.1.0/24", "10.244.1.0/24")
 	n.ResourceVersion = "7"
 	n.Status.Images = []corev1.ContainerImage{{Names: []string{"big"}}}
-	out, err := slim(n)
+	out, err := Slim(n)
 	if err != nil {
 		t.Fatal(err)
 	}

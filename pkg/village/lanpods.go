@@ -14,6 +14,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/village-cni/village/pkg/agentsock"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/netconf"
 )
 
@@ -104,7 +105,7 @@ func askAgent(network string, pod agentsock.Pod) (netconf.LANRequest, error) {
 	if len(resp.LAN.IPs) > 0 {
 		ips, err := netconf.ParseLANAddrs(strings.Join(resp.LAN.IPs, ","))
 		if err != nil {
-			return req, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("pod %s: village.cni.io/lan-ip: %v", pod, err), "")
+			return req, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("pod %s: %s: %v", pod, kubenames.AnnotationLANIP, err), "")
 		}
 		req.Want, req.IPs = true, ips
 	}

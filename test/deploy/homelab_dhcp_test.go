@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/agent"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/landhcp"
 	"github.com/village-cni/village/pkg/netconf"
 )
@@ -99,12 +99,12 @@ func TestHomeLabDHCPExample(t *testing.T) {
 	if nsObj == nil || sts == nil {
 		t.Fatalf("statefulset-dhcp.yaml: want a Namespace and a StatefulSet")
 	}
-	if nsObj.Labels[agent.LabelLAN] != agent.LabelLANAllowed || sts.Namespace != nsObj.Name {
+	if nsObj.Labels[kubenames.LabelLAN] != kubenames.LabelLANAllowed || sts.Namespace != nsObj.Name {
 		t.Errorf("StatefulSet in %q, namespace %s labels %v", sts.Namespace, nsObj.Name, nsObj.Labels)
 	}
 	ann := sts.Spec.Template.Annotations
-	if ann[agent.AnnotationLAN] != "true" || ann[agent.AnnotationLANIP] != "" {
-		t.Errorf("StatefulSet annotations %v: want %s \"true\" and no fixed address (the router reserves it)", ann, agent.AnnotationLAN)
+	if ann[kubenames.AnnotationLAN] != "true" || ann[kubenames.AnnotationLANIP] != "" {
+		t.Errorf("StatefulSet annotations %v: want %s \"true\" and no fixed address (the router reserves it)", ann, kubenames.AnnotationLAN)
 	}
 	if sts.Spec.Replicas == nil || *sts.Spec.Replicas != 1 {
 		t.Errorf("replicas %v, want 1", sts.Spec.Replicas)

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/agent"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/netconf"
 )
 
@@ -78,10 +78,10 @@ func TestHomeLabExample(t *testing.T) {
 	if lan == nil || lan.Pods != netconf.PodsAnnotated || !lan.HostShim {
 		t.Fatalf("home-lab LAN section %+v, want pods annotated with the host shim", lan)
 	}
-	if nsObj.Labels[agent.LabelLAN] != agent.LabelLANAllowed || dep.Namespace != nsObj.Name {
+	if nsObj.Labels[kubenames.LabelLAN] != kubenames.LabelLANAllowed || dep.Namespace != nsObj.Name {
 		t.Errorf("Deployment in %q, namespace %s labels %v", dep.Namespace, nsObj.Name, nsObj.Labels)
 	}
-	ips, err := netconf.ParseLANAddrs(dep.Spec.Template.Annotations[agent.AnnotationLANIP])
+	ips, err := netconf.ParseLANAddrs(dep.Spec.Template.Annotations[kubenames.AnnotationLANIP])
 	if err != nil {
 		t.Fatal(err)
 	}

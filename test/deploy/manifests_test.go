@@ -34,7 +34,7 @@ import (
 	"github.com/village-cni/village/pkg/buildinfo"
 	"github.com/village-cni/village/pkg/install"
 	kubestore "github.com/village-cni/village/pkg/ipam/store/kube"
-	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/netconf"
 )
 
@@ -421,7 +421,7 @@ func TestAdmissionPolicies(t *testing.T) {
 			[]admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete, admissionv1.Connect},
 			[]string{"'authentication.kubernetes.io/node-name'", "oldObject.metadata.name == variables.node",
 				"oldObject.spec.?nodeName.orValue('') == variables.node", "object.spec == oldObject.spec",
-				"k.startsWith('" + kubeconfig.Prefix + "')"}},
+				"k.startsWith('" + kubenames.Prefix + "')"}},
 		{"village-token", user(agent), "", []string{"serviceaccounts/token"},
 			[]admissionv1.OperationType{admissionv1.Create},
 			[]string{"boundObjectRef.kind.orValue('') in ['Pod', 'Node']", "expirationSeconds.orValue(3600) <= 3600"}},

@@ -24,7 +24,8 @@ import (
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/kubenames"
+	"github.com/village-cni/village/pkg/netpol/controller"
 	"github.com/village-cni/village/pkg/overlay"
 )
 
@@ -96,7 +97,7 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 			for i := range work {
 				ip := underlay(i, 0)
 				n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%04d", i), Annotations: map[string]string{
-					kuberegistry.AnnotationIP: ip, kuberegistry.AnnotationVtepMAC: overlay.DeriveMAC(net.ParseIP(ip)).String()}},
+					kubenames.AnnotationUnderlayIP: ip, kubenames.AnnotationVtepMAC: overlay.DeriveMAC(net.ParseIP(ip)).String()}},
 					Spec: corev1.NodeSpec{PodCIDR: cidr(i), PodCIDRs: []string{cidr(i)}}}
 				created[i] = time.Now()
 				if _, err := nodesAPI.Create(ctx, n, metav1.CreateOptions{}); err != nil {
@@ -155,8 +156,8 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 		wg.Go(func() {
 			for i := range work {
 				ip := underlay(i, 1)
-				patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:%q}}}`, kuberegistry.AnnotationIP, ip,
-					kuberegistry.AnnotationVtepMAC, overlay.DeriveMAC(net.ParseIP(ip)).String())
+				patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:%q}}}`, kubenames.AnnotationUnderlayIP, ip,
+					kubenames.AnnotationVtepMAC, overlay.DeriveMAC(net.ParseIP(ip)).String())
 				if _, err := nodesAPI.Patch(ctx, fmt.Sprintf("n%04d", i), types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 					b.Error(err)
 				}
@@ -199,7 +200,7 @@ func startWatcher(ctx context.Context, b *testing.B, self *Node, conf string, no
 	b.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
 	waitUntil(b, 60*time.Second, "the agent annotates its Node", func() bool {
 		n, err := nodes.Get(ctx, "watcher", metav1.GetOptions{})
-		return err == nil && n.Annotations[kuberegistry.AnnotationIP] != ""
+		return err == nil && n.Annotations[kubenames.AnnotationUnderlayIP] != ""
 	}, log)
 	return cmd.Process.Pid, log
 }
@@ -265,4 +266,106 @@ func procStatusKB(b *testing.B, pid int, field string) int64 {
 		}
 	}
 	return 0
+}
+
+// BenchmarkAgentKubeWatches counts the watch connections one agent holds
+// on the API server (scripts/bench.sh -only kube; docs/performance.md,
+// "Watches per node"): a real villaged with every Kubernetes controller on
+// (the kubernetes registry, "networkPolicy": true, a LAN section with pods
+// "annotated") in a node namespace, against a real kube-apiserver holding
+// 50 simulated Nodes (Node objects with no machine behind them), a few
+// namespaces and pods of its node and of others. Once the agent has a
+// route to every Node and has compiled the policies, it reads the audit
+// log: the agent's WATCH requests that are open. Every node of a cluster
+// holds as many, so the API server holds this count times the nodes.
+func BenchmarkAgentKubeWatches(b *testing.B) {
+	const nodes = 50
+	lan := NewLAN(b)
+	host := testenv.NewNS(b)
+	lan.Attach(b, host, "eth0", agentEtcdIP+"/24")
+	kube := kubetest.Start(b, kubetest.Options{NetNS: host, IP: agentEtcdIP, Audit: true})
+	ctx := context.Background()
+	api := kube.Client
+	self := NewNode(b)
+	lan.Attach(b, self.NS, "lan0", agentLANPrefix+"11/24")
+	if _, err := api.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "watcher"},
+		Spec: corev1.NodeSpec{PodCIDR: "10.79.0.0/24", PodCIDRs: []string{"10.79.0.0/24"}}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	cidr := func(i int) string { return fmt.Sprintf("10.80.%d.0/24", i) }
+	for i := range nodes {
+		ip := fmt.Sprintf("172.20.0.%d", i+1)
+		if _, err := api.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%02d", i), Annotations: map[string]string{
+			kubenames.AnnotationUnderlayIP: ip, kubenames.AnnotationVtepMAC: overlay.DeriveMAC(net.ParseIP(ip)).String()}},
+			Spec: corev1.NodeSpec{PodCIDR: cidr(i), PodCIDRs: []string{cidr(i)}}}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for n := range 3 {
+		ns := fmt.Sprintf("ns%d", n)
+		if _, err := api.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := api.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		for i, node := range []string{"watcher", "n00"} {
+			if _, err := api.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d", i)},
+				Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}, metav1.CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	conf := filepath.Join(b.TempDir(), "agt.conflist")
+	lanBlock := fmt.Sprintf(`"networkPolicy":true,"macvlan":{"master":"lan0","mode":"bridge","ifName":"net1","pods":"annotated",
+		"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"192.168.77.0/24","rangeStart":"192.168.77.200","rangeEnd":"192.168.77.210"}]]}},`,
+		filepath.Join(self.Dir, "lan"))
+	text := strings.Replace(kubeConflist("vxlan", filepath.Join(self.Dir, "ipam"), kube.AdminKubeconfig), `"ipMasq":true,`, `"ipMasq":true,`+lanBlock, 1)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	_, log := startWatcher(ctx, b, self, conf, api.CoreV1().Nodes())
+	waitUntil(b, 2*time.Minute, "routes to the 50 Nodes and the policy compiled", func() bool {
+		routes := 0
+		for _, l := range strings.Split(testenv.MustIP(b, self.NS, "route", "show", "dev", "village.9"), "\n") {
+			if strings.HasPrefix(l, "10.80.") {
+				routes++
+			}
+		}
+		st, err := controller.ReadStatus(filepath.Join(self.Dir, "run"), "agt")
+		return routes == nodes && err == nil && st != nil && st.Compiled == 3
+	}, log)
+	// The agent's informers start their watches after their first list:
+	// wait until the count holds still for 5 s.
+	var open []string
+	var since time.Time
+	waitUntil(b, time.Minute, "the agent's watches settle", func() bool {
+		now, err := kube.OpenWatches("villaged")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !slices.Equal(now, open) || since.IsZero() {
+			open, since = now, time.Now()
+		}
+		return len(open) > 0 && time.Since(since) >= 5*time.Second
+	}, log)
+	// The TCP connections they share (client-go multiplexes a clientset's
+	// requests over HTTP/2): the node namespace's connections to the API
+	// server (only the agent runs there).
+	ss, err := exec.Command("ip", "netns", "exec", filepath.Base(self.NS.Path()), "ss", "-Htn", "state", "established",
+		"dst", agentEtcdIP+":6443").CombinedOutput()
+	if err != nil {
+		b.Fatalf("ss: %v: %s", err, ss)
+	}
+	conns := 0
+	for _, l := range strings.Split(string(ss), "\n") {
+		if strings.TrimSpace(l) != "" {
+			conns++
+		}
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	b.Logf("FIGURE: %d simulated Nodes, registry + NetworkPolicy + LAN pods on: the agent holds %d watches on the API server over %d TCP connections (%d watches for %d such nodes): %v (load %s)",
+		nodes, len(open), conns, len(open)*(nodes+1), nodes+1, open, strings.Join(strings.Fields(string(load))[:3], " "))
+	b.ReportMetric(float64(len(open)), "watches/node")
+	b.ReportMetric(float64(conns), "connections/node")
 }

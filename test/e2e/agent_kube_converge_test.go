@@ -19,6 +19,7 @@ import (
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/kuberegistry"
 	"github.com/village-cni/village/pkg/overlay"
 )
@@ -89,7 +90,7 @@ func kubeChangesConverge(t *testing.T, mode string) {
 			}
 			patch(i, ann)
 		case 2: // no longer a peer
-			patch(i, map[string]any{kuberegistry.AnnotationIP: nil})
+			patch(i, map[string]any{kubenames.AnnotationUnderlayIP: nil})
 		case 3, 4: // leaves
 			if err := api.Delete(ctx, fmt.Sprintf("n%04d", i), metav1.DeleteOptions{}); err != nil {
 				t.Errorf("deleting Node %d: %v", i, err)

@@ -28,7 +28,7 @@ import (
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/kubenames"
 )
 
 // The kubernetes-registry scenario: the same namespace LAN as the etcd one,
@@ -137,7 +137,7 @@ func TestAgentKubernetesCluster(t *testing.T) {
 					t.Fatalf("node%d published %s, want its Node's podCIDR %s", i+1, s, want)
 				}
 				n := lab.node(lab.nodes[i].name)
-				if n.Annotations[kuberegistry.AnnotationIP] != lab.nodes[i].ip || n.Annotations[kuberegistry.AnnotationVtepMAC] == "" {
+				if n.Annotations[kubenames.AnnotationUnderlayIP] != lab.nodes[i].ip || n.Annotations[kubenames.AnnotationVtepMAC] == "" {
 					t.Fatalf("Node %s annotations %v", n.Name, n.Annotations)
 				}
 			}
@@ -170,10 +170,10 @@ func (lab *kubeLab) annotationRepaired(subnets []string) {
 	// The bad value is applied (annotate checks the API server's answer),
 	// and node2's agent writes its own back: its log says so once more.
 	wrote := strings.Count(n2.log.String(), "annotated Node")
-	lab.annotate(n2.name, kuberegistry.AnnotationIP, "192.168.79.99")
+	lab.annotate(n2.name, kubenames.AnnotationUnderlayIP, "192.168.79.99")
 	waitFor(t, 2*time.Minute, "node2's agent restores its annotation", func() (bool, string) {
 		n := lab.node(n2.name)
-		return n.Annotations[kuberegistry.AnnotationIP] == n2.ip && strings.Count(n2.log.String(), "annotated Node") > wrote,
+		return n.Annotations[kubenames.AnnotationUnderlayIP] == n2.ip && strings.Count(n2.log.String(), "annotated Node") > wrote,
 			fmt.Sprint(n.Annotations) + "\n" + n2.log.String()
 	})
 	n1 := lab.nodes[0]

@@ -30,7 +30,7 @@ import (
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/overlay"
 )
 
@@ -210,7 +210,7 @@ func cpAnnotations(mode, ip, mac string) map[string]string {
 		data = fmt.Sprintf(`{"VNI":9,"VtepMAC":%q}`, mac)
 	}
 	return map[string]string{
-		kuberegistry.AnnotationIP: ip, kuberegistry.AnnotationVtepMAC: mac,
+		kubenames.AnnotationUnderlayIP: ip, kubenames.AnnotationVtepMAC: mac,
 		"flannel.alpha.coreos.com/public-ip": ip, "flannel.alpha.coreos.com/backend-type": mode,
 		"flannel.alpha.coreos.com/backend-data": data, "flannel.alpha.coreos.com/kube-subnet-manager": "true",
 	}
@@ -303,7 +303,7 @@ func watchNodes(b *testing.B, ctx context.Context, kube *kubetest.Server, w *cpW
 				w.mark("A "+n.Name, now)
 			case ev.Type == watch.Deleted:
 				w.mark("X "+n.Name, now)
-			case ev.Type == watch.Modified && strings.HasPrefix(n.Annotations[kuberegistry.AnnotationIP], "172.21."):
+			case ev.Type == watch.Modified && strings.HasPrefix(n.Annotations[kubenames.AnnotationUnderlayIP], "172.21."):
 				w.mark("M "+n.Name, now)
 			}
 		}
@@ -412,7 +412,7 @@ func controlPlaneRound(b *testing.B, flanneld, mode string, nodes int) {
 	}
 	// Both have annotated their Nodes: they are up and watching.
 	for _, w := range ws {
-		key := kuberegistry.AnnotationIP
+		key := kubenames.AnnotationUnderlayIP
 		if w.name == "flanneld" {
 			key = "flannel.alpha.coreos.com/public-ip"
 		}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/village-cni/village/internal/kubecluster"
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/agent"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/macvlan"
 )
 
@@ -46,12 +46,12 @@ func TestLANDHCPPods(t *testing.T) {
 	srv := startDNSMasq(t, c, mac)
 	installDHCPConfig(t, c)
 	f := newFixture(t, c, ns)
-	labelNS(t, c, ns, agent.LabelLANAllowed)
+	labelNS(t, c, ns, kubenames.LabelLANAllowed)
 	n1, n2 := node(t, c, "node-1"), node(t, c, "node-2")
 
 	dhcpPod := func(nodeName string) {
 		p := podSpec(pod, nodeName, corev1.RestartPolicyAlways, "-listen", ":8080", "-reply", pod)
-		p.Annotations = map[string]string{agent.AnnotationLAN: "true"}
+		p.Annotations = map[string]string{kubenames.AnnotationLAN: "true"}
 		f.create(p)
 		f.running(pod)
 	}

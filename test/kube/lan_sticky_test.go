@@ -11,7 +11,7 @@ import (
 
 	"github.com/village-cni/village/internal/kubecluster"
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/agent"
+	"github.com/village-cni/village/pkg/kubenames"
 )
 
 // TestLANStickyPods: the home-lab ConfigMap with "sticky" in its LAN pool
@@ -23,9 +23,9 @@ func TestLANStickyPods(t *testing.T) {
 	c := kubecluster.Start(t, kubecluster.Options{})
 	installLANConfig(t, c, [2]string{`"store": { "type": "kubernetes"`, `"sticky": "10m", "store": { "type": "kubernetes"`})
 	f := newFixture(t, c, "lan-sticky")
-	labelNS(t, c, f.ns, agent.LabelLANAllowed)
+	labelNS(t, c, f.ns, kubenames.LabelLANAllowed)
 	n1, n2 := node(t, c, "node-1"), node(t, c, "node-2")
-	want := map[string]string{agent.AnnotationLAN: "true"}
+	want := map[string]string{kubenames.AnnotationLAN: "true"}
 	create := func(name, nodeName string) string {
 		p := podSpec(name, nodeName, corev1.RestartPolicyAlways, "-listen", ":8080", "-reply", name+"@"+nodeName)
 		p.Annotations = want

@@ -14,7 +14,7 @@ import (
 
 	"github.com/village-cni/village/internal/kubecluster"
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/agent"
+	"github.com/village-cni/village/pkg/kubenames"
 )
 
 // The LAN pool of TestLANPods: four addresses of the cluster's LAN (its
@@ -38,7 +38,7 @@ func TestLANPods(t *testing.T) {
 	c := kubecluster.Start(t, kubecluster.Options{})
 	installLANConfig(t, c)
 	ok := newFixture(t, c, "lan-ok")
-	labelNS(t, c, ok.ns, agent.LabelLANAllowed)
+	labelNS(t, c, ok.ns, kubenames.LabelLANAllowed)
 	no := newFixture(t, c, "lan-no")
 	n1, n2 := node(t, c, "node-1"), node(t, c, "node-2")
 
@@ -47,10 +47,10 @@ func TestLANPods(t *testing.T) {
 		p.Annotations = ann
 		f.create(p)
 	}
-	want := map[string]string{agent.AnnotationLAN: "true"}
+	want := map[string]string{kubenames.AnnotationLAN: "true"}
 	lanPod(ok, "plain", n1.Name, nil)
 	lanPod(ok, "lan-a", n1.Name, want)
-	lanPod(ok, "fixed", n2.Name, map[string]string{agent.AnnotationLANIP: lanFixed})
+	lanPod(ok, "fixed", n2.Name, map[string]string{kubenames.AnnotationLANIP: lanFixed})
 	ok.running("plain", "lan-a", "fixed")
 
 	t.Run("WithoutAnnotationNoLAN", func(t *testing.T) {
@@ -89,30 +89,30 @@ func TestLANPods(t *testing.T) {
 		}
 	})
 	t.Run("TakenAddressEvent", func(t *testing.T) {
-		lanPod(ok, "dup", n1.Name, map[string]string{agent.AnnotationLANIP: lanFixed})
-		waitEvent(t, ok, "dup", agent.ReasonLANTaken, lanFixed)
+		lanPod(ok, "dup", n1.Name, map[string]string{kubenames.AnnotationLANIP: lanFixed})
+		waitEvent(t, ok, "dup", kubenames.ReasonLANTaken, lanFixed)
 		deletePod(t, ok, "dup")
 	})
 	t.Run("OutsidePoolEvent", func(t *testing.T) {
-		lanPod(ok, "outside", n1.Name, map[string]string{agent.AnnotationLANIP: kubecluster.LANPrefix + "50"})
-		waitEvent(t, ok, "outside", agent.ReasonLANOutsidePool, "outside the LAN pool")
+		lanPod(ok, "outside", n1.Name, map[string]string{kubenames.AnnotationLANIP: kubecluster.LANPrefix + "50"})
+		waitEvent(t, ok, "outside", kubenames.ReasonLANOutsidePool, "outside the LAN pool")
 		deletePod(t, ok, "outside")
 	})
 	t.Run("ForbiddenNamespaceEvent", func(t *testing.T) {
 		lanPod(no, "asks", n1.Name, want)
-		ev := waitEvent(t, no, "asks", agent.ReasonLANForbidden, agent.LabelLAN)
+		ev := waitEvent(t, no, "asks", kubenames.ReasonLANForbidden, kubenames.LabelLAN)
 		// The refusal fails the sandbox's ADD, which kubelet reports: no
 		// sandbox of the pod comes up, so it has no net1 (and no address).
-		waitEvent(t, no, "asks", "FailedCreatePodSandBox", agent.LabelLAN)
+		waitEvent(t, no, "asks", "FailedCreatePodSandBox", kubenames.LabelLAN)
 		p, err := no.c.Client().CoreV1().Pods(no.ns).Get(context.Background(), "asks", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if ev.InvolvedObject.UID != p.UID {
-			t.Fatalf("the %s Event is about pod UID %q, want the pod's %q", agent.ReasonLANForbidden, ev.InvolvedObject.UID, p.UID)
+			t.Fatalf("the %s Event is about pod UID %q, want the pod's %q", kubenames.ReasonLANForbidden, ev.InvolvedObject.UID, p.UID)
 		}
-		if v, ok := p.Annotations[agent.AnnotationLANAddress]; ok {
-			t.Fatalf("the refused pod has %s %q", agent.AnnotationLANAddress, v)
+		if v, ok := p.Annotations[kubenames.AnnotationLANAddress]; ok {
+			t.Fatalf("the refused pod has %s %q", kubenames.AnnotationLANAddress, v)
 		}
 		if p.Status.PodIP != "" {
 			t.Fatalf("the refused pod has address %s: a sandbox of it came up", p.Status.PodIP)
@@ -132,7 +132,7 @@ func TestLANPods(t *testing.T) {
 		}
 		ok.running(names...)
 		lanPod(ok, "one-too-many", n2.Name, want)
-		waitEvent(t, ok, "one-too-many", agent.ReasonLANExhausted, lanFirst)
+		waitEvent(t, ok, "one-too-many", kubenames.ReasonLANExhausted, lanFirst)
 		for _, n := range append(names, "one-too-many") {
 			deletePod(t, ok, n)
 		}
@@ -159,7 +159,7 @@ func TestLANPods(t *testing.T) {
 		// sends anything.
 		const stale = "02:00:00:00:00:01"
 		testenv.MustIP(t, c.LANClient(), "neigh", "replace", lanFixed, "lladdr", stale, "dev", "eth0", "nud", "stale")
-		lanPod(ok, "fixed", n1.Name, map[string]string{agent.AnnotationLANIP: lanFixed})
+		lanPod(ok, "fixed", n1.Name, map[string]string{kubenames.AnnotationLANIP: lanFixed})
 		ok.running("fixed")
 		got, err := ok.exec("fixed", "cat", "/sys/class/net/net1/address")
 		if err != nil || strings.TrimSpace(got) != mac {
@@ -268,7 +268,7 @@ func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) 
 
 func labelNS(t *testing.T, c *kubecluster.Cluster, ns, value string) {
 	t.Helper()
-	if out, err := c.Kubectl("label", "namespace", ns, agent.LabelLAN+"="+value); err != nil {
+	if out, err := c.Kubectl("label", "namespace", ns, kubenames.LabelLAN+"="+value); err != nil {
 		t.Fatalf("labelling %s: %v\n%s", ns, err, out)
 	}
 }
@@ -282,8 +282,8 @@ func lanAddress(t *testing.T, f *fixture, name string) string {
 		if err != nil {
 			return err
 		}
-		if v = p.Annotations[agent.AnnotationLANAddress]; v == "" {
-			return fmt.Errorf("pod %s has no %s", name, agent.AnnotationLANAddress)
+		if v = p.Annotations[kubenames.AnnotationLANAddress]; v == "" {
+			return fmt.Errorf("pod %s has no %s", name, kubenames.AnnotationLANAddress)
 		}
 		return nil
 	}); err != nil {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/village-cni/village/internal/kubecluster"
 	kubestore "github.com/village-cni/village/pkg/ipam/store/kube"
-	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 )
 
 // checkLeastPrivilege: the agent's identity as the DaemonSet gives it (the
@@ -68,7 +68,7 @@ func checkLeastPrivilege(t *testing.T, c *kubecluster.Cluster) {
 		b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{key: value}}})
 		return b
 	}
-	villageKey := kubeconfig.Prefix + "leastpriv-test"
+	villageKey := kubenames.Prefix + "leastpriv-test"
 	merge := types.MergePatchType
 	nodePatch := func(cs kubernetes.Interface, name string, patch []byte, sub ...string) func() error {
 		return func() error {
@@ -140,7 +140,7 @@ func checkLeastPrivilege(t *testing.T, c *kubecluster.Cluster) {
 		rs := []refusal{
 			{"annotating another Node (nodes/status)", nodePatch(agent, n2.Name, ann(villageKey, "x"), "status")},
 			{"annotating another Node (nodes)", nodePatch(agent, n2.Name, ann(villageKey, "x"))},
-			{"changing another Node's underlay-ip", nodePatch(agent, n2.Name, ann(kubeconfig.Prefix+"underlay-ip", "192.0.2.99"), "status")},
+			{"changing another Node's underlay-ip", nodePatch(agent, n2.Name, ann(kubenames.Prefix+"underlay-ip", "192.0.2.99"), "status")},
 			{"tainting its own Node", nodePatch(agent, n1.Name, []byte(`{"spec":{"taints":[{"key":"x","effect":"NoSchedule"}]}}`))},
 			{"labelling its own Node (nodes/status)", nodePatch(agent, n1.Name, []byte(`{"metadata":{"labels":{"x":"y"}}}`), "status")},
 			{"a foreign annotation on its own Node", nodePatch(agent, n1.Name, ann("example.com/x", "y"), "status")},
@@ -205,8 +205,8 @@ func checkLeastPrivilege(t *testing.T, c *kubecluster.Cluster) {
 			t.Fatalf("the agent removing its own Node's annotation: %v", err)
 		}
 		// The annotations the running agent published are in place.
-		if nd.Annotations[kubeconfig.Prefix+"underlay-ip"] != n1.IP {
-			t.Errorf("Node %s: underlay-ip %q, want %s (published by the agent through nodes/status)", n1.Name, nd.Annotations[kubeconfig.Prefix+"underlay-ip"], n1.IP)
+		if nd.Annotations[kubenames.Prefix+"underlay-ip"] != n1.IP {
+			t.Errorf("Node %s: underlay-ip %q, want %s (published by the agent through nodes/status)", n1.Name, nd.Annotations[kubenames.Prefix+"underlay-ip"], n1.IP)
 		}
 		// A Village annotation on a pod bound to its node (lan-address).
 		if err := podPatch(agent, "own", merge, ann(villageKey, "mine"))(); err != nil {

@@ -1,7 +1,7 @@
 // Package controller is villaged's NetworkPolicy controller: it follows
-// NetworkPolicies, Pods and Namespaces with informers, compiles them with
-// pkg/netpol for this node's pods whenever they change (a burst of changes
-// is one compile), installs the result with pkg/netpol/table, repairs the
+// NetworkPolicies, Pods and Namespaces through the agent's shared
+// informers, compiles them with pkg/netpol for this node's pods whenever
+// they change (a burst of changes is one compile), installs the result with pkg/netpol/table, repairs the
 // kernel when it drifts, reports what it cannot enforce as Events and log
 // lines, and writes the namespaces file ADD reads and a status file
 // `villaged status` reads.
@@ -16,19 +16,16 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/metrics"
 	"github.com/village-cni/village/pkg/netpol"
 	"github.com/village-cni/village/pkg/netpol/table"
@@ -45,7 +42,13 @@ const (
 type Config struct {
 	Network string
 	Node    string
-	Client  kubernetes.Interface
+	// Pods (every pod of the cluster, with SlimPod as their transform),
+	// Namespaces and Policies are the agent's shared informers, which the
+	// agent starts.
+	Pods, Namespaces, Policies cache.SharedIndexInformer
+	// Events records the Warnings on NetworkPolicies (the agent's one
+	// recorder).
+	Events record.EventRecorder
 	// RunDir is where the namespaces and status files go ("" = the
 	// default run directory).
 	RunDir string
@@ -102,13 +105,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.InNS == nil {
 		cfg.InNS = func(f func() error) error { return f() }
 	}
-	f := informers.NewSharedInformerFactory(cfg.Client, 0)
-	pods := f.Core().V1().Pods().Informer()
-	if err := pods.SetTransform(slim); err != nil {
-		return err
-	}
-	nss := f.Core().V1().Namespaces().Informer()
-	pols := f.Networking().V1().NetworkPolicies().Informer()
+	pods, nss, pols := cfg.Pods, cfg.Namespaces, cfg.Policies
 	changed := make(chan struct{}, 1)
 	poke := func() {
 		select {
@@ -122,23 +119,20 @@ func Run(ctx context.Context, cfg Config) error {
 				poke()
 			}
 		}}
+	var synced []cache.InformerSynced
 	for _, inf := range []cache.SharedIndexInformer{pods, nss, pols} {
-		if _, err := inf.AddEventHandler(h); err != nil {
+		reg, err := inf.AddEventHandler(h)
+		if err != nil {
 			return err
 		}
+		defer func() { _ = inf.RemoveEventHandler(reg) }()
+		synced = append(synced, reg.HasSynced)
 	}
-	f.Start(ctx.Done())
-	defer f.Shutdown()
-	for _, ok := range f.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return ctx.Err()
-		}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return ctx.Err()
 	}
-	b := record.NewBroadcaster()
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Client.CoreV1().Events("")})
-	defer b.Shutdown()
 	c := &ctl{cfg: cfg, pods: pods.GetStore(), nss: nss.GetStore(), pols: pols.GetStore(),
-		rec: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "villaged", Host: cfg.Node}), reported: map[table.Problem]bool{}}
+		rec: cfg.Events, reported: map[table.Problem]bool{}}
 	defer c.release()
 	c.sync("start")
 	repair := time.NewTicker(cfg.Repair)
@@ -200,7 +194,7 @@ func (c *ctl) input() netpol.Input {
 
 func podOf(p *corev1.Pod) *netpol.Pod {
 	np := &netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, HostNetwork: p.Spec.HostNetwork}
-	_, np.LAN = p.Annotations[kubeconfig.AnnotationLANAddress]
+	_, np.LAN = p.Annotations[kubenames.AnnotationLANAddress]
 	for _, ip := range p.Status.PodIPs {
 		if a, err := netip.ParseAddr(ip.IP); err == nil {
 			np.IPs = append(np.IPs, a.Unmap())
@@ -307,7 +301,7 @@ func (c *ctl) report(rs *table.Ruleset) {
 		}
 		c.cfg.Logf("network policy: not enforced: %s", p)
 		if o, ok, _ := c.pols.GetByKey(p.Policy); ok {
-			c.rec.Event(o.(*networkingv1.NetworkPolicy), corev1.EventTypeWarning, "NetworkPolicyNotEnforced", "node "+c.cfg.Node+": "+p.Reason)
+			c.rec.Event(o.(*networkingv1.NetworkPolicy), corev1.EventTypeWarning, kubenames.ReasonPolicyNotEnforced, "node "+c.cfg.Node+": "+p.Reason)
 		}
 	}
 	c.reported = now
@@ -365,17 +359,24 @@ func compileReads(old, cur any) bool {
 	return true
 }
 
-// slim keeps of a Pod only what the compile reads, so the cache of every
-// pod of the cluster stays small.
-func slim(obj any) (any, error) {
+// SlimPod keeps of a Pod only what the compile reads, and Village's own
+// annotations (the LAN pods controller reads those from the same cache),
+// so the cache of every pod of the cluster stays small: the transform of
+// the agent's Pod informer.
+func SlimPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
 	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
 		ResourceVersion: p.ResourceVersion, Labels: p.Labels}}
-	if v, ok := p.Annotations[kubeconfig.AnnotationLANAddress]; ok {
-		out.Annotations = map[string]string{kubeconfig.AnnotationLANAddress: v}
+	for k, v := range p.Annotations {
+		if strings.HasPrefix(k, kubenames.Prefix) {
+			if out.Annotations == nil {
+				out.Annotations = map[string]string{}
+			}
+			out.Annotations[k] = v
+		}
 	}
 	out.Spec.NodeName, out.Spec.HostNetwork = p.Spec.NodeName, p.Spec.HostNetwork
 	out.Spec.Containers = portsOnly(p.Spec.Containers)

@@ -7,7 +7,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 )
 
 // TestSlimKeepsWhatCompileReads: the cached copy of a Pod still yields the
@@ -15,7 +15,8 @@ import (
 func TestSlimKeepsWhatCompileReads(t *testing.T) {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: map[string]string{"app": "x"},
-			Annotations: map[string]string{kubeconfig.AnnotationLANAddress: "net1=192.168.50.210/24", "other": "big"}},
+			Annotations: map[string]string{kubenames.AnnotationLANAddress: "net1=192.168.50.210/24", kubenames.AnnotationLANIP: "192.168.50.210",
+				kubenames.AnnotationLAN: "true", "other": "big"}},
 		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: false,
 			InitContainers: []corev1.Container{{Name: "side", Image: "i", Ports: []corev1.ContainerPort{{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP}}}},
 			Containers: []corev1.Container{{Name: "c", Image: "i", Command: []string{"serve"},
@@ -24,12 +25,15 @@ func TestSlimKeepsWhatCompileReads(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.5"}, {IP: "fd00::5"}, {IP: "bogus"}},
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady}}},
 	}
-	o, err := slim(p)
+	o, err := SlimPod(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := o.(*corev1.Pod)
-	if len(s.Annotations) != 1 || len(s.Spec.Containers) != 1 || s.Spec.Containers[0].Image != "" || len(s.Status.Conditions) != 0 {
+	// Village's annotations stay: the LAN pods controller reads them from
+	// the same cache.
+	if len(s.Annotations) != 3 || s.Annotations[kubenames.AnnotationLANIP] != "192.168.50.210" || s.Annotations[kubenames.AnnotationLAN] != "true" ||
+		len(s.Spec.Containers) != 1 || s.Spec.Containers[0].Image != "" || len(s.Status.Conditions) != 0 {
 		t.Errorf("slim kept too much: %+v", s)
 	}
 	a, b := podOf(p), podOf(s)
@@ -42,7 +46,7 @@ func TestSlimKeepsWhatCompileReads(t *testing.T) {
 	if b.Ports[0].Name != "dns" || b.Ports[0].Protocol != 17 || b.Ports[2].Protocol != 132 || b.Ports[1].Protocol != 6 {
 		t.Errorf("ports: %+v", b.Ports)
 	}
-	if o, _ := slim("not a pod"); o != "not a pod" {
+	if o, _ := SlimPod("not a pod"); o != "not a pod" {
 		t.Errorf("slim of a tombstone: %v", o)
 	}
 }
@@ -75,14 +79,14 @@ func TestCompileReads(t *testing.T) {
 		{"node", func(p *corev1.Pod) { p.Spec.NodeName = "n2" }, true},
 		{"named port", func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].ContainerPort = 81 }, true},
 		{"LAN annotation", func(p *corev1.Pod) {
-			p.Annotations = map[string]string{kubeconfig.AnnotationLANAddress: "net1=192.168.50.210/24"}
+			p.Annotations = map[string]string{kubenames.AnnotationLANAddress: "net1=192.168.50.210/24"}
 		}, true},
 	} {
 		old, cur := base(), base()
 		tc.edit(cur)
 		cur.ResourceVersion = "2"
-		so, _ := slim(old)
-		sc, _ := slim(cur)
+		so, _ := SlimPod(old)
+		sc, _ := SlimPod(cur)
 		if got := compileReads(so, sc); got != tc.want {
 			t.Errorf("pod %s: compileReads %v, want %v", tc.name, got, tc.want)
 		}

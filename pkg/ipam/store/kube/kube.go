@@ -57,6 +57,7 @@ import (
 
 	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/nodelocal"
 	"github.com/village-cni/village/pkg/validate"
 )
@@ -72,17 +73,17 @@ const LeasePrefix = "village-ipam-"
 // DefaultOpTimeout bounds each API request.
 const DefaultOpTimeout = 10 * time.Second
 
-// Label and annotation keys, under Village's prefix.
+// Label and annotation keys (pkg/kubenames).
 const (
-	labelNetwork = kubeconfig.Prefix + "ipam-network"
-	labelOwner   = kubeconfig.Prefix + "ipam-owner"
-	labelNode    = kubeconfig.Prefix + "ipam-node"
-	labelKind    = kubeconfig.Prefix + "ipam-kind"
-	annIP        = kubeconfig.Prefix + "ipam-ip"
-	annNetwork   = kubeconfig.Prefix + "ipam-network"
-	annContainer = kubeconfig.Prefix + "ipam-container-id"
-	annIfName    = kubeconfig.Prefix + "ipam-ifname"
-	annNode      = kubeconfig.Prefix + "ipam-node"
+	labelNetwork = kubenames.LabelIPAMNetwork
+	labelOwner   = kubenames.LabelIPAMOwner
+	labelNode    = kubenames.LabelIPAMNode
+	labelKind    = kubenames.LabelIPAMKind
+	annIP        = kubenames.AnnotationIPAMIP
+	annNetwork   = kubenames.AnnotationIPAMNetwork
+	annContainer = kubenames.AnnotationIPAMContainer
+	annIfName    = kubenames.AnnotationIPAMIfName
+	annNode      = kubenames.AnnotationIPAMNode
 )
 
 // Options configure a Store.

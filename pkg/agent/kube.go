@@ -1,0 +1,145 @@
+package agent
+
+import (
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	kuberecord "k8s.io/client-go/tools/record"
+
+	"github.com/village-cni/village/pkg/kubeconfig"
+	"github.com/village-cni/village/pkg/kubenames"
+	"github.com/village-cni/village/pkg/kuberegistry"
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/netpol/controller"
+)
+
+// kubeAPI is the agent's one client of the Kubernetes API: the registry's
+// kubeconfig when the registry is kubernetes, else the in-cluster
+// configuration. A process makes it once (node.api) and every user shares
+// it: the kubernetes registry, the informers, the LAN pods' direct reads
+// and patches, the Events, the host credentials' TokenRequests.
+type kubeAPI struct {
+	rc *rest.Config // the LAN pods' host credentials name its server and CA
+	cs kubernetes.Interface
+}
+
+// newKubeAPI builds the client (no request is made).
+func (c *Conf) newKubeAPI() (*kubeAPI, error) {
+	path := ""
+	if r := c.Registry(); r != nil && r.Type == netconf.RegistryKubernetes {
+		path = r.Kubeconfig
+	}
+	rc, err := kubeconfig.REST(path)
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = kubenames.Agent
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes API %s: %w", rc.Host, err)
+	}
+	return &kubeAPI{rc: rc, cs: cs}, nil
+}
+
+// kubeSide is the agent's Kubernetes side in `villaged run`, made once
+// (kube-router's pattern): the one client, one shared informer factory
+// and one Event recorder. Every kind is watched once, whoever reads it:
+// Nodes (the kubernetes registry), Pods and Namespaces (the LAN pods and
+// the NetworkPolicy controllers), NetworkPolicies. Each controller is
+// handed only what it uses (its informers, the clientset, the recorder),
+// never the factory; the agent starts the factory once the controllers
+// have taken their informers.
+type kubeSide struct {
+	*kubeAPI
+	node    string
+	factory informers.SharedInformerFactory
+	events  kuberecord.EventBroadcaster
+	rec     kuberecord.EventRecorder
+	// allPods says the Pod informer lists every pod of the cluster
+	// (NetworkPolicy needs them; the LAN pods controller then reads its
+	// node's from the same cache); false: only this node's pods (a field
+	// selector on spec.nodeName), all the LAN pods controller needs.
+	allPods bool
+}
+
+// kubeSide is this process's Kubernetes side, made on first use (by the
+// kubernetes registry, the LAN pods, NetworkPolicy), or the error that
+// says why there is none. Nothing watches until start.
+func (n *node) kubeSide() (*kubeSide, error) {
+	if n.side == nil && n.sideErr == nil {
+		api, err := n.c.newKubeAPI()
+		if err != nil {
+			n.sideErr = err
+		} else {
+			n.side = newKubeSide(api, n.c.Node, n.c.Net.NetworkPolicy)
+		}
+	}
+	return n.side, n.sideErr
+}
+
+// newKubeSide makes the factory and the recorder over api; allPods as in
+// kubeSide.
+func newKubeSide(api *kubeAPI, node string, allPods bool) *kubeSide {
+	k := &kubeSide{kubeAPI: api, node: node, allPods: allPods}
+	k.factory = informers.NewSharedInformerFactoryWithOptions(api.cs, 0, informers.WithTransform(slim))
+	k.events = kuberecord.NewBroadcaster()
+	k.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: api.cs.CoreV1().Events("")})
+	k.rec = k.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: kubenames.Agent, Host: node})
+	return k
+}
+
+// slim is the factory's transform: each kind keeps only what its readers
+// read, so the caches of a large cluster stay small.
+func slim(obj any) (any, error) {
+	switch obj.(type) {
+	case *corev1.Node:
+		return kuberegistry.Slim(obj)
+	case *corev1.Pod:
+		return controller.SlimPod(obj) // keeps Village's annotations too (LAN pods)
+	}
+	return obj, nil
+}
+
+// pods is the one Pod informer (see allPods).
+func (k *kubeSide) pods() cache.SharedIndexInformer {
+	return k.factory.InformerFor(&corev1.Pod{}, func(cs kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		var scope func(*metav1.ListOptions)
+		if !k.allPods {
+			scope = func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", k.node).String()
+			}
+		}
+		return coreinformers.NewFilteredPodInformer(cs, metav1.NamespaceAll, resync,
+			cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}, scope)
+	})
+}
+
+func (k *kubeSide) namespaces() cache.SharedIndexInformer {
+	return k.factory.Core().V1().Namespaces().Informer()
+}
+
+func (k *kubeSide) nodes() cache.SharedIndexInformer { return k.factory.Core().V1().Nodes().Informer() }
+
+func (k *kubeSide) policies() cache.SharedIndexInformer {
+	return k.factory.Networking().V1().NetworkPolicies().Informer()
+}
+
+// start starts the informers taken since the last call (the factory
+// starts each once) until stop is closed.
+func (k *kubeSide) start(stop <-chan struct{}) { k.factory.Start(stop) }
+
+// shutdown waits for the informers (after stop) and flushes the Events.
+func (k *kubeSide) shutdown() {
+	k.factory.Shutdown()
+	k.events.Shutdown()
+}

@@ -1,0 +1,102 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/village-cni/village/pkg/agentsock"
+	"github.com/village-cni/village/pkg/lanpods"
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/nodelocal"
+)
+
+// startLANPods serves the agent socket when the network has a LAN section,
+// its LAN questions answered by the pkg/lanpods controller, which with
+// pods "annotated" reads the Kubernetes side's Pod and Namespace
+// informers (started here). It also keeps the LAN pool's host credentials
+// (hostcreds.go). It returns once the socket exists; everything stops with
+// ctx (wait returns when it has).
+func (a *agent) startLANPods(ctx context.Context) (wait func(), err error) {
+	c, opts := a.c, a.opts
+	lan := c.Net.LAN
+	if lan == nil {
+		return func() {}, nil
+	}
+	runDir := opts.RunDir
+	if runDir == "" {
+		runDir = nodelocal.RunDir()
+	}
+	cfg := lanpods.Config{Network: c.Net.Name, Node: c.Node, Logf: opts.logf}
+	side, err := a.n.kubeSide()
+	if err == nil {
+		cfg.Client, cfg.Events = side.cs, side.rec
+		if lan.Pods == netconf.PodsAnnotated {
+			cfg.Pods, cfg.Namespaces = side.pods(), side.namespaces()
+		}
+	} else {
+		cfg.APIErr = err
+		opts.logf("LAN pods: no Kubernetes API (%v): lookups of annotated pods fail", err)
+	}
+	ctl, err := lanpods.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	path := agentsock.Path(runDir)
+	ln, err := agentsock.Listen(path)
+	if err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	if side != nil {
+		side.start(ctx.Done())
+		if err := startHostCreds(ctx, &wg, c, side.rc, side.cs, runDir, opts.logf); err != nil {
+			opts.logf("LAN pods: host credentials: %v", err)
+		}
+	}
+	wg.Go(func() { agentsock.Serve(ctx, ln, ctl, opts.logf) })
+	opts.logf("LAN pods (%q): answering on %s", lan.Pods, path)
+	if w := lanAllWarning(c); w != "" {
+		opts.logf("%s", w)
+	}
+	return wg.Wait, nil
+}
+
+// inClusterNamespace is the agent's own namespace (kube-system when it
+// cannot tell).
+func inClusterNamespace() string {
+	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil || len(strings.TrimSpace(string(b))) == 0 {
+		return "kube-system"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// lanStatus is `villaged status`'s lines about the node's LAN pods, as the
+// running agent knows them (asked on its socket); nil without a LAN section.
+func lanStatus(ctx context.Context, c *Conf, runDir string) []string {
+	if c.Net.LAN == nil {
+		return nil
+	}
+	if runDir == "" {
+		runDir = nodelocal.RunDir()
+	}
+	var lines []string
+	if w := lanAllWarning(c); w != "" {
+		lines = append(lines, "LAN pods: "+w)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := agentsock.Ask(ctx, agentsock.Path(runDir), agentsock.Request{Op: agentsock.OpLANList})
+	if err != nil {
+		return append(lines, fmt.Sprintf("LAN pods (%q): unknown: %v", c.Net.LAN.Pods, err))
+	}
+	lines = append(lines, fmt.Sprintf("LAN pods (%q, %d):", c.Net.LAN.Pods, len(resp.Pods)))
+	for _, p := range resp.Pods {
+		lines = append(lines, fmt.Sprintf("  %s/%s\t%s", p.Namespace, p.Name, p.Addresses))
+	}
+	return lines
+}

@@ -1,0 +1,74 @@
+// Package kubenames is every name Village owns in the Kubernetes API, in
+// one place: the village.cni.io/ annotations and labels on Nodes, Pods,
+// Namespaces and the IPAM store's Leases, the Event reasons the agent
+// writes, the loadBalancerClass of Services on the LAN, and the name the
+// agent writes under (Event component, field manager, user agent). These
+// names are the user-facing contract, so a reader finds
+// them all here and no other package spells the prefix. It is a leaf of
+// constants with no import at all: the plugin, the IPAM store helper and
+// the agent link it alike.
+package kubenames
+
+// Prefix starts every label and annotation key Village owns.
+const Prefix = "village.cni.io/"
+
+// Agent is the name villaged writes under: the Events' source component
+// (and so their reportingController), the field manager of its patches,
+// and its client's user agent.
+const Agent = "villaged"
+
+// A Node's annotations, written by its agent with the kubernetes registry
+// (pkg/kuberegistry).
+const (
+	// AnnotationUnderlayIP is the node's underlay address (overlay
+	// endpoint / next hop).
+	AnnotationUnderlayIP = Prefix + "underlay-ip"
+	// AnnotationVtepMAC is the MAC of its VTEP (vxlan).
+	AnnotationVtepMAC = Prefix + "vtep-mac"
+)
+
+// The LAN pods contract ("macvlan.pods": "annotated"; pkg/lanpods).
+const (
+	// AnnotationLAN "true" on a Pod: it wants the LAN interface.
+	AnnotationLAN = Prefix + "lan"
+	// AnnotationLANIP on a Pod: exactly these LAN addresses (implies lan).
+	AnnotationLANIP = Prefix + "lan-ip"
+	// AnnotationLANAddress is written by the agent: "net1=192.168.50.210/24".
+	// The NetworkPolicy controller reads it to leave that interface alone.
+	AnnotationLANAddress = Prefix + "lan-address"
+	// LabelLAN on a Namespace, with value LabelLANAllowed: its pods may ask.
+	LabelLAN        = Prefix + "lan"
+	LabelLANAllowed = "allowed"
+)
+
+// LoadBalancerClassLAN is the spec.loadBalancerClass of a Service Village
+// gives an address on the LAN.
+const LoadBalancerClassLAN = Prefix + "lan"
+
+// The Event reasons the agent writes (all Warnings).
+const (
+	// On a Pod, why it got no LAN address.
+	ReasonLANForbidden   = "LANForbidden"
+	ReasonLANInvalid     = "LANRequestInvalid"
+	ReasonLANOutsidePool = "LANAddressOutsidePool"
+	ReasonLANTaken       = "LANAddressTaken"
+	ReasonLANExhausted   = "LANPoolExhausted"
+	ReasonLANFailed      = "LANFailed"
+	// On a NetworkPolicy, a part this node cannot enforce.
+	ReasonPolicyNotEnforced = "NetworkPolicyNotEnforced"
+)
+
+// The labels and annotations of the kubernetes IPAM store's Leases
+// (pkg/ipam/store/kube; the label values are hashes, the annotations say
+// the same in clear).
+const (
+	LabelIPAMNetwork        = Prefix + "ipam-network"
+	LabelIPAMOwner          = Prefix + "ipam-owner"
+	LabelIPAMNode           = Prefix + "ipam-node"
+	LabelIPAMKind           = Prefix + "ipam-kind"
+	AnnotationIPAMIP        = Prefix + "ipam-ip"
+	AnnotationIPAMNetwork   = Prefix + "ipam-network"
+	AnnotationIPAMContainer = Prefix + "ipam-container-id"
+	AnnotationIPAMIfName    = Prefix + "ipam-ifname"
+	AnnotationIPAMNode      = Prefix + "ipam-node"
+)
