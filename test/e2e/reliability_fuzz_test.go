@@ -18,7 +18,10 @@ import (
 // fuzzTargets are the fuzz targets of every parser of outside input, by
 // package. TestFuzzTargets fails when the module has one that is not here.
 var fuzzTargets = map[string][]string{
-	"./pkg/netconf":         {"FuzzParse", "FuzzParseBackend", "FuzzCNIArgs", "FuzzParseLAN", "FuzzParseLANAddrs"},
+	"./pkg/netconf":         {"FuzzParse", "FuzzParseBackend", "FuzzCNIArgs", "FuzzParseLAN", "FuzzParseLANAddrs", "FuzzFromList"},
+	"./pkg/owner":           {"FuzzTableNames"},
+	"./pkg/lansvc/elect":    {"FuzzOwnerIsEligibleAndLive"},
+	"./pkg/lansvc/announce": {"FuzzParseNDP"},
 	"./pkg/agentsock":       {"FuzzHandle"},
 	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
 	"./pkg/subnetfile":      {"FuzzRead"},
