@@ -133,11 +133,15 @@ func ARPAnswers(n ns.NetNS, ifname string, ip netip.Addr, within time.Duration) 
 }
 
 // DialerIn returns a TCP dial that runs inside n, whatever thread the
-// caller is on: for in-process agents whose nodes are namespaces.
+// caller is on: for in-process agents whose nodes are namespaces. Each
+// dial opens the namespace by its path: an agent's goroutines may still
+// dial while the test's cleanup closes n (memberlist's Shutdown does not
+// wait for its probes), and the dial then fails instead of racing on n.
 func DialerIn(n ns.NetNS) func(addr string, timeout time.Duration) (net.Conn, error) {
+	path := n.Path()
 	return func(addr string, timeout time.Duration) (net.Conn, error) {
 		var c net.Conn
-		err := InNS(n, func() (err error) {
+		err := ns.WithNetNSPath(path, func(ns.NetNS) (err error) {
 			c, err = net.DialTimeout("tcp", addr, timeout)
 			return err
 		})

@@ -373,25 +373,6 @@ func (a *Announcer) Held() []netip.Addr {
 	return out
 }
 
-// Reannounce sends the takeover burst for every held address again: after
-// the LAN interface came back up, the LAN may have learnt another node's
-// MAC for them meanwhile.
-func (a *Announcer) Reannounce() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for ip, h := range a.held {
-		if !h.held {
-			continue
-		}
-		close(h.cancel)
-		nh := newHolding()
-		nh.held = true
-		a.held[ip] = nh
-		a.wg.Add(1)
-		go func() { defer a.wg.Done(); a.announceLoop(ip, nh) }()
-	}
-}
-
 // Counters returns what the Announcer has done so far.
 func (a *Announcer) Counters() Counters {
 	a.mu.Lock()

@@ -136,18 +136,7 @@ func TestAnswersOnlyHeldAddressesOnTheLANInterface(t *testing.T) {
 		// The other LAN's client tries to resolve; the kernel gives up
 		// (FAILED) and no answer ever came from the node.
 		for _, ip := range []netip.Addr{vip4, vip6} {
-			testenv.MustIP(t, otherClient.NS, "neigh", "flush", "dev", "eth0")
-			testenv.WaitFor(t, "resolution of "+ip.String()+" on the other LAN fails", func() error {
-				_ = testenv.Ping(otherClient.NS, ip.String(), 1)
-				out, _ := testenv.IP(otherClient.NS, "neigh", "show", ip.String(), "dev", "eth0")
-				if strings.Contains(out, "lladdr") {
-					t.Fatalf("%s answered on the node's other interface: %s", ip, out)
-				}
-				if !strings.Contains(out, "FAILED") {
-					return fmt.Errorf("entry: %q", out)
-				}
-				return nil
-			})
+			unresolved(t, otherClient, ip, "on the node's other interface")
 		}
 	})
 	t.Run("StopsWhenReleased", func(t *testing.T) {
@@ -157,18 +146,26 @@ func TestAnswersOnlyHeldAddressesOnTheLANInterface(t *testing.T) {
 		if got := arpAnswers(t, client, vip4); len(got) != 0 {
 			t.Fatalf("ARP answers for released %s: %v", vip4, got)
 		}
-		testenv.MustIP(t, client.NS, "neigh", "flush", "dev", "eth0")
-		testenv.WaitFor(t, "resolution of released "+vip6.String()+" fails", func() error {
-			_ = testenv.Ping(client.NS, vip6.String(), 1)
-			out, _ := testenv.IP(client.NS, "neigh", "show", vip6.String(), "dev", "eth0")
-			if strings.Contains(out, "lladdr") {
-				t.Fatalf("released %s still answered: %s", vip6, out)
-			}
-			if !strings.Contains(out, "FAILED") {
-				return fmt.Errorf("entry: %q", out)
-			}
-			return nil
-		})
+		unresolved(t, client, vip6, "after its release")
+	})
+}
+
+// unresolved flushes host's neighbour entries, then waits until its
+// kernel gives up resolving ip (FAILED); an answer (an entry with a MAC)
+// fails the test at once: nobody may answer for ip, as where says.
+func unresolved(t *testing.T, host *testenv.LANHost, ip netip.Addr, where string) {
+	t.Helper()
+	testenv.MustIP(t, host.NS, "neigh", "flush", "dev", "eth0")
+	testenv.WaitFor(t, "resolution of "+ip.String()+" "+where+" fails", func() error {
+		_ = testenv.Ping(host.NS, ip.String(), 1)
+		out, _ := testenv.IP(host.NS, "neigh", "show", ip.String(), "dev", "eth0")
+		if strings.Contains(out, "lladdr") {
+			t.Fatalf("%s answered %s: %s", ip, where, out)
+		}
+		if !strings.Contains(out, "FAILED") {
+			return fmt.Errorf("entry: %q", out)
+		}
+		return nil
 	})
 }
 

@@ -82,13 +82,22 @@ func openNDP(ifi *net.Interface) (*ndpSide, error) {
 
 func (s *ndpSide) close() error { return errors.Join(s.c.Close(), s.rx.Close()) }
 
+// solicitedNode is ip's solicited-node multicast group (RFC 4291 2.7.1).
+func solicitedNode(ip netip.Addr) (netip.Addr, error) {
+	g, err := ndp.SolicitedNodeMulticast(ip)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("solicited-node group of %s: %w", ip, err)
+	}
+	return g, nil
+}
+
 // join makes the interface accept the solicited-node group of ip, where
 // neighbours send their multicast solicitations for it. Held addresses
 // may share a group (same low 24 bits), hence the count.
 func (s *ndpSide) join(ip netip.Addr) error {
-	g, err := ndp.SolicitedNodeMulticast(ip)
+	g, err := solicitedNode(ip)
 	if err != nil {
-		return fmt.Errorf("solicited-node group of %s: %w", ip, err)
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -102,9 +111,9 @@ func (s *ndpSide) join(ip netip.Addr) error {
 }
 
 func (s *ndpSide) leave(ip netip.Addr) error {
-	g, err := ndp.SolicitedNodeMulticast(ip)
+	g, err := solicitedNode(ip)
 	if err != nil {
-		return fmt.Errorf("solicited-node group of %s: %w", ip, err)
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -151,9 +160,9 @@ func (s *ndpSide) unsolicited(ip netip.Addr) error {
 // probe asks the LAN who holds ip: a solicitation to its solicited-node
 // group, which the holder answers.
 func (s *ndpSide) probe(ip netip.Addr) error {
-	g, err := ndp.SolicitedNodeMulticast(ip)
+	g, err := solicitedNode(ip)
 	if err != nil {
-		return fmt.Errorf("solicited-node group of %s: %w", ip, err)
+		return err
 	}
 	m := &ndp.NeighborSolicitation{
 		TargetAddress: ip,

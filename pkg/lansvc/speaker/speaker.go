@@ -69,7 +69,6 @@ type Speaker struct {
 
 	mu      sync.Mutex
 	wants   []elect.Want
-	held    []netip.Addr
 	up      bool
 	lastErr string
 }
@@ -163,13 +162,6 @@ func (s *Speaker) Kick() {
 	}
 }
 
-// Held lists the addresses this node answers for now.
-func (s *Speaker) Held() []netip.Addr {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.held)
-}
-
 // Close stops the speaker and answers for nothing any more.
 func (s *Speaker) Close() error {
 	close(s.done)
@@ -212,7 +204,6 @@ func (s *Speaker) sync() {
 		msg = err.Error()
 	}
 	s.mu.Lock()
-	s.held = mine
 	repeat := msg == s.lastErr
 	s.lastErr = msg
 	s.mu.Unlock()
