@@ -23,6 +23,7 @@
 #   ./scripts/bench.sh -only flannel   # only the control plane against flanneld (below)
 #   ./scripts/bench.sh -only netpol    # only NetworkPolicy's costs (below)
 #   ./scripts/bench.sh -only lansvc    # only LAN Service address failover (below)
+#   ./scripts/bench.sh -only armvm     # only villaged against flanneld's idle RSS on arm64 (below)
 #
 # The kube section (also run after the others when no -only is given) is
 # BenchmarkAgentKubeScale in test/e2e: one villaged watching a real
@@ -103,6 +104,15 @@ netpol_bench() {
     go test -run '^$' -bench '^BenchmarkNetpolAgent$' -benchtime 1x -timeout 20m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
   echo "load $(cut -d' ' -f1 /proc/loadavg)"
 }
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "armvm" ]; then
+  # BenchmarkArmVMFootprint in test/armvm: the arm64 VM of TestArmVM with
+  # etcd and 5, then 50, peers; villaged and flanneld (arm64, built by
+  # scripts/flannel.sh) each idle with a route to every peer; VmRSS/VmHWM.
+  echo "load $(cut -d' ' -f1 /proc/loadavg)"
+  go test -run '^$' -bench '^BenchmarkArmVMFootprint$' -benchtime 1x -timeout 30m -v ./test/armvm | grep -E 'METRIC|idle_rss|Benchmark|ok|FAIL|check'
+  echo "load $(cut -d' ' -f1 /proc/loadavg)"
+  exit
+fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lansvc" ]; then
   go test -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 20m -v ./pkg/lansvc/speaker | grep -E 'FIGURE|Benchmark|ok|FAIL'
   exit

@@ -3,7 +3,9 @@
 # -only flannel`) once from the published github.com/flannel-io/flannel module
 # on the Go module proxy and caches it under
 # /var/cache/village/flannel-<version>/flanneld (VILLAGE_CACHE overrides the
-# root). Prints the binary's path.
+# root). Prints the binary's path. FLANNEL_GOARCH=arm64 (or arm, with GOARM=7)
+# cross-builds it into /var/cache/village/flannel-<version>-<goarch>/ instead
+# (the arm footprint benchmark, test/armvm).
 #
 # The module's main.go imports two backends that cannot be built here: the
 # tencentvpc backend, whose SDK version the proxy refuses, and the udp
@@ -15,7 +17,8 @@ export PATH="$PATH:/usr/local/go/bin"
 
 VERSION="${FLANNEL_VERSION:-v0.28.10}"
 CACHE="${VILLAGE_CACHE:-/var/cache/village}"
-OUT="$CACHE/flannel-$VERSION"
+GOARCH_="${FLANNEL_GOARCH:-}"
+OUT="$CACHE/flannel-$VERSION${GOARCH_:+-$GOARCH_}"
 if [ -x "$OUT/flanneld" ]; then
   echo "$OUT/flanneld"
   exit 0
@@ -32,6 +35,6 @@ if grep -qE 'backend/(tencentvpc|udp)"' "$src/main.go"; then
   echo "flannel.sh: could not drop the tencentvpc and udp imports from main.go" >&2
   exit 1
 fi
-(cd "$src" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -o "$OUT/flanneld.tmp" . >&2)
+(cd "$src" && GOFLAGS=-mod=mod CGO_ENABLED=0 GOARCH="${GOARCH_:-$(go env GOARCH)}" GOARM=7 go build -trimpath -o "$OUT/flanneld.tmp" . >&2)
 mv "$OUT/flanneld.tmp" "$OUT/flanneld"
 echo "$OUT/flanneld"

@@ -83,6 +83,23 @@ func TestArmVM(t *testing.T) {
 
 func runVM(t *testing.T, tg target) {
 	start := time.Now()
+	console := bootVM(t, tg, vmSpec{script: initScript})
+	t.Logf("%s: whole check %s", tg.name, time.Since(start).Round(time.Second))
+	report(t, tg, console, checks)
+}
+
+// vmSpec is what one VM boot runs: its /init and any files besides the
+// image's, the userland's and the kernel's modules.
+type vmSpec struct {
+	script string
+	extra  func(t testing.TB, add func(ociimage.File))
+}
+
+// bootVM builds the target's binaries and assets, boots the VM with the
+// spec's init script and returns its console output.
+func bootVM(t testing.TB, tg target, spec vmSpec) string {
+	t.Helper()
+	start := time.Now()
 	qemu, err := exec.LookPath(tg.qemu[0])
 	if err != nil {
 		t.Fatalf("%s (scripts/deps.sh installs qemu-system-arm): %v", tg.qemu[0], err)
@@ -115,7 +132,7 @@ func runVM(t *testing.T, tg target) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vmlinuz, files, err := initramfsFiles(t, tg, kroot, uroot, bins, img)
+	vmlinuz, files, err := initramfsFiles(t, tg, kroot, uroot, bins, img, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,13 +160,13 @@ func runVM(t *testing.T, tg target) {
 	cmd.Stdin = nil
 	vmStart := time.Now()
 	runErr := cmd.Run()
-	t.Logf("%s: VM ran %s (whole check %s); qemu: %v", tg.name, time.Since(vmStart).Round(time.Second), time.Since(start).Round(time.Second), runErr)
-	report(t, tg, console.String())
+	t.Logf("%s: VM ran %s; qemu: %v", tg.name, time.Since(vmStart).Round(time.Second), runErr)
+	return console.String()
 }
 
 // build compiles Village's binaries, cnitool and the reference portmap for
 // the target into dir and dir/ref (as build_linux.sh -arch does).
-func build(t *testing.T, root string, tg target, dir string) {
+func build(t testing.TB, root string, tg target, dir string) {
 	t.Helper()
 	env := append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+tg.goarch, "GOARM=7")
 	for _, b := range [][]string{
@@ -187,7 +204,7 @@ func kernelPackage(tg target) (string, error) {
 // netfilter, bridge, veth, vxlan, dummy and what they depend on.
 var modulePaths = []string{"kernel/net", "kernel/lib", "kernel/crypto", "kernel/arch", "kernel/drivers/net/veth.ko", "kernel/drivers/net/vxlan", "kernel/drivers/net/vxlan.ko", "kernel/drivers/net/dummy.ko", "kernel/drivers/net/macvlan.ko"}
 
-func initramfsFiles(t *testing.T, tg target, kroot, uroot, bins string, img ociimage.Image) (string, []ociimage.File, error) {
+func initramfsFiles(t testing.TB, tg target, kroot, uroot, bins string, img ociimage.Image, spec vmSpec) (string, []ociimage.File, error) {
 	vm, _ := filepath.Glob(filepath.Join(kroot, "boot", "vmlinuz-*"))
 	if len(vm) != 1 {
 		return "", nil, fmt.Errorf("kernel package under %s: %d vmlinuz", kroot, len(vm))
@@ -233,7 +250,10 @@ func initramfsFiles(t *testing.T, tg target, kroot, uroot, bins string, img ocii
 	}
 	add(ociimage.File{Path: "/sbin/modprobe", Link: "/bin/busybox"})
 	add(ociimage.File{Path: "/bin/sh", Link: "busybox"}) // the other applets: /bb, last in PATH
-	add(ociimage.File{Path: "/init", Data: []byte(initScript), Mode: 0o755})
+	add(ociimage.File{Path: "/init", Data: []byte(spec.script), Mode: 0o755})
+	if spec.extra != nil {
+		spec.extra(t, add)
+	}
 	add(ociimage.File{Path: "/etc/village/expect", Data: []byte(tg.machine + "\n")})
 
 	// The modules the checks need, with depmod -b run here.
@@ -348,7 +368,7 @@ var resultLine = regexp.MustCompile(`ARMVM (PASS|FAIL|METRIC|DONE)\s*(\S*)\s*(.*
 
 // report fails the test on any FAIL, any missing check or a VM that did not
 // finish, and logs the metrics.
-func report(t *testing.T, tg target, console string) {
+func report(t testing.TB, tg target, console string, checks []string) {
 	t.Helper()
 	got := map[string]string{}
 	done := false

@@ -4,7 +4,11 @@ package armvm
 // name" or "ARMVM FAIL name" with its output, the footprint "ARMVM METRIC
 // name value", then "ARMVM DONE" and the VM powers off. Every namespace is
 // made here; nothing leaves the VM (qemu has no NIC).
-const initScript = `#!/bin/busybox sh
+const initScript = prelude + checksScript
+
+// prelude mounts, loads the modules and defines run, the first part of
+// every VM's /init.
+const prelude = `#!/bin/busybox sh
 /bin/busybox mount -t proc proc /proc
 /bin/busybox mkdir -p /bb
 /bin/busybox --install -s /bb
@@ -29,7 +33,16 @@ run() {
 cni() { ip netns exec node env CNI_PATH=${WRAP:-}/usr/local/bin NETCONFPATH=/etc/cni/net.d CNI_CACHE_DIR=/tmp/cache cnitool "$@"; }
 addr4() { ip -n $1 -o -4 addr show dev eth0 | awk '{print $4}' | cut -d/ -f1; }
 addr6() { ip -n $1 -o -6 addr show dev eth0 scope global | awk '{print $4}' | cut -d/ -f1; }
+# idle_metric NAME PID: after 10 s of idling, PID's VmRSS and VmHWM.
+idle_metric() {
+  sleep 10
+  kill -0 $2 || return 1
+  echo "ARMVM METRIC $1 $(grep VmRSS /proc/$2/status | awk '{print $2}') (peak $(grep VmHWM /proc/$2/status | awk '{print $2}'))" > /dev/console
+}
+`
 
+// checksScript is the checks of TestArmVM.
+const checksScript = `
 cat > /etc/cni/net.d/10-village.conflist <<'CONF'
 {"cniVersion":"1.0.0","name":"village","plugins":[
  {"type":"village","bridge":"village0","isGateway":true,"ipMasq":true,"hairpinMode":true,"clusterCIDR":"10.244.0.0/16",
@@ -157,11 +170,7 @@ agent_rss() {
     i=$((i+1)); [ $i -lt 120 ] || { cat /tmp/villaged-$n.log; kill $pid; return 1; }
     sleep 1
   done
-  sleep 10
-  kill -0 $pid || return 1
-  rss=$(grep VmRSS /proc/$pid/status | awk '{print $2}')
-  hwm=$(grep VmHWM /proc/$pid/status | awk '{print $2}')
-  echo "ARMVM METRIC villaged_idle_rss_kB_${n}peers $rss (peak $hwm)" > /dev/console
+  idle_metric villaged_idle_rss_kB_${n}peers $pid || return 1
   kill $pid
 }
 
