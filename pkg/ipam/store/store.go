@@ -13,8 +13,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"net/netip"
+	"strings"
 
 	"github.com/village-cni/village/pkg/validate"
 )
