@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 
@@ -115,6 +116,39 @@ func TestEnsureDisk(t *testing.T) {
 	owners, err := a.Owners(ctx)
 	if err != nil || len(owners) != 2 || len(owners[alloc.ServiceOwner("home", "dns")]) != 1 {
 		t.Fatalf("Owners = %v, %v", owners, err)
+	}
+}
+
+// Holds is Ensure's fixed point: true exactly when Ensure would change
+// nothing.
+func TestHolds(t *testing.T) {
+	a := &alloc.Allocator{Sets: sets(t, dual)}
+	for _, tc := range []struct {
+		held string
+		fams []int
+		req  string
+		want bool
+	}{
+		{"192.168.50.240 fd00:50::10", nil, "", true},
+		{"192.168.50.240", nil, "", false},
+		{"192.168.50.240", []int{4}, "", true},
+		{"192.168.50.240", []int{4}, "192.168.50.240", true},
+		{"192.168.50.240", []int{4}, "192.168.50.241", false},
+		{"192.168.50.240 192.168.50.241", []int{4, 6}, "", false},
+		{"192.168.50.99", []int{4}, "", false}, // outside the ranges now
+		{"", []int{4}, "", false},
+		{"fd00:50::10", []int{6}, "", true},
+	} {
+		var held, req []netip.Addr
+		if tc.held != "" {
+			held = addrs(strings.Fields(tc.held)...)
+		}
+		if tc.req != "" {
+			req = addrs(tc.req)
+		}
+		if got := a.Holds(held, alloc.Request{Families: tc.fams, Addrs: req}); got != tc.want {
+			t.Errorf("Holds(%s, %v, %s) = %v", tc.held, tc.fams, tc.req, got)
+		}
 	}
 }
 

@@ -197,15 +197,24 @@ func (c *Controller) pass(ctx context.Context) {
 		}
 	}
 	c.forget(uids)
-	for _, g := range groups {
-		if elect.Writer(g.key, live) == c.cfg.Node {
-			c.write(ctx, g)
-		}
-	}
+	// One read of the store per pass while nothing changes: a group whose
+	// owner already holds what it asks for costs no further request.
 	owners, err := c.cfg.Alloc.Owners(ctx)
 	if err != nil {
 		c.cfg.Logf("LAN Services: %v", err)
 		return
+	}
+	changed := false
+	for _, g := range groups {
+		if elect.Writer(g.key, live) == c.cfg.Node {
+			changed = c.write(ctx, g, owners[g.owner]) || changed
+		}
+	}
+	if changed {
+		if owners, err = c.cfg.Alloc.Owners(ctx); err != nil {
+			c.cfg.Logf("LAN Services: %v", err)
+			return
+		}
 	}
 	// Release what no group (in an allowed namespace) owns any more.
 	wanted := map[store.Owner]*group{}
@@ -381,20 +390,21 @@ func (c *Controller) accept(g *group, report bool) []accepted {
 	return out
 }
 
-// write allocates the group's address and writes its Services' status,
-// with an Event for every refusal.
-func (c *Controller) write(ctx context.Context, g *group) {
+// write allocates the group's address (unless held already holds what it
+// asks for) and writes its Services' status, with an Event for every
+// refusal. It reports whether it asked the store for anything.
+func (c *Controller) write(ctx context.Context, g *group, held []netip.Addr) bool {
 	if !c.allowed(g.ns) {
 		for _, svc := range g.services {
 			c.event(svc, corev1.EventTypeWarning, kubenames.ReasonLANForbidden,
 				fmt.Sprintf("no LAN address: namespace %s is not labelled %s=%s", g.ns, kubenames.LabelLAN, kubenames.LabelLANAllowed))
 			c.setStatus(ctx, svc, nil)
 		}
-		return
+		return false
 	}
 	acc := c.accept(g, true)
 	if len(acc) == 0 {
-		return
+		return false
 	}
 	req := alloc.Request{Owner: g.owner}
 	for _, a := range acc {
@@ -404,7 +414,7 @@ func (c *Controller) write(ctx context.Context, g *group) {
 				for _, b := range acc {
 					c.event(b.svc, corev1.EventTypeWarning, kubenames.ReasonLANInvalid, fmt.Sprintf("annotation %s: %v", kubenames.AnnotationLANIP, err))
 				}
-				return
+				return false
 			}
 			req.Addrs = ips
 		}
@@ -428,7 +438,12 @@ func (c *Controller) write(ctx context.Context, g *group) {
 			req.Families = append(req.Families, fam)
 		}
 	}
-	ips, err := c.cfg.Alloc.Ensure(ctx, req)
+	ips, asked := held, false
+	var err error
+	if !c.cfg.Alloc.Holds(held, req) {
+		ips, err = c.cfg.Alloc.Ensure(ctx, req)
+		asked = true
+	}
 	if err != nil {
 		reason := kubenames.ReasonLANFailed
 		switch {
@@ -445,7 +460,7 @@ func (c *Controller) write(ctx context.Context, g *group) {
 		var refusal *alloc.Error
 		if !errors.As(err, &refusal) {
 			c.cfg.Logf("LAN Services: %s: %v", g.owner.ContainerID, err)
-			return // the store failed: leave the status as it is
+			return asked // the store failed: leave the status as it is
 		}
 	}
 	for _, a := range acc {
@@ -453,6 +468,7 @@ func (c *Controller) write(ctx context.Context, g *group) {
 			c.event(a.svc, corev1.EventTypeNormal, kubenames.ReasonLANAssigned, fmt.Sprintf("LAN address %s", join(ips)))
 		}
 	}
+	return asked
 }
 
 func join(ips []netip.Addr) string {
