@@ -9,11 +9,13 @@ import (
 	"testing"
 
 	"github.com/village-cni/village/internal/etcdtest"
+	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/pkg/ipam/allocator"
 	"github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/ipam/store/disk"
 	"github.com/village-cni/village/pkg/ipam/store/etcd"
+	"github.com/village-cni/village/pkg/ipam/store/kube"
 	"github.com/village-cni/village/pkg/lansvc/alloc"
 )
 
@@ -177,12 +179,20 @@ func TestShareKey(t *testing.T) {
 // address per Service, and distinct Services never share one.
 func TestRace(t *testing.T) {
 	srv := etcdtest.Start(t)
+	api := kubetest.Start(t, kubetest.Options{})
 	for name, open := range map[string]func(t *testing.T, i int) store.Store{
 		"disk": func() func(t *testing.T, i int) store.Store {
 			dir := t.TempDir()
 			return func(t *testing.T, i int) store.Store { return diskStore(t, dir) }
 		}(),
 		"etcd": func(t *testing.T, i int) store.Store { return etcdStore(t, srv, fmt.Sprintf("node%d", i)) },
+		"kubernetes": func(t *testing.T, i int) store.Store {
+			s, err := kube.New(kube.Options{Client: api.Client, Namespace: "default", Network: "lan", NodeName: fmt.Sprintf("node%d", i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
