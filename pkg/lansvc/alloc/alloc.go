@@ -156,6 +156,13 @@ func (a *Allocator) Ensure(ctx context.Context, r Request) ([]netip.Addr, error)
 	return got, errors.Join(errs...)
 }
 
+// InRanges says whether ip is an allocatable address of the Service
+// ranges.
+func (a *Allocator) InRanges(ip netip.Addr) bool {
+	_, set := a.set(family(ip))
+	return set != nil && allocatable(set, ip)
+}
+
 // Holds says whether held (an owner's addresses, as Owners lists them)
 // is already what Ensure would make of r: one allocatable address per
 // family of r, the requested one where r names one, and nothing else.

@@ -210,6 +210,7 @@ func (c *Controller) pass(ctx context.Context) {
 			changed = c.write(ctx, g, owners[g.owner]) || changed
 		}
 	}
+	c.clearFormer(ctx, live)
 	if changed {
 		if owners, err = c.cfg.Alloc.Owners(ctx); err != nil {
 			c.cfg.Logf("LAN Services: %v", err)
@@ -274,6 +275,33 @@ func (c *Controller) pass(ctx context.Context) {
 type announce struct {
 	ip  netip.Addr
 	acc []accepted
+}
+
+// clearFormer removes what Village wrote on Services that are no longer
+// its own (no longer type LoadBalancer): the ingress addresses from its
+// ranges and the announcer annotation. Their writer is the old single
+// Service group's.
+func (c *Controller) clearFormer(ctx context.Context, live []string) {
+	for _, obj := range c.cfg.Services.GetStore().List() {
+		svc, ok := obj.(*corev1.Service)
+		if !ok || c.ours(svc) || svc.Annotations[kubenames.AnnotationLANAnnouncer] == "" ||
+			elect.Writer(ownerKey(alloc.ServiceOwner(svc.Namespace, svc.Name)), live) != c.cfg.Node {
+			continue
+		}
+		var keep []corev1.LoadBalancerIngress
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if ip, err := netip.ParseAddr(in.IP); err != nil || !c.cfg.Alloc.InRanges(ip) {
+				keep = append(keep, in) // not Village's
+			}
+		}
+		if len(keep) != len(svc.Status.LoadBalancer.Ingress) {
+			c.updateStatus(ctx, svc, keep)
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{kubenames.AnnotationLANAnnouncer: nil}}})
+		if _, err := c.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}); err != nil && !apierrors.IsNotFound(err) {
+			c.cfg.Logf("LAN Services: announcer of %s/%s: %v", svc.Namespace, svc.Name, err)
+		}
+	}
 }
 
 // ownerKey is the writer's key of a group: its owner in the store.
@@ -490,6 +518,13 @@ func (c *Controller) setStatus(ctx context.Context, svc *corev1.Service, ips []n
 	if sameIngress(svc.Status.LoadBalancer.Ingress, want) {
 		return false
 	}
+	return c.updateStatus(ctx, svc, want)
+}
+
+// updateStatus writes ingress as svc's status.loadBalancer.ingress, with
+// the informer's resourceVersion (a stale object is refused, and the next
+// pass sees the new one).
+func (c *Controller) updateStatus(ctx context.Context, svc *corev1.Service, want []corev1.LoadBalancerIngress) bool {
 	cp := svc.DeepCopy()
 	cp.Status.LoadBalancer.Ingress = want
 	_, err := c.cfg.Client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: kubenames.Agent})
