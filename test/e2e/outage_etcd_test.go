@@ -75,10 +75,13 @@ func pingAll(ctx context.Context, probes []*probe, d time.Duration) <-chan struc
 // (vxlan, TTL 5 s, so every node record expires during the outage, and
 // reclaimAfter 10 s, so a wrong reclaim would happen within the test).
 // During the minute, pods ping across every pair of nodes and every ping is
-// answered: the agents keep their routes. After it: no agent exited, each
-// node registers again and keeps its subnet lease (nothing is reclaimed),
-// and a node joining after the outage is routed by every node and reached
-// by their pods.
+// answered: the agents keep their routes. After it: every node registers
+// again, and while they do, the pings go on being answered: no agent
+// takes its peers' records, expired with its own, for departures (it
+// holds them, pkg/agent/outage.go), so no route is removed. No agent
+// exited, each node keeps its subnet lease (nothing is reclaimed), and a
+// node joining after the outage is routed by every node and reached by
+// their pods.
 func TestEtcdRegistryOutage(t *testing.T) {
 	lab := newAgentLab(t, "vxlan", `,"reclaimAfter":10`)
 	subnets := lab.startAll()
@@ -124,6 +127,10 @@ func TestEtcdRegistryOutage(t *testing.T) {
 	testenv.Nft(t, lab.host, "add", "chain", "inet", "outage", "out", "{ type filter hook output priority -10 ; }")
 	testenv.Nft(t, lab.host, "add", "rule", "inet", "outage", "out", "oifname", "eth0", "tcp", "sport", "2379", "counter", "drop")
 	cut := time.Now()
+	logAt := map[string]int{}
+	for _, n := range lab.nodes {
+		logAt[n.name] = len(n.log.String())
+	}
 	<-pingAll(t.Context(), probes, outageMinute)
 	dropped := testenv.Nft(t, lab.host, "list", "chain", "inet", "outage", "in")
 	// From the moment etcd is back until every agent has recovered,
@@ -171,6 +178,18 @@ func TestEtcdRegistryOutage(t *testing.T) {
 	<-pingsDone
 	for _, p := range after {
 		t.Logf("FIGURE: from etcd's return until recovered, pod %s: %d pings sent, %d answered", p.what, p.sent, p.ok)
+		if p.err != nil || p.ok != p.sent {
+			t.Errorf("pod %s while the agents recovered: %d of %d pings answered (%v)", p.what, p.ok, p.sent, p.err)
+		}
+	}
+	// Every record expired during the outage, but no agent took its
+	// peers' expiry for a departure: no route was removed (outage.go).
+	for _, n := range lab.nodes {
+		since := n.log.String()[logAt[n.name]:]
+		if strings.Contains(since, " left (record deleted") || strings.Contains(since, "delete route") {
+			t.Errorf("%s removed a peer over the outage:\n%s", n.name, since)
+		}
+		t.Logf("%s held %d peer removals over the outage", n.name, strings.Count(since, "its routes stay until it registers again"))
 	}
 	for i := range pods {
 		for j := range pods {
