@@ -136,5 +136,11 @@ func checkAPIServerFrozen(t *testing.T, c *kubecluster.Cluster) {
 		if !podReady(&after) {
 			t.Errorf("the Village pod on %s is not Ready after the freeze: %v", nodeName, after.Status.Conditions)
 		}
+		for _, cond := range after.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.LastTransitionTime.After(frozen) {
+				t.Logf("the Village pod on %s turned Ready again at %s, %s after SIGCONT", nodeName,
+					cond.LastTransitionTime.Format(time.RFC3339), cond.LastTransitionTime.Sub(thawed).Round(time.Second))
+			}
+		}
 	}
 }
