@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -347,6 +348,30 @@ func (s *Server) StartAPIServer() {
 	s.api = s.spawn("kube-apiserver", bin, s.apiArgs()...)
 	s.mu.Unlock()
 	s.waitReady()
+}
+
+// FreezeAPIServer stops the API server process with SIGSTOP: its sockets
+// stay open and nothing answers on them, as with a hung server. It returns
+// thaw, which sends SIGCONT (to the process frozen, once; later calls do
+// nothing): call it in a t.Cleanup too, so a failing test leaves no frozen
+// server behind.
+func (s *Server) FreezeAPIServer() (thaw func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.api == nil || s.api.Exited() {
+		return nil, fmt.Errorf("kubetest: no API server running to freeze")
+	}
+	// The process itself, not its group: the watchdog shell beside it
+	// must keep running.
+	pid := s.api.Pid()
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || strings.TrimSpace(string(comm)) != "kube-apiserver" {
+		return nil, fmt.Errorf("kubetest: pid %d is %q, not kube-apiserver (%v)", pid, comm, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("kubetest: freezing kube-apiserver (pid %d): %w", pid, err)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }, nil
 }
 
 func freePorts(n int) ([]int, error) {

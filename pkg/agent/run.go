@@ -44,7 +44,7 @@ func Run(ctx context.Context, opts Options) error {
 		opts.Period = DefaultPeriod
 	}
 	c, src := n.c, n.src
-	a := &agent{n: n, c: c, opts: opts, r: n.r, health: newHealth(c.Node)}
+	a := &agent{n: n, c: c, opts: opts, r: n.r, health: newHealth(c.Node), held: map[string]overlay.Node{}}
 
 	// Health from the first second: the probes answer while the agent still
 	// waits for its underlay address or pod subnet (/readyz says which). The
@@ -137,6 +137,7 @@ func Run(ctx context.Context, opts Options) error {
 		opts.logf("node %s: %s, pods %s; registering in %s", c.Node, ip, cidrList(cidrs), src.where())
 		if es, ok := src.(*etcdSource); ok {
 			a.reclaim = newReclaimer(c, es.reg, opts.logf) // the etcd registry's departed nodes
+			a.lease = es.lease
 		}
 	} else {
 		a.haveView = true
@@ -166,8 +167,13 @@ type agent struct {
 	m        *metrics.Metrics        // nil: metrics off (its methods do nothing)
 	health   *health
 	reclaim  *reclaimer // nil: no registry, or reclaiming is off
-	onTick   func()     // a test's stand-in for the periodic work (nil: the work)
-	watch    *kernelWatch
+	// lease is this node's own etcd registration as keep sees it (nil:
+	// no etcd registry); held are the peers whose removal it put in
+	// doubt, kept in view (outage.go).
+	lease  *leaseWatch
+	held   map[string]overlay.Node
+	onTick func() // a test's stand-in for the periodic work (nil: the work)
+	watch  *kernelWatch
 	// sinceFull counts the ticks since the last full pass (a Set that read
 	// the whole kernel back); see fullDue.
 	sinceFull int
@@ -226,7 +232,9 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 				continue
 			}
 			a.checkSelf(records)
-			if a.fullDue() {
+			if a.releaseHeld() {
+				a.pass(ctx, "held peers released", false)
+			} else if a.fullDue() {
 				a.pass(ctx, "periodic repair", true)
 			} else {
 				a.repairLocal("periodic repair")
@@ -270,6 +278,11 @@ func (a *agent) handBack() {
 // records the batch names, whatever the number of peers.
 func (a *agent) setView(b registry.Batch) overlay.PeerChange {
 	change, bad := a.n.applyBatch(a.view, b)
+	put := make([]string, len(b.Nodes))
+	for i, rec := range b.Nodes {
+		put[i] = rec.Name
+	}
+	change = a.holdRemovals(change, put)
 	for _, err := range bad {
 		a.opts.logf("registry: ignoring a record: %v", err)
 	}
@@ -447,7 +460,7 @@ func (a *agent) repairHostVeths(why string) {
 // lease every TTL/3, writes the record back when it was deleted by hand,
 // registers anew when the lease was lost, and takes new records from
 // records. It never revokes the lease.
-func keep(ctx context.Context, reg *registry.Registry, n registry.Node, records <-chan registry.Node, m *metrics.Metrics, logf func(string, ...any)) {
+func keep(ctx context.Context, reg *registry.Registry, n registry.Node, records <-chan registry.Node, m *metrics.Metrics, lease *leaseWatch, logf func(string, ...any)) {
 	every := reg.Config().TTL / 3
 	var g *registry.Registration
 	timer := time.NewTimer(0)
@@ -475,12 +488,16 @@ func keep(ctx context.Context, reg *registry.Registry, n registry.Node, records 
 				}
 				next = retryEvery
 			} else {
+				lease.ok(false)
 				logf("registered node %s under lease %x", n.Name, int64(g.Lease()))
 			}
 		default:
 			renewed, err := g.Refresh(ctx)
 			if ctx.Err() == nil {
 				m.LeaseRenewed(err)
+			}
+			if err == nil {
+				lease.ok(renewed)
 			}
 			switch {
 			case err != nil && ctx.Err() == nil:

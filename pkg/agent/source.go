@@ -54,7 +54,7 @@ func (n *node) openSource() (source, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &etcdSource{c: c, reg: reg, closeFn: closeReg}, nil
+		return &etcdSource{c: c, reg: reg, closeFn: closeReg, lease: newLeaseWatch(reg.Config().TTL)}, nil
 	}
 }
 
@@ -64,6 +64,7 @@ type etcdSource struct {
 	c       *Conf
 	reg     *registry.Registry
 	closeFn func()
+	lease   *leaseWatch // what keep knows of this node's lease (outage.go)
 }
 
 func (s *etcdSource) nodes(ctx context.Context) ([]registry.Node, int64, error, error) {
@@ -92,7 +93,7 @@ func (s *etcdSource) podCIDRs(ctx context.Context, lease bool) ([]*net.IPNet, er
 func (s *etcdSource) follow(ctx context.Context, first registry.Node, records <-chan registry.Node, feed *registry.Feed, m *metrics.Metrics, logf func(string, ...any)) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.reg.Follow(ctx, feed, logf) }()
-	keep(ctx, s.reg, first, records, m, logf)
+	keep(ctx, s.reg, first, records, m, s.lease, logf)
 	<-done
 }
 

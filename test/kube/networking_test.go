@@ -16,12 +16,13 @@ import (
 )
 
 // TestHostGWIptables: host-gw routes, kube-proxy in iptables mode, the
-// networking checks, the agent's least privilege, and then the lifecycle of
-// the DaemonSet and the nodes.
+// networking checks, a minute with the API server frozen, the agent's
+// least privilege, and then the lifecycle of the DaemonSet and the nodes.
 func TestHostGWIptables(t *testing.T) {
 	c := kubecluster.Start(t, kubecluster.Options{Backend: "host-gw", ProxyMode: "iptables"})
 	checkNetworking(t, c)
-	t.Run("LeastPrivilege", func(t *testing.T) { checkLeastPrivilege(t, c) }) // leastpriv_test.go
+	t.Run("APIServerFrozen", func(t *testing.T) { checkAPIServerFrozen(t, c) }) // outage_test.go
+	t.Run("LeastPrivilege", func(t *testing.T) { checkLeastPrivilege(t, c) })   // leastpriv_test.go
 	t.Run("Lifecycle", func(t *testing.T) { checkLifecycle(t, c) })
 }
 
