@@ -57,7 +57,12 @@ type Config struct {
 	// Repair is how often the kernel is compared with the last compile.
 	Repair  time.Duration
 	Metrics *metrics.Metrics
-	Logf    func(string, ...any)
+	// LAN reports whether a pod of this node has a LAN interface (net1,
+	// which no policy filters: the NetworkPolicyNotEnforced warning), as
+	// the node's own state says (pkg/lanpods HasLAN); nil: no pod has one.
+	// Never the lan-address annotation, which users may edit.
+	LAN  func(*corev1.Pod) bool
+	Logf func(string, ...any)
 	// InNS runs its argument in the node's network namespace (nil: the
 	// calling thread's, which is the node's for villaged).
 	InNS func(func() error) error
@@ -187,6 +192,7 @@ func (c *ctl) input() netpol.Input {
 		in.Pods = append(in.Pods, np)
 		if p.Spec.NodeName == c.cfg.Node {
 			in.Local[np.Key()] = true
+			np.LAN = c.cfg.LAN != nil && c.cfg.LAN(p)
 		}
 	}
 	return in
@@ -194,7 +200,6 @@ func (c *ctl) input() netpol.Input {
 
 func podOf(p *corev1.Pod) *netpol.Pod {
 	np := &netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, HostNetwork: p.Spec.HostNetwork}
-	_, np.LAN = p.Annotations[kubenames.AnnotationLANAddress]
 	for _, ip := range p.Status.PodIPs {
 		if a, err := netip.ParseAddr(ip.IP); err == nil {
 			np.IPs = append(np.IPs, a.Unmap())
