@@ -360,12 +360,15 @@ func (l *Controller) HasLAN(p *corev1.Pod) bool {
 // those the store backed once but no longer does, are dropped. The agent calls it once its informers have synced (a restarted
 // agent has no reports), and `villaged status` on each listing.
 func (l *Controller) Refresh(ctx context.Context) error {
-	if l.held == nil || l.pods == nil {
+	if l.pods == nil {
 		return nil
 	}
-	held, err := l.held(ctx)
-	if err != nil {
-		return fmt.Errorf("reading the LAN pool of network %q: %w", l.network, err)
+	var held map[netip.Addr][]netip.Addr // nil: no store (DHCP), the reports alone
+	if l.held != nil {
+		var err error
+		if held, err = l.held(ctx); err != nil {
+			return fmt.Errorf("reading the LAN pool of network %q: %w", l.network, err)
+		}
 	}
 	pods := l.localPods()
 	l.mu.Lock()
