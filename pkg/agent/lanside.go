@@ -60,10 +60,22 @@ func (a *agent) startLANPods(ctx context.Context) (wait func(), err error) {
 		if cfg.Pods != nil {
 			// A restarted agent has no reports: what its pods hold comes
 			// from the LAN pool's store once the informers have them.
+			// The first read may precede the host credentials
+			// (hostcreds.go): it is tried again until it succeeds.
 			wg.Go(func() {
-				if cache.WaitForCacheSync(ctx.Done(), cfg.Pods.HasSynced) {
-					if err := ctl.Refresh(ctx); err != nil {
-						opts.logf("LAN pods: %v", err)
+				if !cache.WaitForCacheSync(ctx.Done(), cfg.Pods.HasSynced) {
+					return
+				}
+				for {
+					err := ctl.Refresh(ctx)
+					if err == nil {
+						return
+					}
+					opts.logf("LAN pods: %v (trying again in %s)", err, hostCredsRetry)
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(hostCredsRetry):
 					}
 				}
 			})

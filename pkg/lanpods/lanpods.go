@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -90,6 +91,9 @@ type Controller struct {
 	// and the LAN pool's store (refresh). Never the lan-address
 	// annotation, which users may edit: that is output only.
 	lan map[string]lanEntry
+	// lanChanged has a token when lan changed since the last receive
+	// (LANChanged: the NetworkPolicy controller compiles again).
+	lanChanged chan struct{}
 }
 
 // lanEntry is one pod's LAN addresses as the node's own state has them.
@@ -109,7 +113,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	l := &Controller{cs: cfg.Client, apiErr: cfg.APIErr, node: cfg.Node, network: cfg.Network, logf: cfg.Logf, rec: cfg.Events,
 		pods: cfg.Pods, nss: cfg.Namespaces, changed: make(chan struct{}), events: map[string]time.Time{},
-		ifName: cfg.IfName, all: cfg.All, held: cfg.Held, lan: map[string]lanEntry{}}
+		ifName: cfg.IfName, all: cfg.All, held: cfg.Held, lan: map[string]lanEntry{}, lanChanged: make(chan struct{}, 1)}
 	if l.cs == nil || l.pods == nil || l.nss == nil {
 		l.pods, l.nss = nil, nil
 		return l, nil
@@ -260,7 +264,11 @@ func (l *Controller) LANReport(_ context.Context, _ string, ref agentsock.Pod, r
 	}
 	value := r.IfName + "=" + strings.Join(r.Addresses, ",")
 	l.mu.Lock()
-	l.lan[ref.Namespace+"/"+ref.Name] = lanEntry{uid: string(pod.UID), addrs: value, report: true}
+	key, e := ref.Namespace+"/"+ref.Name, lanEntry{uid: string(pod.UID), addrs: value, report: true}
+	if old, ok := l.lan[key]; !ok || old.uid != e.uid || old.addrs != e.addrs {
+		l.lan[key] = e
+		l.noteLAN()
+	}
 	l.mu.Unlock()
 	go l.annotate(ref, value)
 	return nil
@@ -394,9 +402,25 @@ func (l *Controller) Refresh(ctx context.Context) error {
 		}
 		next[key] = e
 	}
+	if !maps.EqualFunc(l.lan, next, func(a, b lanEntry) bool { return a.uid == b.uid && a.addrs == b.addrs }) {
+		l.noteLAN()
+	}
 	l.lan = next
 	return nil
 }
+
+// noteLAN says that the answers of HasLAN changed (l.mu held).
+func (l *Controller) noteLAN() {
+	select {
+	case l.lanChanged <- struct{}{}:
+	default:
+	}
+}
+
+// LANChanged receives a token after the pods' LAN addresses changed (a
+// report, a Refresh that found something else): HasLAN may answer
+// differently. One consumer, the NetworkPolicy controller.
+func (l *Controller) LANChanged() <-chan struct{} { return l.lanChanged }
 
 func joinAddrs(addrs []netip.Addr) string {
 	s := make([]string, len(addrs))

@@ -124,6 +124,12 @@ func TestControllerOverSharedInformers(t *testing.T) {
 	// Users may edit the annotation: a false address on the LAN pod, and
 	// one on a pod that has no LAN interface. The listing and HasLAN (the
 	// NetworkPolicy warning's question) keep to what the plugin reported.
+	// (after the agent's own write of the annotation, which would
+	// otherwise land on top of the forgery)
+	within(t, "ok/fixed's lan-address annotation written by the report", func() bool {
+		p, err := cs.CoreV1().Pods("ok").Get(ctx, "fixed", metav1.GetOptions{})
+		return err == nil && p.Annotations[kubenames.AnnotationLANAddress] == "net1=192.168.50.210/24"
+	})
 	forged := map[string]string{"fixed": "net1=192.168.50.99/24", "plain": "net1=192.168.50.98/24"}
 	for name, v := range forged {
 		patch := `{"metadata":{"annotations":{"` + kubenames.AnnotationLANAddress + `":"` + v + `"}}}`
@@ -179,6 +185,11 @@ func TestControllerOverSharedInformers(t *testing.T) {
 	}
 	if err := again.Refresh(ctx); err != nil {
 		t.Fatal(err)
+	}
+	select { // the NetworkPolicy controller is told to compile again
+	case <-again.LANChanged():
+	default:
+		t.Error("a Refresh that found ok/fixed's LAN address sent nothing on LANChanged")
 	}
 	pods, err = again.LANList(ctx)
 	if err != nil || len(pods) != 1 || pods[0].Name != "fixed" || pods[0].Addresses != "net1=192.168.50.210" {

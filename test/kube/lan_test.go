@@ -199,6 +199,13 @@ func TestLANPods(t *testing.T) {
 		if strings.Contains(string(out), "lan-ok/plain") || strings.Contains(string(out), kubecluster.LANPrefix+"77") || strings.Contains(string(out), kubecluster.LANPrefix+"78") {
 			t.Fatalf("villaged status on node-1 reports a forged annotation:\n%s", out)
 		}
+		// The listing read the LAN pool's Leases (through the host
+		// credentials): a failed read is logged, and would leave only the
+		// plugin's reports to list from.
+		logs, err := c.Kubectl("-n", kubecluster.VillageNamespace, "logs", p.Name, "-c", "agent")
+		if err != nil || strings.Contains(string(logs), "(listing what the plugin reported)") {
+			t.Fatalf("the agent on node-1 could not read the LAN pool (%v):\n%s", err, logs)
+		}
 	})
 }
 

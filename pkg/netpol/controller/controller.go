@@ -61,8 +61,11 @@ type Config struct {
 	// which no policy filters: the NetworkPolicyNotEnforced warning), as
 	// the node's own state says (pkg/lanpods HasLAN); nil: no pod has one.
 	// Never the lan-address annotation, which users may edit.
-	LAN  func(*corev1.Pod) bool
-	Logf func(string, ...any)
+	LAN func(*corev1.Pod) bool
+	// LANChanged receives when LAN's answers may have changed (nil:
+	// never): the controller compiles again.
+	LANChanged <-chan struct{}
+	Logf       func(string, ...any)
 	// InNS runs its argument in the node's network namespace (nil: the
 	// calling thread's, which is the node's for villaged).
 	InNS func(func() error) error
@@ -151,6 +154,8 @@ func Run(ctx context.Context, cfg Config) error {
 			if settled == nil {
 				settled = time.After(cfg.Settle)
 			}
+		case <-cfg.LANChanged:
+			poke()
 		case <-settled:
 			settled = nil
 			c.sync("change")
