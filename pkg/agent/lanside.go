@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/client-go/tools/cache"
+
 	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/lanpods"
 	"github.com/village-cni/village/pkg/netconf"
@@ -30,7 +32,8 @@ func (a *agent) startLANPods(ctx context.Context) (wait func(), err error) {
 	if runDir == "" {
 		runDir = nodelocal.RunDir()
 	}
-	cfg := lanpods.Config{Network: c.Net.Name, Node: c.Node, Logf: opts.logf}
+	cfg := lanpods.Config{Network: c.Net.Name, Node: c.Node, Logf: opts.logf, IfName: lan.IfName,
+		All: lan.Pods != netconf.PodsAnnotated, Held: c.lanHeld(runDir)}
 	side, err := a.n.kubeSide()
 	if err == nil {
 		cfg.Client, cfg.Events = side.cs, side.rec
@@ -50,9 +53,33 @@ func (a *agent) startLANPods(ctx context.Context) (wait func(), err error) {
 	if err != nil {
 		return nil, err
 	}
+	a.lan = ctl
 	var wg sync.WaitGroup
 	if side != nil {
 		side.start(ctx.Done())
+		if cfg.Pods != nil {
+			// A restarted agent has no reports: what its pods hold comes
+			// from the LAN pool's store once the informers have them.
+			// The first read may precede the host credentials
+			// (hostcreds.go): it is tried again until it succeeds.
+			wg.Go(func() {
+				if !cache.WaitForCacheSync(ctx.Done(), cfg.Pods.HasSynced) {
+					return
+				}
+				for {
+					err := ctl.Refresh(ctx)
+					if err == nil {
+						return
+					}
+					opts.logf("LAN pods: %v (trying again in %s)", err, hostCredsRetry)
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(hostCredsRetry):
+					}
+				}
+			})
+		}
 		if err := startHostCreds(ctx, &wg, c, side.rc, side.cs, runDir, opts.logf); err != nil {
 			opts.logf("LAN pods: host credentials: %v", err)
 		}

@@ -35,6 +35,9 @@ func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
 	// whole cluster's pods when the key is on); Run starts them.
 	cfg := controller.Config{Network: a.c.Net.Name, Node: a.c.Node, Pods: side.pods(), Namespaces: side.namespaces(),
 		Policies: side.policies(), Events: side.rec, RunDir: a.opts.RunDir, Metrics: a.m, Logf: a.opts.logf}
+	if a.lan != nil {
+		cfg.LAN, cfg.LANChanged = a.lan.HasLAN, a.lan.LANChanged()
+	}
 	wg.Go(func() {
 		err := controller.Run(ctx, cfg)
 		if err != nil && ctx.Err() == nil {

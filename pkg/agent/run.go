@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/village-cni/village/pkg/lanpods"
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/metrics"
@@ -174,6 +175,9 @@ type agent struct {
 	held   map[string]overlay.Node
 	onTick func() // a test's stand-in for the periodic work (nil: the work)
 	watch  *kernelWatch
+	// lan answers the LAN questions (lanside.go); nil without a LAN
+	// section. The NetworkPolicy controller asks it which pods have one.
+	lan *lanpods.Controller
 	// sinceFull counts the ticks since the last full pass (a Set that read
 	// the whole kernel back); see fullDue.
 	sinceFull int

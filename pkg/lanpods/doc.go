@@ -19,6 +19,11 @@
 //   - The annotation patch and the Events are written in the background,
 //     so the ADD never waits for the API; the same Event is written at
 //     most once per eventEvery while kubelet retries the same ADD.
+//   - The lan-address annotation is output only: users may edit it. Which
+//     pods hold which LAN addresses (`villaged status`, and HasLAN for the
+//     NetworkPolicy controller's LAN warning) comes from the node's own
+//     state: the plugin's reports (root-only socket) and the LAN pool's
+//     store (Refresh, through Config.Held).
 //
 // It serves no socket itself: the agent listens and hands the requests to
 // a Controller (it implements agentsock.Handler).

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,7 +53,17 @@ type Config struct {
 	Pods, Namespaces cache.SharedIndexInformer
 	// Events records the Warnings on pods (the agent's one recorder).
 	Events record.EventRecorder
-	Logf   func(string, ...any)
+	// IfName is the pods' LAN interface (macvlan.ifName).
+	IfName string
+	// All: the network gives every pod the LAN interface ("macvlan.pods"
+	// "all"), so every pod of it that is not on the host network has one.
+	All bool
+	// Held reads the node's own state: the LAN addresses each attachment
+	// holds in the LAN pool's store, keyed by the pod's address on the
+	// network (its eth0, from the node's IPAM store). nil: no store to
+	// read (a DHCP pool), only the plugin's reports count.
+	Held func(ctx context.Context) (map[netip.Addr][]netip.Addr, error)
+	Logf func(string, ...any)
 }
 
 // Controller answers the plugin's LAN questions on the agent socket
@@ -67,9 +79,31 @@ type Controller struct {
 
 	pods, nss cache.SharedIndexInformer
 
+	ifName string
+	all    bool
+	held   func(ctx context.Context) (map[netip.Addr][]netip.Addr, error)
+
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced on every pod event
 	events  map[string]time.Time
+	// lan is what this node's own state says of its pods' LAN addresses,
+	// by namespace/name: the plugin's reports (root on the agent socket)
+	// and the LAN pool's store (refresh). Never the lan-address
+	// annotation, which users may edit: that is output only.
+	lan map[string]lanEntry
+	// lanChanged has a token when lan changed since the last receive
+	// (LANChanged: the NetworkPolicy controller compiles again).
+	lanChanged chan struct{}
+}
+
+// lanEntry is one pod's LAN addresses as the node's own state has them.
+type lanEntry struct {
+	uid   string // "" when the report carried none
+	addrs string // "net1=192.168.50.210/24,..."
+	// report: from the plugin's report, not yet seen in the store (a pod
+	// whose address on the network kubelet has not posted yet, or a DHCP
+	// pool); a store read that does not back it keeps it.
+	report bool
 }
 
 // New makes the controller and adds its handlers to the informers.
@@ -78,7 +112,8 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Logf = func(string, ...any) {}
 	}
 	l := &Controller{cs: cfg.Client, apiErr: cfg.APIErr, node: cfg.Node, network: cfg.Network, logf: cfg.Logf, rec: cfg.Events,
-		pods: cfg.Pods, nss: cfg.Namespaces, changed: make(chan struct{}), events: map[string]time.Time{}}
+		pods: cfg.Pods, nss: cfg.Namespaces, changed: make(chan struct{}), events: map[string]time.Time{},
+		ifName: cfg.IfName, all: cfg.All, held: cfg.Held, lan: map[string]lanEntry{}, lanChanged: make(chan struct{}, 1)}
 	if l.cs == nil || l.pods == nil || l.nss == nil {
 		l.pods, l.nss = nil, nil
 		return l, nil
@@ -228,6 +263,13 @@ func (l *Controller) LANReport(_ context.Context, _ string, ref agentsock.Pod, r
 		return nil
 	}
 	value := r.IfName + "=" + strings.Join(r.Addresses, ",")
+	l.mu.Lock()
+	key, e := ref.Namespace+"/"+ref.Name, lanEntry{uid: string(pod.UID), addrs: value, report: true}
+	if old, ok := l.lan[key]; !ok || old.uid != e.uid || old.addrs != e.addrs {
+		l.lan[key] = e
+		l.noteLAN()
+	}
+	l.mu.Unlock()
 	go l.annotate(ref, value)
 	return nil
 }
@@ -263,23 +305,144 @@ func (l *Controller) event(pod *corev1.Pod, reason, msg string) {
 	l.logf("LAN pods: pod %s/%s: %s: %s", pod.Namespace, pod.Name, reason, msg)
 }
 
-// LANList lists this node's pods with a LAN address (their annotation).
-func (l *Controller) LANList(context.Context) ([]agentsock.LANPod, error) {
+// LANList lists this node's pods with a LAN address, from the node's own
+// state (Refresh), never from their lan-address annotations.
+func (l *Controller) LANList(ctx context.Context) ([]agentsock.LANPod, error) {
 	if l.pods == nil {
 		return nil, nil
 	}
+	if err := l.Refresh(ctx); err != nil {
+		l.logf("LAN pods: %v (listing what the plugin reported)", err)
+	}
 	var out []agentsock.LANPod
-	for _, obj := range l.pods.GetStore().List() {
-		p := obj.(*corev1.Pod)
-		if p.Spec.NodeName != l.node {
-			continue // a cluster-wide informer (NetworkPolicy's too)
-		}
-		if v := p.Annotations[kubenames.AnnotationLANAddress]; v != "" {
-			out = append(out, agentsock.LANPod{Namespace: p.Namespace, Name: p.Name, Addresses: v})
+	for _, p := range l.localPods() {
+		if e, ok := l.entry(p); ok {
+			out = append(out, agentsock.LANPod{Namespace: p.Namespace, Name: p.Name, Addresses: e.addrs})
 		}
 	}
 	slices.SortFunc(out, func(a, b agentsock.LANPod) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	return out, nil
+}
+
+// localPods are this node's pods in the informer that may hold addresses.
+func (l *Controller) localPods() []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, obj := range l.pods.GetStore().List() {
+		p := obj.(*corev1.Pod)
+		if p.Spec.NodeName != l.node || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue // a cluster-wide informer (NetworkPolicy's too)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// entry is pod p's LAN addresses as the node's own state has them.
+func (l *Controller) entry(p *corev1.Pod) (lanEntry, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.lan[p.Namespace+"/"+p.Name]
+	return e, ok && (e.uid == "" || e.uid == string(p.UID))
+}
+
+// HasLAN reports whether pod p (of this node) has a LAN interface, as the
+// node's own state says: every pod off the host network with "macvlan.pods"
+// "all", else what the plugin reported and the LAN pool's store holds. The
+// NetworkPolicy controller's LAN warning asks it; its lan-address
+// annotation, which users may edit, counts for nothing.
+func (l *Controller) HasLAN(p *corev1.Pod) bool {
+	if l.all {
+		return !p.Spec.HostNetwork
+	}
+	_, ok := l.entry(p)
+	return ok
+}
+
+// Refresh rebuilds the pods' LAN addresses from the LAN pool's store (the
+// plugin's reports stand for pods the store has nothing about yet, and for
+// every pod of a DHCP pool): a pod holds the LAN addresses its sandbox
+// (the owner of its address on the network) holds in the store. Entries
+// of pods no longer on the node, or recreated under the same name, and
+// those the store backed once but no longer does, are dropped. The agent calls it once its informers have synced (a restarted
+// agent has no reports), and `villaged status` on each listing.
+func (l *Controller) Refresh(ctx context.Context) error {
+	if l.pods == nil {
+		return nil
+	}
+	var held map[netip.Addr][]netip.Addr // nil: no store (DHCP), the reports alone
+	if l.held != nil {
+		var err error
+		if held, err = l.held(ctx); err != nil {
+			return fmt.Errorf("reading the LAN pool of network %q: %w", l.network, err)
+		}
+	}
+	pods := l.localPods()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	next := map[string]lanEntry{}
+	for _, p := range pods {
+		key := p.Namespace + "/" + p.Name
+		if old, ok := l.lan[key]; ok && old.report && (old.uid == "" || old.uid == string(p.UID)) {
+			next[key] = old // a report the store has not caught up with stands
+		}
+		var addrs []netip.Addr
+		for _, ip := range p.Status.PodIPs {
+			if a, err := netip.ParseAddr(ip.IP); err == nil {
+				addrs = append(addrs, held[a.Unmap()]...)
+			}
+		}
+		if len(addrs) == 0 {
+			continue
+		}
+		e := lanEntry{uid: string(p.UID), addrs: l.ifName + "=" + joinAddrs(addrs)}
+		if old, ok := l.lan[key]; ok && (old.uid == "" || old.uid == e.uid) && sameAddrs(old.addrs, addrs) {
+			e.addrs = old.addrs // the report's form keeps the prefix lengths
+		}
+		next[key] = e
+	}
+	if !maps.EqualFunc(l.lan, next, func(a, b lanEntry) bool { return a.uid == b.uid && a.addrs == b.addrs }) {
+		l.noteLAN()
+	}
+	l.lan = next
+	return nil
+}
+
+// noteLAN says that the answers of HasLAN changed (l.mu held).
+func (l *Controller) noteLAN() {
+	select {
+	case l.lanChanged <- struct{}{}:
+	default:
+	}
+}
+
+// LANChanged receives a token after the pods' LAN addresses changed (a
+// report, a Refresh that found something else): HasLAN may answer
+// differently. One consumer, the NetworkPolicy controller.
+func (l *Controller) LANChanged() <-chan struct{} { return l.lanChanged }
+
+func joinAddrs(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	slices.Sort(s)
+	return strings.Join(s, ",")
+}
+
+// sameAddrs reports whether a report's value ("net1=a/24,b/64") names
+// exactly addrs.
+func sameAddrs(value string, addrs []netip.Addr) bool {
+	_, list, _ := strings.Cut(value, "=")
+	var got []string
+	for _, s := range strings.Split(list, ",") {
+		if pfx, err := netip.ParsePrefix(s); err == nil {
+			got = append(got, pfx.Addr().Unmap().String())
+		} else if a, err := netip.ParseAddr(s); err == nil {
+			got = append(got, a.Unmap().String())
+		}
+	}
+	slices.Sort(got)
+	return strings.Join(got, ",") == joinAddrs(addrs)
 }

@@ -3,12 +3,14 @@ package lanpods
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -118,6 +120,89 @@ func TestControllerOverSharedInformers(t *testing.T) {
 		pods, err := ctl.LANList(ctx)
 		return err == nil && len(pods) == 1 && pods[0].Namespace == "ok" && pods[0].Name == "fixed" && pods[0].Addresses == "net1=192.168.50.210/24"
 	})
+
+	// Users may edit the annotation: a false address on the LAN pod, and
+	// one on a pod that has no LAN interface. The listing and HasLAN (the
+	// NetworkPolicy warning's question) keep to what the plugin reported.
+	// (after the agent's own write of the annotation, which would
+	// otherwise land on top of the forgery)
+	within(t, "ok/fixed's lan-address annotation written by the report", func() bool {
+		p, err := cs.CoreV1().Pods("ok").Get(ctx, "fixed", metav1.GetOptions{})
+		return err == nil && p.Annotations[kubenames.AnnotationLANAddress] == "net1=192.168.50.210/24"
+	})
+	forged := map[string]string{"fixed": "net1=192.168.50.99/24", "plain": "net1=192.168.50.98/24"}
+	for name, v := range forged {
+		patch := `{"metadata":{"annotations":{"` + kubenames.AnnotationLANAddress + `":"` + v + `"}}}`
+		if _, err := cs.CoreV1().Pods("ok").Patch(ctx, name, ktypes.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cached := func(name string) *corev1.Pod {
+		obj, _, _ := f.Core().V1().Pods().Informer().GetStore().GetByKey("ok/" + name)
+		p, _ := obj.(*corev1.Pod)
+		return p
+	}
+	within(t, "the informer sees the forged annotations", func() bool {
+		for name, v := range forged {
+			if p := cached(name); p == nil || p.Annotations[kubenames.AnnotationLANAddress] != v {
+				return false
+			}
+		}
+		return true
+	})
+	pods, err := ctl.LANList(ctx)
+	if err != nil || len(pods) != 1 || pods[0].Name != "fixed" || pods[0].Addresses != "net1=192.168.50.210/24" {
+		t.Errorf("listing after the annotations were forged: %+v, %v; want only ok/fixed net1=192.168.50.210/24", pods, err)
+	}
+	if !ctl.HasLAN(cached("fixed")) || ctl.HasLAN(cached("plain")) {
+		t.Errorf("HasLAN: fixed %v (want true), plain %v (want false: its annotation is forged)", ctl.HasLAN(cached("fixed")), ctl.HasLAN(cached("plain")))
+	}
+
+	// A restarted agent has no reports: the LAN pool's store says what
+	// each pod holds, by the pod's address on the network.
+	for name, ip := range map[string]string{"fixed": "10.244.1.5", "plain": "10.244.1.6"} {
+		p, err := cs.CoreV1().Pods("ok").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status.PodIP, p.Status.PodIPs = ip, []corev1.PodIP{{IP: ip}}
+		if _, err := cs.CoreV1().Pods("ok").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	within(t, "the informer sees the pods' addresses", func() bool {
+		return len(cached("fixed").Status.PodIPs) == 1 && len(cached("plain").Status.PodIPs) == 1
+	})
+	held := map[netip.Addr][]netip.Addr{netip.MustParseAddr("10.244.1.5"): {netip.MustParseAddr("192.168.50.210")}}
+	again, err := New(Config{Network: "net", Node: "n1", Client: cs, Pods: f.Core().V1().Pods().Informer(),
+		Namespaces: f.Core().V1().Namespaces().Informer(), Logf: t.Logf, IfName: "net1",
+		Held: func(context.Context) (map[netip.Addr][]netip.Addr, error) { return held, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.HasLAN(cached("fixed")) {
+		t.Error("a controller with no report and no store read yet says ok/fixed has a LAN interface")
+	}
+	if err := again.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select { // the NetworkPolicy controller is told to compile again
+	case <-again.LANChanged():
+	default:
+		t.Error("a Refresh that found ok/fixed's LAN address sent nothing on LANChanged")
+	}
+	pods, err = again.LANList(ctx)
+	if err != nil || len(pods) != 1 || pods[0].Name != "fixed" || pods[0].Addresses != "net1=192.168.50.210" {
+		t.Errorf("listing from the store: %+v, %v; want only ok/fixed net1=192.168.50.210", pods, err)
+	}
+	if !again.HasLAN(cached("fixed")) || again.HasLAN(cached("plain")) {
+		t.Errorf("HasLAN from the store: fixed %v (want true), plain %v (want false)", again.HasLAN(cached("fixed")), again.HasLAN(cached("plain")))
+	}
+	// The address released (the pod's DEL): gone from the listing.
+	held = map[netip.Addr][]netip.Addr{}
+	if pods, err = again.LANList(ctx); err != nil || len(pods) != 0 {
+		t.Errorf("listing after the store released the address: %+v, %v", pods, err)
+	}
 }
 
 // within polls cond for up to a minute (the API and the informers are

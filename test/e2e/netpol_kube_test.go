@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/netpol/controller"
 	"github.com/village-cni/village/pkg/netpol/table"
 )
@@ -143,11 +145,26 @@ func (l *npLab) metrics(n *agentNode) {
 // filter it (its traffic is the node's own); n's agent says so in a
 // NetworkPolicyNotEnforced Warning Event on that very policy, and its
 // problems gauge counts it.
+//
+// A pod whose village.cni.io/lan-address a user wrote (issue 38: users may
+// edit annotations) has no LAN interface: the same policy selects it, the
+// compile holds its chain, and no problem or Event names it as a LAN pod
+// (the warning comes from the node's own state, pkg/lanpods HasLAN).
 func (l *npLab) notEnforcedEvent(n *agentNode) {
 	t := l.t
+	forged := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "np", Name: "forged", Labels: map[string]string{"app": "hostpod"},
+		Annotations: map[string]string{kubenames.AnnotationLANAddress: "net1=192.168.50.99/24"}},
+		Spec: corev1.PodSpec{NodeName: n.name, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+	created, err := l.kube.Client.CoreV1().Pods("np").Create(l.ctx, forged, metav1.CreateOptions{})
+	must(t, err, "creating Pod forged with a forged lan-address annotation")
+	// an address as kubelet would post it (the compile skips pods without
+	// one); no sandbox holds it, nothing is sent to it
+	created.Status.Phase, created.Status.PodIP, created.Status.PodIPs = corev1.PodRunning, "10.70.1.250", []corev1.PodIP{{IP: "10.70.1.250"}}
+	_, err = l.kube.Client.CoreV1().Pods("np").UpdateStatus(l.ctx, created, metav1.UpdateOptions{})
+	must(t, err, "posting Pod forged's address")
 	hp := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "np", Name: "hostpod", Labels: map[string]string{"app": "hostpod"}},
 		Spec: corev1.PodSpec{NodeName: n.name, HostNetwork: true, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
-	_, err := l.kube.Client.CoreV1().Pods("np").Create(l.ctx, hp, metav1.CreateOptions{})
+	_, err = l.kube.Client.CoreV1().Pods("np").Create(l.ctx, hp, metav1.CreateOptions{})
 	must(t, err, "creating the hostNetwork Pod hostpod")
 	l.policy("deny-host", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "hostpod"}},
 		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}})
@@ -173,6 +190,28 @@ func (l *npLab) notEnforcedEvent(n *agentNode) {
 		body, _ := httpGetIn(t, n.NS, "http://127.0.0.1:9696/metrics")
 		return metricAtLeast(body, `village_netpol_problems{network="agt"}`, 1), body
 	})
+	var st *controller.Status
+	waitFor(t, 60*time.Second, n.name+" compiled deny-host over np/forged", func() (bool, string) {
+		st, err = controller.ReadStatus(n.runDir, "agt")
+		if err != nil || st == nil {
+			return false, fmt.Sprint(err)
+		}
+		return slices.Contains(st.Want.Chains, "in.np/forged") && slices.ContainsFunc(st.Problems, func(p string) bool {
+			return strings.Contains(p, "hostNetwork pod np/hostpod")
+		}), fmt.Sprintf("%+v", st)
+	})
+	for _, p := range st.Problems {
+		if strings.Contains(p, "np/forged") {
+			t.Fatalf("a forged lan-address annotation made np/forged a LAN pod: %q", p)
+		}
+	}
+	evs, err := l.kube.Client.CoreV1().Events("np").List(l.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=deny-host"})
+	must(t, err, "listing the Events of deny-host")
+	for _, e := range evs.Items {
+		if strings.Contains(e.Message, "np/forged") {
+			t.Fatalf("an Event names np/forged, whose lan-address annotation is forged: %s: %s", e.Reason, e.Message)
+		}
+	}
 }
 
 // turnOff: n's agent restarted with "networkPolicy": false removes the

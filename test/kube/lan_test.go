@@ -180,11 +180,31 @@ func TestLANPods(t *testing.T) {
 		}
 	})
 	t.Run("StatusListsLANPods", func(t *testing.T) {
+		// Users may edit the lan-address annotation (issue 38): a false
+		// address on the LAN pod, one on a pod without a LAN interface.
+		// The status reports from the node's own state (the plugin's
+		// reports, the LAN pool's Leases), so neither shows.
+		forged := map[string]string{"fixed": "net1=" + kubecluster.LANPrefix + "77/24", "plain": "net1=" + kubecluster.LANPrefix + "78/24"}
+		for name, v := range forged {
+			if out, err := c.Kubectl("-n", ok.ns, "annotate", "--overwrite", "pod", name, kubenames.AnnotationLANAddress+"="+v); err != nil {
+				t.Fatalf("forging %s's annotation: %v\n%s", name, err, out)
+			}
+		}
 		p := villagePods(t, c)[n1.Name]
 		out, err := c.Kubectl("-n", kubecluster.VillageNamespace, "exec", p.Name, "-c", "agent", "--",
 			"villaged", "status", "--conf", "/var/lib/village/staged/10-village.conflist", "--node-name", n1.Name)
-		if !strings.Contains(string(out), "lan-ok/fixed") || !strings.Contains(string(out), lanFixed) {
-			t.Fatalf("villaged status on node-1 (%v):\n%s\nwant lan-ok/fixed %s", err, out, lanFixed)
+		if !strings.Contains(string(out), "lan-ok/fixed\tnet1="+lanFixed+"/24") {
+			t.Fatalf("villaged status on node-1 (%v):\n%s\nwant lan-ok/fixed net1=%s/24", err, out, lanFixed)
+		}
+		if strings.Contains(string(out), "lan-ok/plain") || strings.Contains(string(out), kubecluster.LANPrefix+"77") || strings.Contains(string(out), kubecluster.LANPrefix+"78") {
+			t.Fatalf("villaged status on node-1 reports a forged annotation:\n%s", out)
+		}
+		// The listing read the LAN pool's Leases (through the host
+		// credentials): a failed read is logged, and would leave only the
+		// plugin's reports to list from.
+		logs, err := c.Kubectl("-n", kubecluster.VillageNamespace, "logs", p.Name, "-c", "agent")
+		if err != nil || strings.Contains(string(logs), "(listing what the plugin reported)") {
+			t.Fatalf("the agent on node-1 could not read the LAN pool (%v):\n%s", err, logs)
 		}
 	})
 }

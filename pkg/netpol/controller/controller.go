@@ -57,7 +57,15 @@ type Config struct {
 	// Repair is how often the kernel is compared with the last compile.
 	Repair  time.Duration
 	Metrics *metrics.Metrics
-	Logf    func(string, ...any)
+	// LAN reports whether a pod of this node has a LAN interface (net1,
+	// which no policy filters: the NetworkPolicyNotEnforced warning), as
+	// the node's own state says (pkg/lanpods HasLAN); nil: no pod has one.
+	// Never the lan-address annotation, which users may edit.
+	LAN func(*corev1.Pod) bool
+	// LANChanged receives when LAN's answers may have changed (nil:
+	// never): the controller compiles again.
+	LANChanged <-chan struct{}
+	Logf       func(string, ...any)
 	// InNS runs its argument in the node's network namespace (nil: the
 	// calling thread's, which is the node's for villaged).
 	InNS func(func() error) error
@@ -146,6 +154,8 @@ func Run(ctx context.Context, cfg Config) error {
 			if settled == nil {
 				settled = time.After(cfg.Settle)
 			}
+		case <-cfg.LANChanged:
+			poke()
 		case <-settled:
 			settled = nil
 			c.sync("change")
@@ -187,6 +197,7 @@ func (c *ctl) input() netpol.Input {
 		in.Pods = append(in.Pods, np)
 		if p.Spec.NodeName == c.cfg.Node {
 			in.Local[np.Key()] = true
+			np.LAN = c.cfg.LAN != nil && c.cfg.LAN(p)
 		}
 	}
 	return in
@@ -194,7 +205,6 @@ func (c *ctl) input() netpol.Input {
 
 func podOf(p *corev1.Pod) *netpol.Pod {
 	np := &netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, HostNetwork: p.Spec.HostNetwork}
-	_, np.LAN = p.Annotations[kubenames.AnnotationLANAddress]
 	for _, ip := range p.Status.PodIPs {
 		if a, err := netip.ParseAddr(ip.IP); err == nil {
 			np.IPs = append(np.IPs, a.Unmap())

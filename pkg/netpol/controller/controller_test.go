@@ -1,11 +1,13 @@
 package controller
 
 import (
+	"maps"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/village-cni/village/pkg/kubenames"
 )
@@ -37,7 +39,9 @@ func TestSlimKeepsWhatCompileReads(t *testing.T) {
 		t.Errorf("slim kept too much: %+v", s)
 	}
 	a, b := podOf(p), podOf(s)
-	if a.Key() != "ns/p" || !a.LAN || len(a.IPs) != 2 || len(a.Ports) != 3 {
+	// The lan-address annotation is the user's to edit: it never makes a
+	// pod a LAN pod (the controller asks Config.LAN, the node's own state).
+	if a.Key() != "ns/p" || a.LAN || len(a.IPs) != 2 || len(a.Ports) != 3 {
 		t.Errorf("podOf: %+v", a)
 	}
 	if len(a.IPs) != len(b.IPs) || len(a.Ports) != len(b.Ports) || a.LAN != b.LAN || a.Labels["app"] != b.Labels["app"] {
@@ -78,6 +82,8 @@ func TestCompileReads(t *testing.T) {
 		{"label", func(p *corev1.Pod) { p.Labels = map[string]string{"app": "y"} }, true},
 		{"node", func(p *corev1.Pod) { p.Spec.NodeName = "n2" }, true},
 		{"named port", func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].ContainerPort = 81 }, true},
+		// the agent writes it right after the plugin's report: the compile
+		// it starts asks Config.LAN, which has the report by then
 		{"LAN annotation", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{kubenames.AnnotationLANAddress: "net1=192.168.50.210/24"}
 		}, true},
@@ -99,5 +105,46 @@ func TestCompileReads(t *testing.T) {
 	}
 	if !compileReads(&networkingv1.NetworkPolicy{}, &networkingv1.NetworkPolicy{}) {
 		t.Error("a policy update did not start a compile")
+	}
+}
+
+// TestLANFromOwnState: which local pods the compile treats as LAN pods (the
+// NetworkPolicyNotEnforced warning) is Config.LAN's answer, the node's own
+// state; a lan-address annotation, which users may edit, counts for
+// nothing either way.
+func TestLANFromOwnState(t *testing.T) {
+	pods := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	mk := func(name, node, ann string) {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}, Spec: corev1.PodSpec{NodeName: node}}
+		if ann != "" {
+			p.Annotations = map[string]string{kubenames.AnnotationLANAddress: ann}
+		}
+		if err := pods.Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("real", "n1", "")                       // on the LAN, its annotation removed by a user
+	mk("forged", "n1", "net1=192.168.50.9/24") // not on the LAN, a forged annotation
+	mk("remote", "n2", "net1=192.168.50.8/24")
+	onLAN := map[string]bool{"real": true, "remote": true}
+	for _, tc := range []struct {
+		name string
+		lan  func(*corev1.Pod) bool
+		want map[string]bool
+	}{
+		{"own state", func(p *corev1.Pod) bool { return onLAN[p.Name] }, map[string]bool{"ns/real": true}},
+		{"no LAN section", nil, map[string]bool{}},
+	} {
+		c := &ctl{cfg: Config{Network: "net", Node: "n1", LAN: tc.lan}, pods: pods,
+			nss: cache.NewStore(cache.MetaNamespaceKeyFunc), pols: cache.NewStore(cache.MetaNamespaceKeyFunc)}
+		got := map[string]bool{}
+		for _, p := range c.input().Pods {
+			if p.LAN {
+				got[p.Key()] = true
+			}
+		}
+		if !maps.Equal(got, tc.want) {
+			t.Errorf("%s: LAN pods %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
