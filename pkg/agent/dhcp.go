@@ -2,42 +2,57 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"sync"
 
+	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/landhcp"
+	"github.com/village-cni/village/pkg/lanpods"
 	"github.com/village-cni/village/pkg/netconf"
-	"github.com/village-cni/village/pkg/nodelocal"
 )
 
-// dhcpSocket is where run serves the LAN DHCP client: the config's
-// "daemonSocketPath", else dhcp.sock in the run directory (where the
-// plugin looks by default, wire.SocketPath; nodelocal.DHCPSocket).
-func (c *Conf) dhcpSocket(opts Options) string {
-	if c.Net.LAN.DHCPSocket != "" {
+// agentSocket is where run serves the agent's one socket (pkg/agentsock):
+// the config's "daemonSocketPath" when its LAN addresses come from DHCP
+// and it names one, else agent.sock in runDir (where the plugin looks by
+// default).
+func (c *Conf) agentSocket(runDir string) string {
+	if c.Net.LAN != nil && c.Net.LAN.IPAMType == netconf.LANDHCP && c.Net.LAN.DHCPSocket != "" {
 		return c.Net.LAN.DHCPSocket
 	}
-	return nodelocal.DHCPSocket(opts.RunDir)
+	return agentsock.Path(runDir)
 }
 
-// startDHCP runs the LAN pods' DHCP client (pkg/landhcp) when the network's
-// LAN addresses come from the LAN's DHCP server: it resumes the leases a
-// previous agent left and serves the plugin's socket until ctx ends. Its
-// leases are not released when the agent stops (a restart resumes them;
-// an agent that stays away lets them lapse).
-func startDHCP(ctx context.Context, c *Conf, opts Options, wg *sync.WaitGroup) {
+// startDHCP starts the LAN pods' DHCP client (pkg/landhcp) when the
+// network's LAN addresses come from the LAN's DHCP server: it resumes the
+// leases a previous agent left; the agent socket hands it the plugin's
+// DHCP requests (sockHandler). Its leases are not released when the agent
+// stops (a restart resumes them; an agent that stays away lets them
+// lapse). nil without DHCP.
+func startDHCP(ctx context.Context, c *Conf, opts Options, wg *sync.WaitGroup) *landhcp.Manager {
 	if c.Net.LAN == nil || c.Net.LAN.IPAMType != netconf.LANDHCP {
-		return
+		return nil
 	}
 	m := landhcp.New(ctx, opts.DHCPDir, opts.Logf)
 	if n := m.Resume(); n > 0 {
 		opts.logf("dhcp: resumed %d LAN leases", n)
 	}
-	socket := c.dhcpSocket(opts)
 	wg.Go(func() {
-		defer m.Wait()
-		opts.logf("dhcp: serving LAN leases on %s", socket)
-		if err := landhcp.Serve(ctx, socket, m); err != nil {
-			opts.logf("dhcp: %v", err)
-		}
+		<-ctx.Done()
+		m.Wait()
 	})
+	return m
+}
+
+// sockHandler answers the agent socket: the LAN pods' questions from the
+// pkg/lanpods controller, the DHCP requests from the lease manager.
+type sockHandler struct {
+	*lanpods.Controller
+	dhcp *landhcp.Manager
+}
+
+func (h sockHandler) DHCP(ctx context.Context, req agentsock.DHCPRequest) (agentsock.DHCPResponse, error) {
+	if h.dhcp == nil {
+		return agentsock.DHCPResponse{}, errors.New(`this agent's network has no "macvlan.ipam" of type dhcp; restart it after changing the config`)
+	}
+	return h.dhcp.Handle(ctx, req)
 }

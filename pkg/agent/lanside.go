@@ -11,18 +11,20 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/village-cni/village/pkg/agentsock"
+	"github.com/village-cni/village/pkg/landhcp"
 	"github.com/village-cni/village/pkg/lanpods"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // startLANPods serves the agent socket when the network has a LAN section,
-// its LAN questions answered by the pkg/lanpods controller, which with
+// its LAN questions answered by the pkg/lanpods controller and its DHCP
+// requests by dhcp (nil: the LAN's addresses do not come from DHCP), which with
 // pods "annotated" reads the Kubernetes side's Pod and Namespace
 // informers (started here). It also keeps the LAN pool's host credentials
 // (hostcreds.go). It returns once the socket exists; everything stops with
 // ctx (wait returns when it has).
-func (a *agent) startLANPods(ctx context.Context) (wait func(), err error) {
+func (a *agent) startLANPods(ctx context.Context, dhcp *landhcp.Manager) (wait func(), err error) {
 	c, opts := a.c, a.opts
 	lan := c.Net.LAN
 	if lan == nil {
@@ -48,7 +50,7 @@ func (a *agent) startLANPods(ctx context.Context) (wait func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	path := agentsock.Path(runDir)
+	path := c.agentSocket(runDir)
 	ln, err := agentsock.Listen(path)
 	if err != nil {
 		return nil, err
@@ -84,8 +86,11 @@ func (a *agent) startLANPods(ctx context.Context) (wait func(), err error) {
 			opts.logf("LAN pods: host credentials: %v", err)
 		}
 	}
-	wg.Go(func() { agentsock.Serve(ctx, ln, ctl, opts.logf) })
+	wg.Go(func() { agentsock.Serve(ctx, ln, sockHandler{Controller: ctl, dhcp: dhcp}, opts.logf) })
 	opts.logf("LAN pods (%q): answering on %s", lan.Pods, path)
+	if dhcp != nil {
+		opts.logf("dhcp: serving LAN leases on %s", path)
+	}
 	if w := lanAllWarning(c); w != "" {
 		opts.logf("%s", w)
 	}
@@ -117,7 +122,7 @@ func lanStatus(ctx context.Context, c *Conf, runDir string) []string {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := agentsock.Ask(ctx, agentsock.Path(runDir), agentsock.Request{Op: agentsock.OpLANList})
+	resp, err := agentsock.Ask(ctx, c.agentSocket(runDir), agentsock.Request{Op: agentsock.OpLANList})
 	if err != nil {
 		return append(lines, fmt.Sprintf("LAN pods (%q): unknown: %v", c.Net.LAN.Pods, err))
 	}

@@ -68,10 +68,10 @@ func Run(ctx context.Context, opts Options) error {
 	if err := nodelocal.PublishNodeName(opts.RunDir, c.Net.Name, c.Node); err != nil {
 		return fmt.Errorf("publishing the node name of network %s: %w", c.Net.Name, err)
 	}
-	startDHCP(mctx, c, opts, &mwg)
-	// The plugin's LAN lookups (lanside.go, pkg/lanpods), answered from
-	// the first second.
-	lanWait, err := a.startLANPods(mctx)
+	dhcp := startDHCP(mctx, c, opts, &mwg)
+	// The plugin's LAN lookups and DHCP requests (lanside.go, pkg/lanpods,
+	// pkg/landhcp) on the one agent socket, answered from the first second.
+	lanWait, err := a.startLANPods(mctx, dhcp)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,12 @@
 // pod from `villaged run` (which watches the pods bound to its node), and
 // tells it what happened so the agent can show it in the API.
 //
-// # Protocol (version 1)
+// It is the one socket between the plugin and the agent: the LAN pods'
+// questions and, as payloads of op "dhcp", the operations of the agent's
+// DHCP lease manager (pkg/landhcp) for a LAN whose addresses come from the
+// LAN's own DHCP server.
+//
+// # Protocol (version 2)
 //
 // A unix stream socket, by default $VILLAGE_RUN_DIR/agent.sock
 // (/run/village/agent.sock), mode 0600 and owned by root: only root on the
@@ -20,10 +25,22 @@
 //	→ {"v":1,"ok":true}
 //	{"v":1,"op":"lan-list"}
 //	→ {"v":1,"ok":true,"pods":[{"namespace":"ns","name":"db-0","addresses":"net1=192.168.50.210/24"}]}
+//	{"v":2,"op":"dhcp","dhcp":{"op":"acquire","network":"village","containerID":"…","ifName":"net1","netns":"/var/run/netns/…","mac":"02:…"}}
+//	→ {"v":2,"ok":true,"dhcp":{"lease":{"address":"192.168.50.77/24","server":"192.168.50.1",…}}}
 //
 // A refused request answers ok false with error (a sentence for the
-// runtime's log) and retry true when asking again later may succeed (the
-// agent has not seen the pod yet).
+// runtime's log, never parsed) and code (a Code, what the client decides
+// from); retry true, kept for version 1 clients, repeats code "retry".
+//
+// # Versions
+//
+// Version 2 added op "dhcp" and code; ops lan-pod, lan-report and lan-list
+// mean the same in both, so the agent answers a version 1 request of them
+// as before (in version 1), and refuses a version 1 "dhcp" and any other
+// version with code "version" and a sentence naming both versions. Version
+// 1 had no DHCP: the plugin spoke to pkg/landhcp on dhcp.sock in an
+// unversioned JSON; such a request sent here has no "v" and gets the same
+// versioned refusal, in an "error" field that old client reads.
 package agentsock
 
 import (
@@ -41,7 +58,11 @@ import (
 )
 
 // Version is the protocol version this package speaks.
-const Version = 1
+const Version = 2
+
+// MinVersion is the oldest protocol version the agent still answers (its
+// LAN ops only).
+const MinVersion = 1
 
 // SocketName is the socket's file name in the run directory.
 const SocketName = nodelocal.AgentSocketName
@@ -51,6 +72,32 @@ const (
 	OpLANPod    = "lan-pod"
 	OpLANReport = "lan-report"
 	OpLANList   = "lan-list"
+	// OpDHCP carries a DHCPRequest to the agent's DHCP lease manager
+	// (version 2).
+	OpDHCP = "dhcp"
+)
+
+// Code is why a request failed, what a client decides from (the error's
+// sentence is for people).
+type Code string
+
+// Codes.
+const (
+	// CodeNoAgent: nobody answers on the socket (set by the client, never
+	// sent): the agent is not running on this node.
+	CodeNoAgent Code = "no-agent"
+	// CodeRetry: asking again later may succeed (the agent has not seen
+	// the pod yet, or the connection broke).
+	CodeRetry Code = "retry"
+	// CodeVersion: the request's protocol version or op is not one this
+	// agent speaks.
+	CodeVersion Code = "version"
+	// CodeBadRequest: the request is unreadable or lacks a field its op
+	// needs.
+	CodeBadRequest Code = "bad-request"
+	// CodeRefused: the agent read the request and refuses it (its error
+	// says why).
+	CodeRefused Code = "refused"
 )
 
 // Failure reasons of a LAN report, each one an Event reason on the Pod.
@@ -61,8 +108,9 @@ const (
 	FailOther       = "failed"
 )
 
-// MaxMessage bounds a request or response line.
-const MaxMessage = 1 << 20
+// MaxMessage bounds a request or response line (a DHCP GC list of many
+// attachments fits).
+const MaxMessage = 4 << 20
 
 // Pod names a Kubernetes pod.
 type Pod struct {
@@ -104,6 +152,8 @@ type Request struct {
 	Network string  `json:"network,omitempty"`
 	Pod     *Pod    `json:"pod,omitempty"`
 	Report  *Report `json:"report,omitempty"`
+	// DHCP is the payload of OpDHCP.
+	DHCP *DHCPRequest `json:"dhcp,omitempty"`
 }
 
 // Response is one response line.
@@ -111,9 +161,12 @@ type Response struct {
 	V     int      `json:"v"`
 	OK    bool     `json:"ok"`
 	Error string   `json:"error,omitempty"`
+	Code  Code     `json:"code,omitempty"`
 	Retry bool     `json:"retry,omitempty"`
 	LAN   *LAN     `json:"lan,omitempty"`
 	Pods  []LANPod `json:"pods,omitempty"`
+	// DHCP is the answer to OpDHCP.
+	DHCP *DHCPResponse `json:"dhcp,omitempty"`
 }
 
 // Path is the socket in runDir ("" = the run directory), nodelocal.AgentSocket.
@@ -122,8 +175,10 @@ func Path(runDir string) string { return nodelocal.AgentSocket(runDir) }
 // Error is a refusal by the agent (or no agent at all).
 type Error struct {
 	Socket string
+	Code   Code
 	Msg    string
-	// Retry: asking again later may succeed.
+	// Retry: asking again later may succeed (Code CodeRetry or
+	// CodeNoAgent).
 	Retry bool
 }
 
@@ -137,7 +192,7 @@ func Ask(ctx context.Context, path string, req Request) (*Response, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return nil, &Error{Socket: path, Retry: true, Msg: fmt.Sprintf(
+		return nil, &Error{Socket: path, Code: CodeNoAgent, Retry: true, Msg: fmt.Sprintf(
 			"village's node agent (villaged run) does not answer on %s: %v; is the village DaemonSet's agent running on this node?", path, err)}
 	}
 	defer conn.Close()
@@ -149,20 +204,49 @@ func Ask(ctx context.Context, path string, req Request) (*Response, error) {
 		return nil, err
 	}
 	if _, err := conn.Write(append(b, '\n')); err != nil {
-		return nil, &Error{Socket: path, Retry: true, Msg: fmt.Sprintf("village's node agent on %s: sending %s: %v", path, req.Op, err)}
+		return nil, &Error{Socket: path, Code: CodeRetry, Retry: true, Msg: fmt.Sprintf("village's node agent on %s: sending %s: %v", path, req.Op, err)}
 	}
 	var resp Response
-	if err := readLine(conn, &resp); err != nil {
-		return nil, &Error{Socket: path, Retry: true, Msg: fmt.Sprintf("village's node agent on %s: no answer to %s: %v", path, req.Op, err)}
+	if err := readLine(bufio.NewReaderSize(conn, 4096), &resp); err != nil {
+		return nil, &Error{Socket: path, Code: CodeRetry, Retry: true, Msg: fmt.Sprintf("village's node agent on %s: no answer to %s: %v", path, req.Op, err)}
 	}
 	if !resp.OK {
-		return &resp, &Error{Socket: path, Retry: resp.Retry, Msg: fmt.Sprintf("village's node agent: %s", resp.Error)}
+		code := resp.Code
+		if code == "" { // an agent of version 1
+			code = CodeRefused
+			if resp.Retry {
+				code = CodeRetry
+			}
+		}
+		return &resp, &Error{Socket: path, Code: code, Retry: code == CodeRetry, Msg: fmt.Sprintf("village's node agent: %s", resp.Error)}
 	}
 	return &resp, nil
 }
 
-func readLine(conn net.Conn, v any) error {
-	r := bufio.NewReaderSize(conn, 4096)
+// ErrorCode is err's Code when it is an *Error, "" otherwise.
+func ErrorCode(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// DecodeRequest reads one request line from r (bounded by MaxMessage).
+func DecodeRequest(r *bufio.Reader) (Request, error) {
+	var req Request
+	err := readLine(r, &req)
+	return req, err
+}
+
+// DecodeResponse reads one response line from r (bounded by MaxMessage).
+func DecodeResponse(r *bufio.Reader) (Response, error) {
+	var resp Response
+	err := readLine(r, &resp)
+	return resp, err
+}
+
+func readLine(r *bufio.Reader, v any) error {
 	var line []byte
 	for {
 		chunk, isPrefix, err := r.ReadLine()
@@ -187,16 +271,22 @@ type Handler interface {
 	LANPod(ctx context.Context, network string, pod Pod) (LAN, error)
 	LANReport(ctx context.Context, network string, pod Pod, r Report) error
 	LANList(ctx context.Context) ([]LANPod, error)
+	// DHCP answers a request of the DHCP lease manager (op "dhcp").
+	DHCP(ctx context.Context, req DHCPRequest) (DHCPResponse, error)
 }
 
 // ErrRetry marks a refusal that may succeed later.
 var ErrRetry = errors.New("try again")
 
-// RequestTimeout bounds the handling of one request on the server.
+// RequestTimeout bounds the handling of one LAN request on the server.
 const RequestTimeout = 30 * time.Second
 
+// DHCPTimeout bounds the handling of one DHCP request on the server (an
+// acquire's DISCOVER..ACK, with its retransmissions, is the longest).
+const DHCPTimeout = 2 * time.Minute
+
 // Listen makes a root-only socket at path (replacing a stale one), 0600 in
-// a 0700 directory it creates when missing: the agent's and pkg/landhcp's.
+// a 0700 directory it creates when missing.
 func Listen(path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("socket %s: %w", path, err)
@@ -244,42 +334,66 @@ func Serve(ctx context.Context, l *net.UnixListener, h Handler, logf func(string
 
 func serveConn(ctx context.Context, conn *net.UnixConn, h Handler, logf func(string, ...any)) {
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(RequestTimeout + 5*time.Second))
+	_ = conn.SetDeadline(time.Now().Add(DHCPTimeout + 5*time.Second))
+	// The one peer check of the agent's socket: a request may name a
+	// network namespace the agent enters.
 	if uid, err := PeerUID(conn); err != nil || uid != 0 {
 		logf("agent socket: refusing a peer (uid %d, %v): only root may ask", uid, err)
 		return
 	}
-	var req Request
 	var resp Response
-	if err := readLine(conn, &req); err != nil {
-		resp.Error = fmt.Sprintf("unreadable request: %v", err)
+	req, err := DecodeRequest(bufio.NewReaderSize(conn, 4096))
+	if err != nil {
+		resp = Response{Error: fmt.Sprintf("unreadable request: %v", err), Code: CodeBadRequest}
 	} else {
-		rctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+		timeout := RequestTimeout
+		if req.Op == OpDHCP {
+			timeout = DHCPTimeout
+		}
+		rctx, cancel := context.WithTimeout(ctx, timeout)
 		resp = handle(rctx, h, req)
 		cancel()
 	}
-	resp.V = Version
+	resp.V = answerVersion(req.V)
 	b, _ := json.Marshal(resp)
 	_, _ = conn.Write(append(b, '\n'))
 }
 
+// answerVersion is the version of the answer to a request of version v:
+// v when the agent speaks it, else its own.
+func answerVersion(v int) int {
+	if v >= MinVersion && v <= Version {
+		return v
+	}
+	return Version
+}
+
+// handle answers req; a refusal's Code comes from where it failed.
 func handle(ctx context.Context, h Handler, req Request) Response {
 	fail := func(err error) Response {
-		return Response{Error: err.Error(), Retry: errors.Is(err, ErrRetry)}
+		code := CodeRefused
+		if errors.Is(err, ErrRetry) {
+			code = CodeRetry
+		}
+		return Response{Error: err.Error(), Code: code, Retry: code == CodeRetry}
 	}
-	if req.V != Version {
-		return fail(fmt.Errorf("protocol version %d; this agent speaks %d (upgrade the plugin and the agent together)", req.V, Version))
+	failCode := func(code Code, format string, a ...any) Response {
+		return Response{Error: fmt.Sprintf(format, a...), Code: code}
 	}
-	needPod := func() error {
+	if req.V < MinVersion || req.V > Version {
+		return failCode(CodeVersion, "protocol version %d; this agent speaks %d to %d on its socket (upgrade the plugin and the agent together: `villaged install` puts the plugin of the agent's version in place)", req.V, MinVersion, Version)
+	}
+	needPod := func() *Response {
 		if req.Pod == nil || req.Pod.Namespace == "" || req.Pod.Name == "" {
-			return fmt.Errorf("%s without a pod", req.Op)
+			r := failCode(CodeBadRequest, "%s without a pod", req.Op)
+			return &r
 		}
 		return nil
 	}
 	switch req.Op {
 	case OpLANPod:
-		if err := needPod(); err != nil {
-			return fail(err)
+		if r := needPod(); r != nil {
+			return *r
 		}
 		lan, err := h.LANPod(ctx, req.Network, *req.Pod)
 		if err != nil {
@@ -287,11 +401,11 @@ func handle(ctx context.Context, h Handler, req Request) Response {
 		}
 		return Response{OK: true, LAN: &lan}
 	case OpLANReport:
-		if err := needPod(); err != nil {
-			return fail(err)
+		if r := needPod(); r != nil {
+			return *r
 		}
 		if req.Report == nil {
-			return fail(errors.New("lan-report without a report"))
+			return failCode(CodeBadRequest, "lan-report without a report")
 		}
 		if err := h.LANReport(ctx, req.Network, *req.Pod, *req.Report); err != nil {
 			return fail(err)
@@ -303,7 +417,19 @@ func handle(ctx context.Context, h Handler, req Request) Response {
 			return fail(err)
 		}
 		return Response{OK: true, Pods: pods}
+	case OpDHCP:
+		if req.V < 2 {
+			return failCode(CodeVersion, "op %q needs protocol version 2, the request is version %d (upgrade the plugin and the agent together)", req.Op, req.V)
+		}
+		if req.DHCP == nil {
+			return failCode(CodeBadRequest, "dhcp without a dhcp request")
+		}
+		d, err := h.DHCP(ctx, *req.DHCP)
+		if err != nil {
+			return fail(err)
+		}
+		return Response{OK: true, DHCP: &d}
 	default:
-		return fail(fmt.Errorf("unknown op %q", req.Op))
+		return failCode(CodeVersion, "unknown op %q in protocol version %d", req.Op, req.V)
 	}
 }

@@ -8,7 +8,7 @@ import (
 
 // PeerUID is the uid of the process at the other end of conn
 // (SO_PEERCRED), -1 when unknown: how a root-only socket of the agent's
-// (this one, pkg/landhcp's) refuses other users.
+// refuses other users.
 func PeerUID(conn *net.UnixConn) (int, error) {
 	raw, err := conn.SyscallConn()
 	if err != nil {

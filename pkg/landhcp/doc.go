@@ -1,8 +1,9 @@
 // Package landhcp is villaged's DHCP client for LAN pods
 // (`macvlan.ipam: {"type": "dhcp"}`): a lease manager that gets each pod's
 // LAN address from the LAN's own DHCP server (the home router) and keeps
-// it while the pod lives, and the root-only unix socket the village plugin
-// asks it through (protocol in pkg/landhcp/wire).
+// it while the pod lives. The village plugin asks it through the agent's
+// one socket (pkg/agentsock, op "dhcp"), which the agent serves and hands
+// the requests of to Manager.Handle.
 //
 // Acquire runs DISCOVER, OFFER, REQUEST, ACK from inside the pod's network
 // namespace on its macvlan interface, with the pod's MAC (the one the

@@ -12,7 +12,7 @@ import (
 
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 
-	"github.com/village-cni/village/pkg/landhcp/wire"
+	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/validate"
 )
 
@@ -33,12 +33,12 @@ type Manager struct {
 	wg   sync.WaitGroup
 
 	mu     sync.Mutex
-	leases map[wire.Attachment]*held
+	leases map[agentsock.Attachment]*held
 }
 
 // held is one lease and the goroutine that keeps it.
 type held struct {
-	att     wire.Attachment
+	att     agentsock.Attachment
 	network string
 	id      identity
 
@@ -60,7 +60,7 @@ func New(ctx context.Context, dir string, logf func(format string, args ...any))
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	return &Manager{dir: dir, logf: logf, ctx: ctx, leases: map[wire.Attachment]*held{}}
+	return &Manager{dir: dir, logf: logf, ctx: ctx, leases: map[agentsock.Attachment]*held{}}
 }
 
 // Wait returns once every maintainer stopped (after the manager's context
@@ -100,33 +100,33 @@ func (m *Manager) Resume() int {
 	return n
 }
 
-// Handle answers one request of the socket.
-func (m *Manager) Handle(ctx context.Context, req wire.Request) wire.Response {
-	var resp wire.Response
+// Handle answers one DHCP request of the agent's socket (op "dhcp").
+func (m *Manager) Handle(ctx context.Context, req agentsock.DHCPRequest) (agentsock.DHCPResponse, error) {
+	var resp agentsock.DHCPResponse
 	var err error
 	switch req.Op {
-	case wire.OpStatus:
-	case wire.OpAcquire:
+	case agentsock.DHCPStatus:
+	case agentsock.DHCPAcquire:
 		resp.Lease, err = m.Acquire(ctx, req)
-	case wire.OpRelease:
+	case agentsock.DHCPRelease:
 		err = m.checkAttachment(req.Attachment)
 		if err == nil {
 			err = m.Release(req.Attachment)
 		}
-	case wire.OpCheck:
+	case agentsock.DHCPCheck:
 		resp.Lease, err = m.Check(req.Attachment)
-	case wire.OpGC:
+	case agentsock.DHCPGC:
 		resp.Released, err = m.GC(req.Network, req.Valid)
 	default:
 		err = fmt.Errorf("unknown op %q", req.Op)
 	}
 	if err != nil {
-		resp.Error = err.Error()
+		return agentsock.DHCPResponse{}, fmt.Errorf("DHCP %s of %s/%s: %w", req.Op, req.ContainerID, req.IfName, err)
 	}
-	return resp
+	return resp, nil
 }
 
-func (m *Manager) checkAttachment(a wire.Attachment) error {
+func (m *Manager) checkAttachment(a agentsock.Attachment) error {
 	if err := validate.ContainerID(a.ContainerID); err != nil {
 		return fmt.Errorf("containerID: %w", err)
 	}
@@ -137,7 +137,7 @@ func (m *Manager) checkAttachment(a wire.Attachment) error {
 }
 
 // identityOf checks an acquire request and fills its defaults.
-func (m *Manager) identityOf(req wire.Request) (identity, error) {
+func (m *Manager) identityOf(req agentsock.DHCPRequest) (identity, error) {
 	if err := m.checkAttachment(req.Attachment); err != nil {
 		return identity{}, err
 	}
@@ -166,7 +166,7 @@ func (m *Manager) identityOf(req wire.Request) (identity, error) {
 // Acquire gets a lease for the pod interface req names and keeps it. An
 // ADD repeated for the same attachment, namespace and MAC gets the lease
 // already held.
-func (m *Manager) Acquire(ctx context.Context, req wire.Request) (*wire.Lease, error) {
+func (m *Manager) Acquire(ctx context.Context, req agentsock.DHCPRequest) (*agentsock.Lease, error) {
 	id, err := m.identityOf(req)
 	if err != nil {
 		return nil, err
@@ -209,7 +209,7 @@ func (m *Manager) Acquire(ctx context.Context, req wire.Request) (*wire.Lease, e
 // Release stops keeping the attachment's lease and sends DHCPRELEASE; a
 // pod already gone cannot send it, and its lease lapses. Releasing what is
 // not held succeeds.
-func (m *Manager) Release(a wire.Attachment) error {
+func (m *Manager) Release(a agentsock.Attachment) error {
 	m.mu.Lock()
 	h := m.leases[a]
 	delete(m.leases, a)
@@ -231,7 +231,7 @@ func (m *Manager) Release(a wire.Attachment) error {
 }
 
 // Check returns the attachment's lease if it is held and has not expired.
-func (m *Manager) Check(a wire.Attachment) (*wire.Lease, error) {
+func (m *Manager) Check(a agentsock.Attachment) (*agentsock.Lease, error) {
 	m.mu.Lock()
 	h := m.leases[a]
 	m.mu.Unlock()
@@ -246,13 +246,13 @@ func (m *Manager) Check(a wire.Attachment) (*wire.Lease, error) {
 }
 
 // GC releases every lease of network whose attachment is not in valid.
-func (m *Manager) GC(network string, valid []wire.Attachment) (int, error) {
-	keep := map[wire.Attachment]bool{}
+func (m *Manager) GC(network string, valid []agentsock.Attachment) (int, error) {
+	keep := map[agentsock.Attachment]bool{}
 	for _, a := range valid {
 		keep[a] = true
 	}
 	m.mu.Lock()
-	var drop []wire.Attachment
+	var drop []agentsock.Attachment
 	for a, h := range m.leases {
 		if h.network == network && !keep[a] {
 			drop = append(drop, a)
@@ -298,7 +298,7 @@ func (h *held) times() times {
 }
 
 // wire is the lease for the plugin; nil once it expired.
-func (h *held) wire() *wire.Lease {
+func (h *held) wire() *agentsock.Lease {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.addr == nil {
@@ -306,7 +306,7 @@ func (h *held) wire() *wire.Lease {
 	}
 	ack := h.lease.ACK
 	t := leaseTimes(ack, h.granted)
-	w := &wire.Lease{Address: h.addr.String(), Server: ack.ServerIdentifier().String(), Domain: ack.DomainName(),
+	w := &agentsock.Lease{Address: h.addr.String(), Server: ack.ServerIdentifier().String(), Domain: ack.DomainName(),
 		Renew: t.Renew, Rebind: t.Rebind, Expires: t.Expires}
 	if r := ack.Router(); len(r) > 0 {
 		w.Gateway = r[0].String()

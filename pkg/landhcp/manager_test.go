@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/village-cni/village/pkg/landhcp/wire"
+	"github.com/village-cni/village/pkg/agentsock"
 )
 
 // Requests the manager must refuse before it opens anything in a
@@ -16,41 +16,41 @@ import (
 // paths, bad MACs and client identifiers.
 func TestAcquireRefusesBadRequests(t *testing.T) {
 	m := New(context.Background(), t.TempDir(), nil)
-	good := wire.Request{Op: wire.OpAcquire, Attachment: wire.Attachment{ContainerID: "c1", IfName: "net1"}, Netns: "/run/netns/x", MAC: "02:42:c0:a8:4d:78"}
+	good := agentsock.DHCPRequest{Op: agentsock.DHCPAcquire, Attachment: agentsock.Attachment{ContainerID: "c1", IfName: "net1"}, Netns: "/run/netns/x", MAC: "02:42:c0:a8:4d:78"}
 	for _, tc := range []struct {
 		name string
-		edit func(*wire.Request)
+		edit func(*agentsock.DHCPRequest)
 		want string
 	}{
-		{"container ID with a slash", func(r *wire.Request) { r.ContainerID = "../etc" }, "containerID"},
-		{"empty interface", func(r *wire.Request) { r.IfName = "" }, "ifName"},
-		{"interface with a slash", func(r *wire.Request) { r.IfName = "a/b" }, "ifName"},
-		{"relative netns", func(r *wire.Request) { r.Netns = "netns/x" }, "absolute"},
-		{"no MAC", func(r *wire.Request) { r.MAC = "" }, "mac"},
-		{"multicast MAC", func(r *wire.Request) { r.MAC = "01:00:5e:00:00:fb" }, "mac"},
-		{"client ID not hex", func(r *wire.Request) { r.ClientID = "zz" }, "clientID"},
-		{"client ID of one byte", func(r *wire.Request) { r.ClientID = "01" }, "clientID"},
+		{"container ID with a slash", func(r *agentsock.DHCPRequest) { r.ContainerID = "../etc" }, "containerID"},
+		{"empty interface", func(r *agentsock.DHCPRequest) { r.IfName = "" }, "ifName"},
+		{"interface with a slash", func(r *agentsock.DHCPRequest) { r.IfName = "a/b" }, "ifName"},
+		{"relative netns", func(r *agentsock.DHCPRequest) { r.Netns = "netns/x" }, "absolute"},
+		{"no MAC", func(r *agentsock.DHCPRequest) { r.MAC = "" }, "mac"},
+		{"multicast MAC", func(r *agentsock.DHCPRequest) { r.MAC = "01:00:5e:00:00:fb" }, "mac"},
+		{"client ID not hex", func(r *agentsock.DHCPRequest) { r.ClientID = "zz" }, "clientID"},
+		{"client ID of one byte", func(r *agentsock.DHCPRequest) { r.ClientID = "01" }, "clientID"},
 	} {
 		req := good
 		tc.edit(&req)
-		resp := m.Handle(context.Background(), req)
-		if !strings.Contains(resp.Error, tc.want) {
-			t.Errorf("%s: answer %+v, want an error naming %q", tc.name, resp, tc.want)
+		resp, err := m.Handle(context.Background(), req)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: answer %+v %v, want an error naming %q", tc.name, resp, err, tc.want)
 		}
 	}
 	// A namespace the agent cannot see (a containerised villaged without
 	// the host's netns directory): the answer says what to mount.
 	req := good
 	req.Netns = filepath.Join(t.TempDir(), "netns", "cni-x")
-	resp := m.Handle(context.Background(), req)
-	if !strings.Contains(resp.Error, "not visible to villaged") || !strings.Contains(resp.Error, "HostToContainer") {
-		t.Errorf("netns not visible: answer %+v, want an error naming the missing mount", resp)
+	_, err := m.Handle(context.Background(), req)
+	if err == nil || !strings.Contains(err.Error(), "not visible to villaged") || !strings.Contains(err.Error(), "HostToContainer") {
+		t.Errorf("netns not visible: answer %v, want an error naming the missing mount", err)
 	}
-	if resp := m.Handle(context.Background(), wire.Request{Op: "renew"}); !strings.Contains(resp.Error, "unknown op") {
-		t.Errorf("unknown op: %+v", resp)
+	if _, err := m.Handle(context.Background(), agentsock.DHCPRequest{Op: "renew"}); err == nil || !strings.Contains(err.Error(), "unknown op") {
+		t.Errorf("unknown op: %v", err)
 	}
-	if resp := m.Handle(context.Background(), wire.Request{Op: wire.OpStatus}); resp.Error != "" {
-		t.Errorf("status: %+v", resp)
+	if _, err := m.Handle(context.Background(), agentsock.DHCPRequest{Op: agentsock.DHCPStatus}); err != nil {
+		t.Errorf("status: %v", err)
 	}
 }
 
@@ -59,7 +59,7 @@ func TestAcquireRefusesBadRequests(t *testing.T) {
 // DNS label's length.
 func TestIdentityDefaults(t *testing.T) {
 	m := New(context.Background(), t.TempDir(), nil)
-	id, err := m.identityOf(wire.Request{Attachment: wire.Attachment{ContainerID: "c1", IfName: "net1"}, Netns: "/run/netns/x",
+	id, err := m.identityOf(agentsock.DHCPRequest{Attachment: agentsock.Attachment{ContainerID: "c1", IfName: "net1"}, Netns: "/run/netns/x",
 		MAC: "02:42:c0:a8:4d:78", Hostname: strings.Repeat("a", 80)})
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func TestIdentityDefaults(t *testing.T) {
 // Release and GC of what is not held succeed; Check says nothing is held.
 func TestNothingHeld(t *testing.T) {
 	m := New(context.Background(), t.TempDir(), nil)
-	a := wire.Attachment{ContainerID: "c1", IfName: "net1"}
+	a := agentsock.Attachment{ContainerID: "c1", IfName: "net1"}
 	if err := m.Release(a); err != nil {
 		t.Errorf("release: %v", err)
 	}
@@ -91,7 +91,7 @@ func TestNothingHeld(t *testing.T) {
 // lapses) and leaves an unreadable file alone for the admin.
 func TestResumeDropsGonePods(t *testing.T) {
 	dir := t.TempDir()
-	a := wire.Attachment{ContainerID: "c1", IfName: "net1"}
+	a := agentsock.Attachment{ContainerID: "c1", IfName: "net1"}
 	l := ack(t)
 	r := &record{Attachment: a, Network: "n", Netns: filepath.Join(dir, "no-such-netns"), MAC: "02:42:c0:a8:4d:78",
 		ClientID: []byte{1, 2, 0x42, 0xc0, 0xa8, 0x4d, 0x78}, Offer: l.ToBytes(), ACK: l.ToBytes()}
@@ -131,17 +131,17 @@ func FuzzReadRequest(f *testing.F) {
 	}
 	m := New(context.Background(), f.TempDir(), nil)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		req, err := wire.ReadRequest(strings.NewReader(string(b)))
-		if err != nil {
+		var req agentsock.DHCPRequest
+		if err := json.Unmarshal(b, &req); err != nil {
 			return
 		}
-		if req.Op == wire.OpAcquire {
+		if req.Op == agentsock.DHCPAcquire {
 			if _, err := m.identityOf(req); err == nil && !filepath.IsAbs(req.Netns) {
 				t.Fatalf("accepted relative netns %q", req.Netns)
 			}
 			return // a valid one would open the namespace it names
 		}
-		resp := m.Handle(context.Background(), req)
+		resp, _ := m.Handle(context.Background(), req)
 		if _, err := json.Marshal(resp); err != nil {
 			t.Fatal(err)
 		}

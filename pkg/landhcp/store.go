@@ -13,7 +13,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 
-	"github.com/village-cni/village/pkg/landhcp/wire"
+	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/nodelocal"
 )
 
@@ -24,7 +24,7 @@ const DefaultDir = nodelocal.DHCPLeaseDir
 // offer and latest ACK as sent (so a restarted agent renews exactly what
 // the server granted).
 type record struct {
-	wire.Attachment
+	agentsock.Attachment
 	Network  string    `json:"network"`
 	Netns    string    `json:"netns"`
 	MAC      string    `json:"mac"`
@@ -47,7 +47,7 @@ func (r *record) lease() (*nclient4.Lease, error) {
 	return &nclient4.Lease{Offer: offer, ACK: ack, CreationTime: r.Granted}, nil
 }
 
-func fileName(a wire.Attachment) string { return a.ContainerID + "_" + a.IfName + ".json" }
+func fileName(a agentsock.Attachment) string { return a.ContainerID + "_" + a.IfName + ".json" }
 
 // save writes r atomically (a crash leaves the old record or the new one).
 func save(dir string, r *record) error {
@@ -65,7 +65,7 @@ func save(dir string, r *record) error {
 	return nil
 }
 
-func remove(dir string, a wire.Attachment) error {
+func remove(dir string, a agentsock.Attachment) error {
 	err := os.Remove(filepath.Join(dir, fileName(a)))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing lease of %s/%s: %w", a.ContainerID, a.IfName, err)

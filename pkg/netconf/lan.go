@@ -39,9 +39,11 @@ type LAN struct {
 	// Ranges are the LAN ranges of the IPAM block ("subnet" or
 	// rangeStart-rangeEnd), which the host shim routes.
 	Ranges []cidr.Range `json:"-"`
-	// DHCPSocket is villaged's DHCP socket when IPAMType is LANDHCP
-	// ("daemonSocketPath", as the reference dhcp plugin names it); ""
-	// means the default (wire.SocketPath).
+	// DHCPSocket, when IPAMType is LANDHCP, is villaged's agent socket
+	// ("daemonSocketPath", as the reference dhcp plugin names it), where
+	// the agent serves and the plugin asks both the LAN pods' questions
+	// and the DHCP requests; "" means the default, agent.sock in the run
+	// directory (agentsock.Path).
 	DHCPSocket string `json:"-"`
 	// Sets are the same ranges as the IPAM config parsed them (with their
 	// gateways), which a pod's requested address is checked against.

@@ -8,8 +8,7 @@
 //
 // The run directory is $VILLAGE_RUN_DIR, else /run/village. Under it:
 //
-//	<run dir>/agent.sock                 the agent's socket (pkg/agentsock)
-//	<run dir>/dhcp.sock                  the agent's DHCP client for LAN pods (pkg/landhcp/wire)
+//	<run dir>/agent.sock                 the agent's one socket: LAN pods and their DHCP leases (pkg/agentsock)
 //	<run dir>/<network>/subnet           the node's leased pod subnet(s) (pkg/subnetfile)
 //	<run dir>/<network>/node-name        this node's name, as the agent resolved it
 //	<run dir>/<network>/policy-namespaces  namespaces holding a NetworkPolicy (pkg/netpol/table)
@@ -56,8 +55,6 @@ const (
 	LANServicesStatusName = "lan-services.json"
 	// AgentSocketName is the agent's socket.
 	AgentSocketName = "agent.sock"
-	// DHCPSocketName is the socket of the agent's DHCP client for LAN pods.
-	DHCPSocketName = "dhcp.sock"
 	// SpoofDirName holds macspoofchk's per-port MAC records.
 	SpoofDirName = "macspoofchk"
 	// HostCredsDirName holds the host-side Kubernetes credentials.
@@ -119,10 +116,6 @@ func LANServicesStatus(runDir, network string) string {
 
 // AgentSocket is the agent's socket.
 func AgentSocket(runDir string) string { return filepath.Join(dir(runDir), AgentSocketName) }
-
-// DHCPSocket is the socket of the agent's DHCP client for LAN pods (when
-// the config's "daemonSocketPath" names none).
-func DHCPSocket(runDir string) string { return filepath.Join(dir(runDir), DHCPSocketName) }
 
 // SpoofDir is network's macspoofchk directory.
 func SpoofDir(runDir, network string) string {

@@ -8,7 +8,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/village-cni/village/pkg/landhcp/wire"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/pluginexec"
 )
@@ -22,8 +21,9 @@ type ipamCall struct {
 	Args   *skel.CmdArgs
 	IfName string // CNI_IFNAME for the IPAM plugin
 	Conf   []byte // full stdin, with the ipam block this call is about
-	// DHCPSocket, with the LAN IPAM type dhcp, is villaged's socket: the
-	// verbs go there instead of to a plugin (dhcpVerb), for Network.
+	// DHCPSocket, with the LAN IPAM type dhcp, is villaged's agent socket:
+	// the verbs go there (op "dhcp") instead of to a plugin (dhcpVerb),
+	// for Network.
 	DHCPSocket string
 	Network    string
 }
@@ -173,7 +173,7 @@ func lanIPAM(conf *netconf.NetConf, args *skel.CmdArgs) (ipamCall, error) {
 	}
 	call := ipamCall{Type: conf.LAN.IPAMType, Args: args, IfName: conf.LAN.IfName, Conf: lanConf}
 	if conf.LAN.IPAMType == netconf.LANDHCP {
-		call.DHCPSocket, call.Network = wire.SocketPath(conf.LAN.DHCPSocket), conf.Name
+		call.DHCPSocket, call.Network = agentSocket(conf.LAN), conf.Name
 	}
 	return call, nil
 }

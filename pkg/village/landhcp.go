@@ -13,26 +13,27 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
-	"github.com/village-cni/village/pkg/landhcp/wire"
+	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/netconf"
 )
 
 // dhcpClaim is the LAN interface's address with `macvlan.ipam` of type
 // dhcp: a lease villaged's DHCP client (pkg/landhcp) gets from the LAN's
-// own server, asked over villaged's root-only socket. Unlike an IPAM
+// own server, asked over villaged's root-only socket (pkg/agentsock, op
+// "dhcp"). Unlike an IPAM
 // plugin's claim it needs the interface first (the DHCP exchange runs on
 // it, with its MAC), so addLAN makes the link and then acquires.
 type dhcpClaim struct {
 	socket  string
 	network string
-	att     wire.Attachment
+	att     agentsock.Attachment
 	// live: a previous ADD of this container made the interface, so a
 	// failed ADD leaves its lease alone (see claim.live).
 	live bool
 }
 
 func newDHCPClaim(conf *netconf.NetConf, args *skel.CmdArgs) *dhcpClaim {
-	return &dhcpClaim{socket: wire.SocketPath(conf.LAN.DHCPSocket), network: conf.Name, att: wire.Attachment{ContainerID: args.ContainerID, IfName: conf.LAN.IfName}, live: true}
+	return &dhcpClaim{socket: agentSocket(conf.LAN), network: conf.Name, att: agentsock.Attachment{ContainerID: args.ContainerID, IfName: conf.LAN.IfName}, live: true}
 }
 
 // lanAddresses is the LAN interface's addresses: the IPAM plugin's answer,
@@ -55,10 +56,10 @@ func (c *dhcpClaim) acquire(a *adder, link netlink.Link) (*current.Result, error
 	}
 	ctx, cancel := ipamTimeout()
 	defer cancel()
-	resp, err := wire.Call(ctx, c.socket, wire.Request{Op: wire.OpAcquire, Network: c.network, Attachment: c.att, Netns: a.args.Netns,
+	resp, err := askDHCP(ctx, c.socket, agentsock.DHCPRequest{Op: agentsock.DHCPAcquire, Network: c.network, Attachment: c.att, Netns: a.args.Netns,
 		MAC: link.Attrs().HardwareAddr.String(), Hostname: a.conf.Pod.Name})
 	if err != nil {
-		if errors.Is(err, wire.ErrNoAgent) {
+		if agentsock.ErrorCode(err) == agentsock.CodeNoAgent {
 			return nil, types.NewError(types.ErrTryAgainLater, err.Error(), "")
 		}
 		return nil, err
@@ -69,7 +70,7 @@ func (c *dhcpClaim) acquire(a *adder, link netlink.Link) (*current.Result, error
 // leaseResult is the CNI result of a lease: its address, with the
 // router as the address's gateway. No route: the default route stays on
 // eth0, and the LAN's DNS servers do not replace the cluster's.
-func leaseResult(l *wire.Lease) (*current.Result, error) {
+func leaseResult(l *agentsock.Lease) (*current.Result, error) {
 	if l == nil {
 		return nil, errors.New("villaged answered the DHCP acquire without a lease")
 	}
@@ -92,8 +93,8 @@ func (c *dhcpClaim) rollback() error {
 	}
 	ctx, cancel := ipamTimeout()
 	defer cancel()
-	_, err := wire.Call(ctx, c.socket, wire.Request{Op: wire.OpRelease, Attachment: c.att})
-	if errors.Is(err, wire.ErrNoAgent) {
+	_, err := askDHCP(ctx, c.socket, agentsock.DHCPRequest{Op: agentsock.DHCPRelease, Attachment: c.att})
+	if agentsock.ErrorCode(err) == agentsock.CodeNoAgent {
 		return nil // nothing can hold a lease the agent is not there to renew
 	}
 	return err
@@ -114,32 +115,33 @@ func (c *dhcpClaim) markLive(a *adder) error {
 // succeeds: nothing renews the lease, so it lapses on the server (a DEL
 // that failed would have the runtime retry it forever).
 func (c ipamCall) dhcpVerb(ctx context.Context, verb string) error {
-	req := wire.Request{Network: c.Network, Attachment: wire.Attachment{ContainerID: c.Args.ContainerID, IfName: c.IfName}}
+	req := agentsock.DHCPRequest{Network: c.Network, Attachment: agentsock.Attachment{ContainerID: c.Args.ContainerID, IfName: c.IfName}}
 	switch verb {
 	case "DEL":
-		req.Op = wire.OpRelease
+		req.Op = agentsock.DHCPRelease
 	case "CHECK":
-		req.Op = wire.OpCheck
+		req.Op = agentsock.DHCPCheck
 	case "STATUS":
-		req.Op = wire.OpStatus
+		req.Op = agentsock.DHCPStatus
 	case "GC":
-		req.Op = wire.OpGC
+		req.Op = agentsock.DHCPGC
 		valid, err := gcValid(c.Conf)
 		if err != nil {
 			return err
 		}
-		req.Valid, req.Attachment = valid, wire.Attachment{}
+		req.Valid, req.Attachment = valid, agentsock.Attachment{}
 	default:
 		return fmt.Errorf("DHCP: no verb %s", verb)
 	}
-	_, err := wire.Call(ctx, c.DHCPSocket, req)
+	_, err := askDHCP(ctx, c.DHCPSocket, req)
+	noAgent := agentsock.ErrorCode(err) == agentsock.CodeNoAgent
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, wire.ErrNoAgent) && verb == "DEL":
+	case noAgent && verb == "DEL":
 		fmt.Fprintf(os.Stderr, "village: %v: the DHCP lease of %s/%s lapses on the server\n", err, req.ContainerID, req.IfName)
 		return nil
-	case errors.Is(err, wire.ErrNoAgent):
+	case noAgent:
 		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
 	}
 	return err
@@ -147,16 +149,16 @@ func (c ipamCall) dhcpVerb(ctx context.Context, verb string) error {
 
 // gcValid reads the runtime's list of live attachments (withIPAM named
 // them by the LAN interface).
-func gcValid(stdin []byte) ([]wire.Attachment, error) {
+func gcValid(stdin []byte) ([]agentsock.Attachment, error) {
 	var conf struct {
 		Valid []types.GCAttachment `json:"cni.dev/valid-attachments"`
 	}
 	if err := json.Unmarshal(stdin, &conf); err != nil {
 		return nil, fmt.Errorf("GC: reading cni.dev/valid-attachments: %w", err)
 	}
-	valid := []wire.Attachment{}
+	valid := []agentsock.Attachment{}
 	for _, a := range conf.Valid {
-		valid = append(valid, wire.Attachment{ContainerID: a.ContainerID, IfName: a.IfName})
+		valid = append(valid, agentsock.Attachment{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	return valid, nil
 }
@@ -174,4 +176,18 @@ func releaseDHCP(ctx context.Context, calls []ipamCall) (rest []ipamCall, errs [
 		}
 	}
 	return rest, errs
+}
+
+// askDHCP sends req to the agent's DHCP lease manager on the agent socket
+// at socket; a refusal or an absent agent is an *agentsock.Error (its Code
+// says which).
+func askDHCP(ctx context.Context, socket string, req agentsock.DHCPRequest) (*agentsock.DHCPResponse, error) {
+	resp, err := agentsock.Ask(ctx, socket, agentsock.Request{Op: agentsock.OpDHCP, Network: req.Network, DHCP: &req})
+	if err != nil {
+		return nil, fmt.Errorf("DHCP %s of %s/%s: %w", req.Op, req.ContainerID, req.IfName, err)
+	}
+	if resp.DHCP == nil {
+		return &agentsock.DHCPResponse{}, nil
+	}
+	return resp.DHCP, nil
 }

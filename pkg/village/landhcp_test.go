@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/village-cni/village/pkg/landhcp/wire"
+	"github.com/village-cni/village/pkg/agentsock"
 )
 
 // A lease becomes net1's address with the router as its gateway, and no
 // route or DNS (those stay eth0's); a bad answer is an error.
 func TestLeaseResult(t *testing.T) {
-	r, err := leaseResult(&wire.Lease{Address: "192.168.77.120/24", Gateway: "192.168.77.1", DNS: []string{"192.168.77.1"}})
+	r, err := leaseResult(&agentsock.Lease{Address: "192.168.77.120/24", Gateway: "192.168.77.1", DNS: []string{"192.168.77.1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,7 +20,7 @@ func TestLeaseResult(t *testing.T) {
 	if len(r.Routes) != 0 || len(r.DNS.Nameservers) != 0 {
 		t.Fatalf("the lease's result has routes or DNS: %+v", r)
 	}
-	for _, bad := range []*wire.Lease{nil, {Address: "192.168.77.120"}, {Address: ""}} {
+	for _, bad := range []*agentsock.Lease{nil, {Address: "192.168.77.120"}, {Address: ""}} {
 		if _, err := leaseResult(bad); err == nil {
 			t.Errorf("lease %+v accepted", bad)
 		}
@@ -40,7 +40,7 @@ func TestGCValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []wire.Attachment{{ContainerID: "a", IfName: "net1"}, {ContainerID: "b", IfName: "net1"}}
+	want := []agentsock.Attachment{{ContainerID: "a", IfName: "net1"}, {ContainerID: "b", IfName: "net1"}}
 	if len(valid) != 2 || valid[0] != want[0] || valid[1] != want[1] {
 		t.Fatalf("valid %+v, want %+v", valid, want)
 	}

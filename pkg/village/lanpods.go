@@ -37,8 +37,15 @@ const agentAskTimeout = 25 * time.Second
 // (the agent answers at once and writes to the API on its own time).
 const agentReportTimeout = 3 * time.Second
 
-// agentSocket is the node agent's socket ($VILLAGE_RUN_DIR/agent.sock).
-func agentSocket() string { return agentsock.Path("") }
+// agentSocket is the node agent's socket: the LAN's "daemonSocketPath"
+// with its IPAM type dhcp when it names one, else
+// $VILLAGE_RUN_DIR/agent.sock (the agent serves the same, Conf.agentSocket).
+func agentSocket(lan *netconf.LAN) string {
+	if lan != nil && lan.IPAMType == netconf.LANDHCP && lan.DHCPSocket != "" {
+		return lan.DHCPSocket
+	}
+	return agentsock.Path("")
+}
 
 // lanRequest decides whether this pod gets the LAN interface, and with
 // which exact addresses:
@@ -64,7 +71,7 @@ func (a *adder) lanRequest() (netconf.LANRequest, error) {
 		}
 		a.askedAgent = true
 		var err error
-		if req, err = askAgent(a.conf.Name, a.pod0Ref()); err != nil {
+		if req, err = askAgent(agentSocket(lan), a.conf.Name, a.pod0Ref()); err != nil {
 			return req, err
 		}
 	default:
@@ -85,10 +92,9 @@ func (a *adder) pod0Ref() agentsock.Pod {
 // askAgent asks the node's agent what the pod's annotations say about the
 // LAN. An agent that cannot be reached, or has not seen the pod yet, is
 // CNI code 11 (try again later): kubelet retries the sandbox.
-func askAgent(network string, pod agentsock.Pod) (netconf.LANRequest, error) {
+func askAgent(path, network string, pod agentsock.Pod) (netconf.LANRequest, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), agentAskTimeout)
 	defer cancel()
-	path := agentSocket()
 	resp, err := agentsock.Ask(ctx, path, agentsock.Request{Op: agentsock.OpLANPod, Network: network, Pod: &pod})
 	if err != nil {
 		code := uint(types.ErrInvalidNetworkConfig)
@@ -122,7 +128,7 @@ func (a *adder) reportLAN(r agentsock.Report) {
 	ctx, cancel := context.WithTimeout(context.Background(), agentReportTimeout)
 	defer cancel()
 	pod := a.pod0Ref()
-	if _, err := agentsock.Ask(ctx, agentSocket(), agentsock.Request{Op: agentsock.OpLANReport, Network: a.conf.Name, Pod: &pod, Report: &r}); err != nil {
+	if _, err := agentsock.Ask(ctx, agentSocket(a.conf.LAN), agentsock.Request{Op: agentsock.OpLANReport, Network: a.conf.Name, Pod: &pod, Report: &r}); err != nil {
 		fmt.Fprintf(os.Stderr, "village: reporting the LAN interface of pod %s to the agent: %v\n", pod, err)
 	}
 }

@@ -102,7 +102,9 @@ func (lab *dhcpLab) newNode(t testing.TB, addr string) *dhcpNode {
 	n := &dhcpNode{Node: NewNode(t)}
 	lab.lan.Attach(t, n.NS, "lan0", addr+"/24")
 	testenv.MustIP(t, n.NS, "route", "add", "default", "via", "192.168.77.1")
-	n.socket = filepath.Join(n.Dir, "run", "dhcp.sock")
+	// Not the default agent.sock: "daemonSocketPath" names the agent's
+	// socket, for the agent and the plugin alike.
+	n.socket = filepath.Join(n.Dir, "run", "lan-agent.sock")
 	n.leaseDir = filepath.Join(n.Dir, "dhcp")
 	n.conf = filepath.Join(n.Dir, "dhcp.conflist")
 	must(t, os.WriteFile(n.conf, []byte(dhcpList(n.Node, n.socket)), 0o600), "writing the conflist")
@@ -136,7 +138,7 @@ func (n *dhcpNode) start(t testing.TB) {
 	must(t, n.cmd.Start(), "starting villaged")
 	n.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(n.cmd, n.done)
-	waitFor(t, 30*time.Second, "villaged serving the DHCP socket", func() (bool, string) {
+	waitFor(t, 30*time.Second, "villaged serving DHCP on its socket", func() (bool, string) {
 		return strings.Contains(n.log.String(), "dhcp: serving LAN leases on "+n.socket), n.log.String()
 	})
 }

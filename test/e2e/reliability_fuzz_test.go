@@ -22,7 +22,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/owner":           {"FuzzTableNames"},
 	"./pkg/lansvc/elect":    {"FuzzOwnerIsEligibleAndLive"},
 	"./pkg/lansvc/announce": {"FuzzParseNDP"},
-	"./pkg/agentsock":       {"FuzzHandle"},
+	"./pkg/agentsock":       {"FuzzHandle", "FuzzDecode"},
 	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
 	"./pkg/subnetfile":      {"FuzzRead"},
 	"./pkg/netpol":          {"FuzzCompile"},

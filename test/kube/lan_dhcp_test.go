@@ -223,8 +223,11 @@ func installDHCPConfig(t *testing.T, c *kubecluster.Cluster) {
 			if err != nil || !strings.Contains(string(out), `"dhcp"`) {
 				return fmt.Errorf("conflist on %s without the DHCP LAN section (%v)", n.Name, err)
 			}
-			if _, err := n.Exec("test", "-S", "/run/village/dhcp.sock"); err != nil {
-				return fmt.Errorf("no DHCP socket on %s: %w", n.Name, err)
+			// The conflist is the new agent's (its install ran first), and
+			// the old agent unlinked its socket on the way out: a socket is
+			// the new agent serving DHCP on it.
+			if _, err := n.Exec("test", "-S", "/run/village/agent.sock"); err != nil {
+				return fmt.Errorf("no agent socket on %s: %w", n.Name, err)
 			}
 			return nil
 		},
