@@ -81,6 +81,11 @@ type Options struct {
 	// podCIDR ClusterCIDR and Backend) instead of applying
 	// deploy/kubernetes.
 	Chart bool
+	// Release starts the cluster on a released version (LastRelease): its
+	// deploy/kubernetes applied and its image imported beside the
+	// checkout's (Images.Village, buildinfo.Image), which an upgrade then
+	// applies.
+	Release *Release
 }
 
 // Cluster is a running cluster.
@@ -436,6 +441,9 @@ func (c *Cluster) buildImages(t testing.TB) {
 	}
 	c.Images = Images{Village: village, Pause: pause, Tools: tools}
 	c.images = []string{pause, tools, village}
+	if r := c.opts.Release; r != nil {
+		c.images = append(c.images, r.Archive())
+	}
 }
 
 // BuildVillageImage writes the DaemonSet image of Village's built binaries

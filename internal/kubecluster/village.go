@@ -22,7 +22,8 @@ const (
 	VillageSelector  = "app.kubernetes.io/name=village"
 )
 
-// installVillage applies deploy/kubernetes with kubectl. The one
+// installVillage applies deploy/kubernetes with kubectl (the release's,
+// with Options.Release). The one
 // difference from the shipped files: when Options.Backend is set, the
 // DaemonSet's init container "install" gets BACKEND=<backend> and
 // CLUSTER_CIDR=ClusterCIDR (`kubectl set env --local` over the shipped
@@ -31,11 +32,18 @@ const (
 func (c *Cluster) installVillage(t testing.TB) {
 	t.Helper()
 	src := filepath.Join(c.root, "deploy", "kubernetes")
+	if c.opts.Release != nil {
+		// The release's own manifests, as its users applied them.
+		src = filepath.Join(c.opts.Release.Dir, "deploy", "kubernetes")
+	}
 	dst := filepath.Join(c.dir, "manifests")
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		t.Fatalf("kubecluster: %v", err)
 	}
 	if c.opts.Chart {
+		if c.opts.Release != nil {
+			t.Fatalf("kubecluster: Options.Chart and Options.Release together: release %s is installed from its deploy/kubernetes", c.opts.Release.Tag)
+		}
 		c.installVillageChart(t, dst)
 		return
 	}

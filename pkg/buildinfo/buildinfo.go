@@ -12,11 +12,11 @@ import (
 var Version = "dev"
 
 // About returns the text skel prints for a plugin started by hand, e.g.
-// "village v0.1.0 (go1.26.8 linux/amd64)".
+// "village v0.2.0-dev (go1.26.8 linux/amd64)".
 func About(name string) string {
 	return fmt.Sprintf("%s %s (%s %s/%s)", name, Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
 // Image is the reference of the image `./build_linux.sh image` builds and
 // deploy/kubernetes/daemonset.yaml runs (test/deploy checks they agree).
-const Image = "ghcr.io/village-cni/village:v0.1.0"
+const Image = "ghcr.io/village-cni/village:v0.2.0-dev"

@@ -19,9 +19,25 @@ import (
 // namespace/name on node-2 gets its LAN address back without naming it,
 // another pod created meanwhile does not get it, and the LAN client reaches
 // the pod at that address on node-2.
+//
+// The cluster starts on the last release (kubecluster.LastRelease: the
+// newest v* tag before the checkout, installed from its own manifests and
+// image), with that ConfigMap and NetworkPolicy on, and is upgraded to the
+// checkout first (checkUpgrade, upgrade_test.go): the sticky pods run on
+// the upgraded cluster.
 func TestLANStickyPods(t *testing.T) {
-	c := kubecluster.Start(t, kubecluster.Options{})
-	installLANConfig(t, c, [2]string{`"store": { "type": "kubernetes"`, `"sticky": "10m", "store": { "type": "kubernetes"`})
+	release := kubecluster.LastRelease(t)
+	c := kubecluster.Start(t, kubecluster.Options{Release: release})
+	config := installLANConfig(t, c,
+		[2]string{`"store": { "type": "kubernetes"`, `"sticky": "10m", "store": { "type": "kubernetes"`},
+		[2]string{`"hairpinMode": true,`, `"hairpinMode": true, "networkPolicy": true,`})
+	if !t.Run("UpgradeFromRelease", func(t *testing.T) { checkUpgrade(t, c, release, config) }) {
+		t.FailNow()
+	}
+	t.Run("Sticky", func(t *testing.T) { checkSticky(t, c) })
+}
+
+func checkSticky(t *testing.T, c *kubecluster.Cluster) {
 	f := newFixture(t, c, "lan-sticky")
 	labelNS(t, c, f.ns, kubenames.LabelLANAllowed)
 	n1, n2 := node(t, c, "node-1"), node(t, c, "node-2")

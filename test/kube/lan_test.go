@@ -221,8 +221,8 @@ type homeLab struct {
 
 // applyHomeLab writes h's ConfigMap with its replacements, applies it, runs
 // h.then, and waits until the DaemonSet is ready and h.ready holds on every
-// node.
-func applyHomeLab(t *testing.T, c *kubecluster.Cluster, h homeLab) {
+// node. It returns the file it applied (the user's ConfigMap).
+func applyHomeLab(t *testing.T, c *kubecluster.Cluster, h homeLab) string {
 	t.Helper()
 	root, err := testenv.ModuleRoot()
 	if err != nil {
@@ -256,14 +256,16 @@ func applyHomeLab(t *testing.T, c *kubecluster.Cluster, h homeLab) {
 			t.Fatal(err)
 		}
 	}
+	return f
 }
 
 // installLANConfig applies the home-lab example's ConfigMap with the
 // cluster's LAN in place of the example's (and extra replacements),
 // restarts the DaemonSet and waits until every node has the new conflist.
-func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) {
+// It returns the file it applied.
+func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) string {
 	t.Helper()
-	applyHomeLab(t, c, homeLab{
+	return applyHomeLab(t, c, homeLab{
 		file: "configmap-lan.yaml",
 		replace: append([][2]string{
 			{`"rangeStart": "192.168.50.210"`, `"rangeStart": "` + lanFirst + `"`},
