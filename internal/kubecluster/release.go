@@ -12,8 +12,8 @@ import (
 	"github.com/village-cni/village/internal/testenv"
 )
 
-// Release is a released version of Village built from its git tag: the
-// tree at the tag (its deploy/ is what a user of that release applied),
+// Release is a released version of Village built from its commit: the
+// tree at the release (its deploy/ is what a user of that release applied),
 // its binaries and its DaemonSet image, built by that tree's own
 // build_linux.sh and mkimage.
 type Release struct {
@@ -26,12 +26,13 @@ type Release struct {
 // Archive is the release's DaemonSet image (an OCI archive).
 func (r *Release) Archive() string { return filepath.Join(r.Dir, "village-image.tar") }
 
-// LastRelease finds the newest v* tag that is an ancestor of the module's
-// HEAD (of HEAD's parent when HEAD itself is tagged: the release an
-// upgrade starts from is never the checkout) and builds it once into
-// /var/cache/village/release-<tag>-<commit> (git archive of the tag, then
-// its build_linux.sh with VERSION=<tag> and its mkimage). A missing tag
-// fails the test with how to get it.
+// LastRelease finds the newest release in the module's RELEASES file
+// whose commit is an ancestor of HEAD and is not HEAD itself (the release
+// an upgrade starts from is never the checkout) and builds it once into
+// /var/cache/village/release-<tag>-<commit> (git archive of the commit,
+// then its build_linux.sh with VERSION=<tag> and its mkimage). A git tag of
+// the same name that names another commit fails the test: the list and the
+// tags must agree.
 func LastRelease(t testing.TB) *Release {
 	t.Helper()
 	root, err := testenv.ModuleRoot()
@@ -46,25 +47,34 @@ func LastRelease(t testing.TB) *Release {
 		}
 		return strings.TrimSpace(string(out)), err
 	}
-	from := "HEAD"
-	tag, err := git("describe", "--tags", "--abbrev=0", "--match", "v[0-9]*", from)
-	if err == nil {
-		var c, head string
-		if c, err = git("rev-list", "-n1", tag); err == nil {
-			if head, err = git("rev-parse", "HEAD"); err == nil && c == head {
-				from = "HEAD^"
-				tag, err = git("describe", "--tags", "--abbrev=0", "--match", "v[0-9]*", from)
-			}
-		}
-	}
+	list, err := os.ReadFile(filepath.Join(root, "RELEASES"))
 	if err != nil {
-		t.Fatalf("kubecluster: no release tag (v*) is an ancestor of %s in %s: %v\n"+
-			"The upgrade test installs the newest release first. Fetch the tags (git fetch --tags origin; "+
-			"a shallow clone needs git fetch --unshallow) or create the first one: git tag v0.1.0 1ab6f40", from, root, err)
+		t.Fatalf("kubecluster: the release list: %v", err)
 	}
-	commit, err := git("rev-list", "-n1", tag)
+	releases, err := parseReleases(string(list))
+	if err != nil {
+		t.Fatalf("kubecluster: %s: %v", filepath.Join(root, "RELEASES"), err)
+	}
+	head, err := git("rev-parse", "HEAD")
 	if err != nil {
 		t.Fatalf("kubecluster: %v", err)
+	}
+	var tag, commit string
+	for i := len(releases) - 1; i >= 0 && tag == ""; i-- {
+		c := releases[i][1]
+		if c == head {
+			continue
+		}
+		if _, err := git("merge-base", "--is-ancestor", c, head); err == nil {
+			tag, commit = releases[i][0], c
+		}
+	}
+	if tag == "" {
+		t.Fatalf("kubecluster: no release in RELEASES is an ancestor of HEAD (%s) in %s; "+
+			"a shallow clone needs git fetch --unshallow", head, root)
+	}
+	if c, err := git("rev-list", "-n1", "refs/tags/"+tag); err == nil && c != commit {
+		t.Fatalf("kubecluster: tag %s names %s but RELEASES says %s", tag, c, commit)
 	}
 	r := &Release{Tag: tag, Commit: commit, Dir: filepath.Join("/var/cache/village", "release-"+tag+"-"+commit)}
 	if _, err := os.Stat(r.Archive()); err != nil {
@@ -115,4 +125,25 @@ func buildRelease(root string, r *Release) error {
 		}
 	}
 	return os.Rename(tmp, r.Dir)
+}
+
+// parseReleases reads RELEASES: "<tag> <commit>" lines, oldest first;
+// blank lines and # comments are skipped.
+func parseReleases(s string) ([][2]string, error) {
+	var out [][2]string
+	for n, line := range strings.Split(s, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 2 || !strings.HasPrefix(f[0], "v") || !regexp.MustCompile(`^[0-9a-f]{40}$`).MatchString(f[1]) {
+			return nil, fmt.Errorf("line %d: %q is not \"<v-tag> <40-hex commit>\"", n+1, line)
+		}
+		out = append(out, [2]string{f[0], f[1]})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no release listed")
+	}
+	return out, nil
 }

@@ -21,7 +21,7 @@ import (
 // the pod at that address on node-2.
 //
 // The cluster starts on the last release (kubecluster.LastRelease: the
-// newest v* tag before the checkout, installed from its own manifests and
+// newest release in RELEASES before the checkout, installed from its own manifests and
 // image), with that ConfigMap and NetworkPolicy on, and is upgraded to the
 // checkout first (checkUpgrade, upgrade_test.go): the sticky pods run on
 // the upgraded cluster.
