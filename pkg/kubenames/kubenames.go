@@ -45,6 +45,26 @@ const (
 // gives an address on the LAN.
 const LoadBalancerClassLAN = Prefix + "lan"
 
+// The LAN Services contract ("macvlan.services"; pkg/lansvc/controller).
+// A Service's namespace must carry LabelLAN=LabelLANAllowed, and
+// AnnotationLANIP asks for exactly these addresses, as for pods.
+const (
+	// AnnotationLANShare on a Service: Services of one namespace with the
+	// same key share one address, provided their ports do not clash.
+	AnnotationLANShare = Prefix + "lan-share"
+	// AnnotationLANAnnouncer is written by the agent: the node that
+	// answers ARP/NDP for the Service's address.
+	AnnotationLANAnnouncer = Prefix + "lan-announcer"
+	// AnnotationLANMember is written by each agent on its own Node: its
+	// LAN address and gossip port ("192.168.50.11:7947"), which the other
+	// agents join.
+	AnnotationLANMember = Prefix + "lan-member"
+	// LabelExcludeFromLB is the well-known Node label that keeps a node
+	// from announcing with externalTrafficPolicy Cluster (Kubernetes' own
+	// name, not Village's).
+	LabelExcludeFromLB = "node.kubernetes.io/exclude-from-external-load-balancers"
+)
+
 // The Event reasons the agent writes (all Warnings).
 const (
 	// On a Pod, why it got no LAN address.
@@ -56,6 +76,21 @@ const (
 	ReasonLANFailed      = "LANFailed"
 	// On a NetworkPolicy, a part this node cannot enforce.
 	ReasonPolicyNotEnforced = "NetworkPolicyNotEnforced"
+	// On a LoadBalancer Service, also: LANForbidden (its namespace may
+	// not), LANRequestInvalid, LANAddressOutsidePool, LANAddressTaken,
+	// LANPoolExhausted, and its lan-share ports clash with another's.
+	ReasonLANPortsClash = "LANPortsClash"
+	// On a Node, kube-proxy in IPVS mode without strictARP: the node
+	// answers ARP for every Service address itself.
+	ReasonLANIPVSNoStrictARP = "LANIPVSWithoutStrictARP"
+)
+
+// The Normal Events on a LAN Service.
+const (
+	// ReasonLANAssigned: the Service got its LAN address(es).
+	ReasonLANAssigned = "LANAddressAssigned"
+	// ReasonLANAnnounced: this node now answers for the address.
+	ReasonLANAnnounced = "LANAnnounced"
 )
 
 // The labels and annotations of the kubernetes IPAM store's Leases

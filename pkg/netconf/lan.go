@@ -27,6 +27,10 @@ type LAN struct {
 	// Pods is which pods get the LAN interface: PodsAll (every pod, the
 	// default) or PodsAnnotated (only pods that ask: lanpods.go).
 	Pods string `json:"pods,omitempty"`
+	// ServicesRaw is "services": LoadBalancer Services on the LAN
+	// (lansvc.go); Services is it parsed, nil when absent.
+	ServicesRaw json.RawMessage `json:"services,omitempty"`
+	Services    *Services       `json:"-"`
 
 	// Derived by Parse.
 	IPAMType string           `json:"-"`
@@ -107,6 +111,9 @@ func ParseLAN(raw json.RawMessage) (*LAN, error) {
 		return nil, err
 	}
 	if err := c.parsePods(); err != nil {
+		return nil, err
+	}
+	if err := c.parseServices(); err != nil {
 		return nil, err
 	}
 	return c, nil

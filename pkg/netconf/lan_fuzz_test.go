@@ -25,6 +25,8 @@ func FuzzParseLAN(f *testing.F) {
 		`{"mode":"vepa","mtu":-5,"ipam":{"type":"x"}}`,
 		`{"mac":"01:00:5e:00:00:01","ipam":{"type":"x","subnet":"10.0.0.0/24"}}`,
 		`{"ipam":{}}`, `[`,
+		`{"master":"eth0","services":{"requireClass":true,"ranges":[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.50.240","rangeEnd":"192.168.50.250"}]]},"ipam":{"type":"village-ipam","subnet":"192.168.50.0/24"}}`,
+		`{"services":{"ranges":[[{"subnet":"fd00:51::/120"}]]},"ipam":{"type":"x","subnet":"fd00:50::/64"}}`,
 	} {
 		f.Add([]byte(raw))
 	}
@@ -51,6 +53,21 @@ func FuzzParseLAN(f *testing.F) {
 		}
 		if c.HWAddr != nil && (len(c.HWAddr) != 6 || c.HWAddr[0]&1 != 0) {
 			t.Fatalf("accepted MAC %v", c.HWAddr)
+		}
+		if s := c.Services; s != nil {
+			for _, set := range s.Sets {
+				for _, r := range set {
+					in := false
+					for _, lset := range c.Sets {
+						for _, l := range lset {
+							in = in || (l.Subnet.Bits() <= r.Subnet.Bits() && l.Subnet.Contains(r.RangeStart) && l.Subnet.Contains(r.RangeEnd))
+						}
+					}
+					if !in || r.RangeEnd.Less(r.RangeStart) {
+						t.Fatalf("accepted Service range %s outside the LAN subnets", r)
+					}
+				}
+			}
 		}
 		if c.IPAMType == "" {
 			t.Fatal("accepted an ipam block without a type")

@@ -222,14 +222,17 @@ func (a *Allocator) heldFor(ctx context.Context, ip netip.Addr) (h Hold, reclaim
 	return Hold{}, false, nil
 }
 
-// GC releases every allocation whose owner is neither in valid nor a hold
-// that has not ended (the runtime's list knows nothing of departed pods).
+// GC releases every allocation whose owner is neither in valid, nor a hold
+// that has not ended (the runtime's list knows nothing of departed pods),
+// nor a LAN Service's (store.IsServiceOwner).
 func (a *Allocator) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation, error) {
 	now, isValid := a.now(), store.Valid(valid)
 	return a.Store.GC(ctx, func(o store.Owner) bool {
 		if _, until, ok := parseHold(o); ok {
 			return now.Before(until)
 		}
-		return isValid(o)
+		// A LAN Service's address: villaged's to release, not the
+		// runtime's.
+		return store.IsServiceOwner(o) || isValid(o)
 	})
 }

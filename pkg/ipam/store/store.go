@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/village-cni/village/pkg/validate"
 )
@@ -95,6 +96,15 @@ func Valid(valid []Owner) func(Owner) bool {
 	}
 	return func(o Owner) bool { return keep[o] || (o.IfName == "" && keepID[o.ContainerID]) }
 }
+
+// ServiceOwnerPrefix starts the ContainerID of an address a LoadBalancer
+// Service holds on the LAN (pkg/lansvc/alloc). Runtimes' container IDs
+// are hex digits, so none collides with it; GC of the runtime's
+// attachments leaves such owners alone (villaged releases them).
+const ServiceOwnerPrefix = "village-lb_"
+
+// IsServiceOwner says whether o is a LAN Service's owner.
+func IsServiceOwner(o Owner) bool { return strings.HasPrefix(o.ContainerID, ServiceOwnerPrefix) }
 
 // ErrBusy is wrapped by errors of a store whose lock is held by someone else
 // for longer than the store waits; the operation may be retried.

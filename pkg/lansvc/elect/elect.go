@@ -74,3 +74,22 @@ func Mine(self string, wants []Want, live func(node string) bool) []netip.Addr {
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
 }
+
+// Writer is the node, among nodes, with the highest rendezvous score for
+// key (a Service or share group): the one agent that allocates its
+// address and writes its status, so the agents split the Services
+// between them without talking. "" when nodes is empty.
+func Writer(key string, nodes []string) string {
+	best, bestScore := "", uint64(0)
+	for _, n := range nodes {
+		h := sha256.New()
+		h.Write([]byte(n))
+		h.Write([]byte{1}) // not an address's score
+		h.Write([]byte(key))
+		s := binary.BigEndian.Uint64(h.Sum(nil)[:8])
+		if best == "" || s > bestScore || (s == bestScore && n < best) {
+			best, bestScore = n, s
+		}
+	}
+	return best
+}

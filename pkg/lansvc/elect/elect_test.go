@@ -157,3 +157,26 @@ func FuzzOwnerIsEligibleAndLive(f *testing.F) {
 		}
 	})
 }
+
+// Writer picks one of the nodes, the same whatever their order, and
+// spreads keys over them.
+func TestWriter(t *testing.T) {
+	nodes := []string{"a", "b", "c"}
+	count := map[string]int{}
+	for i := range 300 {
+		key := "svc/ns/s" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		w := Writer(key, nodes)
+		if w2 := Writer(key, []string{"c", "a", "b"}); w != w2 {
+			t.Fatalf("%s: %q vs %q by order", key, w, w2)
+		}
+		count[w]++
+	}
+	for _, n := range nodes {
+		if count[n] < 50 {
+			t.Fatalf("uneven: %v", count)
+		}
+	}
+	if Writer("k", nil) != "" {
+		t.Fatal("a writer among no nodes")
+	}
+}
