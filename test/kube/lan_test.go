@@ -33,7 +33,8 @@ const (
 // a fixed address, a taken one, pool exhaustion, the LAN client and the
 // node reaching a LAN pod, the same address and MAC after a move to the
 // other node announced by gratuitous ARP, deletion releasing the address,
-// the lan-address annotation and the Events.
+// the lan-address annotation and the Events; then LoadBalancer Services on
+// the LAN (issue 39, lanServices) with kube-proxy in iptables mode.
 func TestLANPods(t *testing.T) {
 	c := kubecluster.Start(t, kubecluster.Options{})
 	installLANConfig(t, c)
@@ -187,6 +188,8 @@ func TestLANPods(t *testing.T) {
 			t.Fatalf("villaged status on node-1 (%v):\n%s\nwant lan-ok/fixed %s", err, out, lanFixed)
 		}
 	})
+	// Last: it installs the LAN config again, with macvlan.services.
+	t.Run("Services", func(t *testing.T) { lanServices(t, c) })
 }
 
 // homeLab is one of deploy/kubernetes/examples/homelab's LAN ConfigMaps as
