@@ -89,6 +89,9 @@ type Options struct {
 	// podCIDR ClusterCIDR and Backend) instead of applying
 	// deploy/kubernetes.
 	Chart bool
+	// Audit makes the API server log every request's metadata (read with
+	// API().AuditEvents): the benchmarks count a client's requests.
+	Audit bool
 }
 
 // Cluster is a running cluster.
@@ -162,7 +165,7 @@ func Start(t testing.TB, o Options) *Cluster {
 	c.root = root
 	c.buildImages(t)
 	c.startLAN(t)
-	c.api = kubetest.Start(t, kubetest.Options{NetNS: c.lan, IP: LANIP, Args: []string{
+	c.api = kubetest.Start(t, kubetest.Options{NetNS: c.lan, IP: LANIP, Audit: o.Audit, Args: []string{
 		"--endpoint-reconciler-type=lease",
 		"--kubelet-preferred-address-types=InternalIP",
 		"--allow-privileged=true",

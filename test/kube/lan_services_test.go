@@ -34,14 +34,17 @@ const (
 	svcAsked6 = kubecluster.LANPrefix6 + "155"
 )
 
+// svcRanges is "macvlan.services.ranges" of lanServices.
+var svcRanges = fmt.Sprintf(`[[{ "subnet": "%s0/24", "rangeStart": "%s", "rangeEnd": "%s" }], [{ "subnet": "%s/64", "rangeStart": "%s", "rangeEnd": "%s" }]]`,
+	kubecluster.LANPrefix, svcFirst, svcLast, kubecluster.LANPrefix6, svcFirst6, svcLast6)
+
 // installLANServicesConfig installs the home-lab LAN ConfigMap with
-// "macvlan.services" (both families) and an IPv6 set in the LAN pool
+// "macvlan.services" of the given ranges and an IPv6 set in the LAN pool
 // beside the IPv4 one (a Service range must lie in a LAN subnet), and
 // waits until every node's conflist has them.
-func installLANServicesConfig(t *testing.T, c *kubecluster.Cluster) {
+func installLANServicesConfig(t testing.TB, c *kubecluster.Cluster, ranges string) {
 	t.Helper()
-	services := fmt.Sprintf(`"services": { "ranges": [[{ "subnet": "%s0/24", "rangeStart": "%s", "rangeEnd": "%s" }], [{ "subnet": "%s/64", "rangeStart": "%s", "rangeEnd": "%s" }]] },`,
-		kubecluster.LANPrefix, svcFirst, svcLast, kubecluster.LANPrefix6, svcFirst6, svcLast6)
+	services := `"services": { "ranges": ` + ranges + ` },`
 	applyHomeLab(t, c, homeLab{
 		file: "configmap-lan.yaml",
 		replace: [][2]string{
@@ -54,8 +57,12 @@ func installLANServicesConfig(t *testing.T, c *kubecluster.Cluster) {
 		then: []string{"-n", kubecluster.VillageNamespace, "rollout", "restart", "daemonset/" + kubecluster.VillageDaemonSet},
 		ready: func(n *kubecluster.Node) error {
 			out, err := n.Exec("cat", "/etc/cni/net.d/10-village.conflist")
-			if err != nil || !strings.Contains(string(out), svcFirst6) {
+			if err != nil || !strings.Contains(string(out), `"services"`) {
 				return fmt.Errorf("conflist on %s without macvlan.services (%v)", n.Name, err)
+			}
+			out, err = n.Exec("cat", "/run/village/kube/kubeconfig")
+			if err != nil || !strings.Contains(string(out), "tokenFile") {
+				return fmt.Errorf("no host kubeconfig on %s (%v)", n.Name, err)
 			}
 			return nil
 		},
@@ -92,7 +99,7 @@ func (f *fixture) loadBalancer(s lbSpec) {
 
 // ingress waits until the Service's status has LAN addresses (want of
 // them), every one with ipMode VIP, and returns them.
-func (f *fixture) ingress(t *testing.T, name string, want int) []string {
+func (f *fixture) ingress(t testing.TB, name string, want int) []string {
 	t.Helper()
 	var ips []string
 	if err := kubecluster.Poll(wait, func() error {
@@ -192,7 +199,7 @@ func neighbourAnswers(c *kubecluster.Cluster, ip string, d time.Duration) ([]str
 // oneMAC waits until someone answers for ip, then asks `checks` more
 // times: every answer must come from exactly one MAC, the same each time,
 // and, given want, that one. It returns the MAC.
-func oneMAC(t *testing.T, c *kubecluster.Cluster, ip, want string, checks int) string {
+func oneMAC(t testing.TB, c *kubecluster.Cluster, ip, want string, checks int) string {
 	t.Helper()
 	var macs []string
 	if err := kubecluster.Poll(wait, func() error {
@@ -226,7 +233,7 @@ func oneMAC(t *testing.T, c *kubecluster.Cluster, ip, want string, checks int) s
 }
 
 // lanMAC is n's LAN interface MAC.
-func lanMAC(t *testing.T, n *kubecluster.Node) string {
+func lanMAC(t testing.TB, n *kubecluster.Node) string {
 	t.Helper()
 	mac, err := n.LANMAC()
 	if err != nil {
@@ -298,7 +305,7 @@ func takeoverSeen(capture, ip, mac string) error {
 // Services get addresses of the LAN that one node answers for, through
 // the shipped DaemonSet and kube-proxy in the cluster's mode.
 func lanServices(t *testing.T, c *kubecluster.Cluster) {
-	installLANServicesConfig(t, c)
+	installLANServicesConfig(t, c, svcRanges)
 	f := newFixture(t, c, "lansvc")
 	labelNS(t, c, f.ns, kubenames.LabelLANAllowed)
 	no := newFixture(t, c, "lansvc-no")

@@ -205,7 +205,7 @@ type homeLab struct {
 // applyHomeLab writes h's ConfigMap with its replacements, applies it, runs
 // h.then, and waits until the DaemonSet is ready and h.ready holds on every
 // node.
-func applyHomeLab(t *testing.T, c *kubecluster.Cluster, h homeLab) {
+func applyHomeLab(t testing.TB, c *kubecluster.Cluster, h homeLab) {
 	t.Helper()
 	root, err := testenv.ModuleRoot()
 	if err != nil {
@@ -269,7 +269,7 @@ func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) 
 	})
 }
 
-func labelNS(t *testing.T, c *kubecluster.Cluster, ns, value string) {
+func labelNS(t testing.TB, c *kubecluster.Cluster, ns, value string) {
 	t.Helper()
 	if out, err := c.Kubectl("label", "namespace", ns, kubenames.LabelLAN+"="+value); err != nil {
 		t.Fatalf("labelling %s: %v\n%s", ns, err, out)

@@ -1,0 +1,218 @@
+package kube_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/village-cni/village/internal/kubecluster"
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/kubenames"
+)
+
+// benchRanges are the Service ranges of BenchmarkLANServicesKube: 170
+// IPv4 addresses of the cluster's LAN around the LAN pods' pool (.100-.103)
+// and the nodes, and ten IPv6 ones.
+var benchRanges = fmt.Sprintf(`[[{ "subnet": "%[1]s0/24", "rangeStart": "%[1]s20", "rangeEnd": "%[1]s99" }, { "subnet": "%[1]s0/24", "rangeStart": "%[1]s110", "rangeEnd": "%[1]s199" }], [{ "subnet": "%[2]s/64", "rangeStart": "%[3]s", "rangeEnd": "%[4]s" }]]`,
+	kubecluster.LANPrefix, kubecluster.LANPrefix6, svcFirst6, svcLast6)
+
+// BenchmarkLANServicesKube measures Services on the LAN (issue 39) on a
+// two-node internal/kubecluster cluster (kube-proxy iptables, the shipped
+// DaemonSet with the home-lab LAN ConfigMap and macvlan.services), a web
+// pod on each node and externalTrafficPolicy Local:
+//   - the time from a Service's creation to the first HTTP answer the LAN
+//     client gets through its address (5 Services, one after the other);
+//   - announcement failover: the announcing node's bridge port goes down
+//     (a pulled cable) and the LAN client asks ARP every ~50 ms until
+//     another MAC answers; back up, then one steady MAC again before the
+//     next kill; $VILLAGE_LANSVC_KILLS kills (default 20), p50/p99;
+//   - the same with the API server frozen (SIGSTOP) for each kill;
+//   - with 100 LoadBalancer Services: the agents' CPU, RSS and API
+//     requests per minute (the audit log, user agent villaged) over
+//     one minute, beside the same minute with the 5 Services before.
+//
+// Every FIGURE line carries the load average.
+func BenchmarkLANServicesKube(b *testing.B) {
+	c := kubecluster.Start(b, kubecluster.Options{Audit: true})
+	installLANServicesConfig(b, c, benchRanges)
+	f := newFixture(b, c, "lansvc-bench")
+	labelNS(b, c, f.ns, kubenames.LabelLANAllowed)
+	web := map[string]string{"tier": "web"}
+	for _, p := range []struct{ name, node string }{{"web-1", "node-1"}, {"web-2", "node-2"}} {
+		pod := podSpec(p.name, p.node, corev1.RestartPolicyAlways, "-http", ":8080", "-reply", p.name)
+		pod.Labels["tier"] = "web"
+		f.create(pod)
+	}
+	f.running("web-1", "web-2")
+	kills := 20
+	if v, err := strconv.Atoi(os.Getenv("VILLAGE_LANSVC_KILLS")); err == nil && v > 0 {
+		kills = v
+	}
+	for range b.N {
+		var first []time.Duration
+		var ip string
+		for i := range 5 {
+			name := fmt.Sprintf("first-%d", i)
+			start := time.Now()
+			f.loadBalancer(lbSpec{name: name, selector: web, policy: corev1.ServiceExternalTrafficPolicyLocal})
+			addr := f.ingress(b, name, 1)[0]
+			if err := kubecluster.Poll(wait, func() error { _, err := lanHTTP(c, addr)(); return err }); err != nil {
+				b.Fatalf("LAN client -> %s (%s): %v", name, addr, err)
+			}
+			first = append(first, time.Since(start))
+			if i == 0 {
+				ip = addr
+			}
+		}
+		b.Logf("FIGURE lansvc_kube_create_to_first_answer %s (load %s)", spread(first), loadavg())
+
+		baseline := agentUsage(b, c, time.Minute)
+		b.Logf("FIGURE lansvc_kube_agents_5_services %s (load %s)", baseline, loadavg())
+
+		plain := failoverLoop(b, c, ip, kills, false)
+		b.Logf("FIGURE lansvc_kube_failover %s (load %s)", spread(plain), loadavg())
+		frozen := failoverLoop(b, c, ip, kills, true)
+		b.Logf("FIGURE lansvc_kube_failover_apiserver_frozen %s (load %s)", spread(frozen), loadavg())
+
+		for i := range 95 {
+			f.loadBalancer(lbSpec{name: fmt.Sprintf("many-%d", i), selector: web, policy: corev1.ServiceExternalTrafficPolicyCluster})
+		}
+		start := time.Now()
+		for i := range 95 {
+			f.ingress(b, fmt.Sprintf("many-%d", i), 1)
+		}
+		b.Logf("FIGURE lansvc_kube_95_more_services_addressed %v (load %s)", time.Since(start).Round(time.Millisecond), loadavg())
+		loaded := agentUsage(b, c, time.Minute)
+		b.Logf("FIGURE lansvc_kube_agents_100_services %s (load %s)", loaded, loadavg())
+	}
+}
+
+// failoverLoop pulls the cable of ip's announcer kills times (the API
+// server frozen for each kill when frozen) and returns the failover times.
+func failoverLoop(b *testing.B, c *kubecluster.Cluster, ip string, kills int, frozen bool) []time.Duration {
+	b.Helper()
+	macs := map[string]*kubecluster.Node{}
+	for _, n := range c.Nodes() {
+		macs[lanMAC(b, n)] = n
+	}
+	var ds []time.Duration
+	for k := range kills {
+		mac := oneMAC(b, c, ip, "", 3)
+		from := macs[mac]
+		if from == nil {
+			b.Fatalf("%s answered by %s, no node's LAN MAC", ip, mac)
+		}
+		thaw := func() {}
+		if frozen {
+			thaw = c.FreezeAPIServer(b)
+		}
+		d, to := failover(b, c, ip, from, mac)
+		if macs[to] == nil || to == mac {
+			b.Fatalf("kill %d: %s answered by %s after %s left", k, ip, to, from.Name)
+		}
+		ds = append(ds, d)
+		if err := from.PlugLAN(); err != nil {
+			b.Fatal(err)
+		}
+		oneMAC(b, c, ip, "", 5)
+		thaw()
+	}
+	return ds
+}
+
+// spread formats durations as p50, p99, max and count.
+func spread(ds []time.Duration) string {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	pct := func(p float64) time.Duration {
+		i := int(p*float64(len(s))+0.999999) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return fmt.Sprintf("p50=%v p99=%v max=%v n=%d", pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond), len(s))
+}
+
+// agentUsage watches the cluster's villaged processes (those in its nodes'
+// cgroups) for d: CPU per agent, VmRSS at the end per agent, and the API
+// requests the agents made (audit log, user agent villaged) per minute.
+func agentUsage(b *testing.B, c *kubecluster.Cluster, d time.Duration) string {
+	b.Helper()
+	pids := agentPIDs(b)
+	cpu0 := map[int]time.Duration{}
+	for _, pid := range pids {
+		p, err := testenv.ReadProcCPU(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cpu0[pid] = p.Self
+	}
+	start := time.Now()
+	for time.Since(start) < d {
+		time.Sleep(time.Second)
+	}
+	end := time.Now()
+	var parts []string
+	for _, pid := range pids {
+		p, err := testenv.ReadProcCPU(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		parts = append(parts, fmt.Sprintf("agent[%d] cpu=%.1f%% rss=%s", pid, 100*float64(p.Self-cpu0[pid])/float64(end.Sub(start)), vmRSS(pid)))
+	}
+	evs, err := c.API().AuditEvents("")
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for _, e := range evs {
+		if strings.HasPrefix(e.UserAgent, kubenames.Agent) && !e.Received.Before(start) && e.Received.Before(end) {
+			n++
+		}
+	}
+	parts = append(parts, fmt.Sprintf("api_requests_per_min=%.1f (both agents)", float64(n)/end.Sub(start).Minutes()))
+	return strings.Join(parts, " ")
+}
+
+// agentPIDs are the villaged processes in a kubecluster node's cgroups.
+func agentPIDs(b *testing.B) []int {
+	b.Helper()
+	var pids []int
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		comm, err := os.ReadFile(filepath.Join(d, "comm"))
+		if err != nil || strings.TrimSpace(string(comm)) != "villaged" {
+			continue
+		}
+		cg, err := os.ReadFile(filepath.Join(d, "cgroup"))
+		if err != nil || !strings.Contains(string(cg), "/village-kc-") {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(d))
+		pids = append(pids, pid)
+	}
+	if len(pids) == 0 {
+		b.Fatal("no villaged process in the cluster's cgroups")
+	}
+	slices.Sort(pids)
+	return pids
+}
+
+// vmRSS is the process's VmRSS line value ("12345 kB").
+func vmRSS(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "?"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			return strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return "?"
+}
