@@ -103,11 +103,32 @@ func newKubeSide(api *kubeAPI, node string, allPods bool) *kubeSide {
 func slim(obj any) (any, error) {
 	switch obj.(type) {
 	case *corev1.Node:
-		return kuberegistry.Slim(obj)
+		return slimNode(obj.(*corev1.Node))
 	case *corev1.Pod:
 		return controller.SlimPod(obj) // keeps Village's annotations too (LAN pods)
 	}
 	return obj, nil
+}
+
+// slimNode is the registry's slim Node (its name, pod subnets and
+// Village's annotations) with what the LAN Services controller reads too:
+// the Ready condition (its status alone) and the label excluding it from
+// external load balancers.
+func slimNode(n *corev1.Node) (any, error) {
+	obj, err := kuberegistry.Slim(n)
+	s, ok := obj.(*corev1.Node)
+	if err != nil || !ok {
+		return obj, err
+	}
+	if v, excluded := n.Labels[kubenames.LabelExcludeFromLB]; excluded {
+		s.Labels = map[string]string{kubenames.LabelExcludeFromLB: v}
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			s.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return s, nil
 }
 
 // pods is the one Pod informer (see allPods).
@@ -129,6 +150,15 @@ func (k *kubeSide) namespaces() cache.SharedIndexInformer {
 }
 
 func (k *kubeSide) nodes() cache.SharedIndexInformer { return k.factory.Core().V1().Nodes().Informer() }
+
+// services and endpointSlices are taken only with "macvlan.services" on.
+func (k *kubeSide) services() cache.SharedIndexInformer {
+	return k.factory.Core().V1().Services().Informer()
+}
+
+func (k *kubeSide) endpointSlices() cache.SharedIndexInformer {
+	return k.factory.Discovery().V1().EndpointSlices().Informer()
+}
 
 func (k *kubeSide) policies() cache.SharedIndexInformer {
 	return k.factory.Networking().V1().NetworkPolicies().Informer()

@@ -136,7 +136,7 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 	if err != nil {
 		return false, err
 	}
-	st.lan = lanStatus(ctx, v.c, opts.RunDir)
+	st.lan = append(lanStatus(ctx, v.c, opts.RunDir), lanServicesStatus(v.c, opts.RunDir)...)
 	var policyOK bool
 	st.policy, policyOK = policyStatus(v.c, opts.RunDir) // netpol.go
 	st.clean = st.clean && policyOK

@@ -123,7 +123,8 @@ func Run(ctx context.Context, opts Options) error {
 	kernel := make(chan struct{}, 1)
 	a.watch = newKernelWatch(a.r, kernel, opts.logf)
 	wg.Go(func() { a.watch.run(ctx) })
-	a.startPolicy(ctx, &wg) // netpol.go
+	a.startPolicy(ctx, &wg)      // netpol.go
+	a.startLANServices(ctx, &wg) // lansvc.go
 
 	var feed *registry.Feed
 	var records chan registry.Node

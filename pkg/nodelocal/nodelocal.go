@@ -51,6 +51,9 @@ const (
 	// PolicyReadyName is the file the policy controller holds locked
 	// from its first compile in the kernel on (fail-closed start-up).
 	PolicyReadyName = "policy-ready"
+	// LANServicesStatusName is the LAN Services' status file: the
+	// addresses this node answers for ("macvlan.services").
+	LANServicesStatusName = "lan-services.json"
 	// AgentSocketName is the agent's socket.
 	AgentSocketName = "agent.sock"
 	// DHCPSocketName is the socket of the agent's DHCP client for LAN pods.
@@ -107,6 +110,11 @@ func PolicyReady(runDir, network string) string {
 // PolicyStatus is network's policy status file.
 func PolicyStatus(runDir, network string) string {
 	return filepath.Join(NetworkDir(runDir, network), PolicyStatusName)
+}
+
+// LANServicesStatus is network's LAN Services status file.
+func LANServicesStatus(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), LANServicesStatusName)
 }
 
 // AgentSocket is the agent's socket.

@@ -122,6 +122,19 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		}
 		return obj("v1", "Pod", "p", f)
 	}
+	lb := func(ingress string, more ...map[string]any) *unstructured.Unstructured {
+		st := map[string]any{"loadBalancer": map[string]any{}}
+		if ingress != "" {
+			st["loadBalancer"] = map[string]any{"ingress": []any{map[string]any{"ip": ingress, "ipMode": "VIP"}}}
+		}
+		f := map[string]any{"spec": map[string]any{"type": "LoadBalancer", "ports": []any{map[string]any{"port": int64(80)}}}, "status": st}
+		for _, m := range more {
+			for k, v := range m {
+				f[k] = v
+			}
+		}
+		return obj("v1", "Service", "web", f)
+	}
 	lease := func(name string) *unstructured.Unstructured { return obj("coordination.k8s.io/v1", "Lease", name, nil) }
 	token := func(boundTo string, life int64) *unstructured.Unstructured {
 		spec := map[string]any{"expirationSeconds": life}
@@ -146,6 +159,9 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 	pods := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 	leases := schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
 	sas := schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}
+	services := schema.GroupVersionResource{Version: "v1", Resource: "services"}
+	announcer := map[string]any{"annotations": map[string]any{"village.cni.io/lan-announcer": "n1"}}
+	conditions := map[string]any{"status": map[string]any{"loadBalancer": map[string]any{"ingress": []any{map[string]any{"ip": "192.0.2.9"}}}, "conditions": []any{map[string]any{"type": "x", "status": "True"}}}}
 	for _, tc := range []struct {
 		name, policy string
 		obj, old     *unstructured.Unstructured
@@ -175,6 +191,16 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		{"own node's pod, ephemeral container", "village-agent", pod("n1", "img"), pod("n1", "img"), pods, "ephemeralcontainers", admission.Update, agent, false},
 		{"own node's pod, delete", "village-agent", nil, pod("n1", "img"), pods, "", admission.Delete, agent, false},
 		{"own node's pod, eviction", "village-agent", pod("n1", "img"), nil, pods, "eviction", admission.Create, agent, false},
+		{"Service, LAN address in the status", "village-agent", lb("192.0.2.9"), lb(""), services, "status", admission.Update, agent, true},
+		{"Service, LAN address cleared", "village-agent", lb(""), lb("192.0.2.9"), services, "status", admission.Update, agent, true},
+		{"Service, announcer annotation", "village-agent", lb("192.0.2.9", announcer), lb("192.0.2.9"), services, "", admission.Update, agent, true},
+		{"Service, status through the main resource", "village-agent", lb("192.0.2.10"), lb("192.0.2.9"), services, "", admission.Update, agent, false},
+		{"Service, status conditions", "village-agent", lb("192.0.2.9", conditions), lb("192.0.2.9"), services, "status", admission.Update, agent, false},
+		{"Service, spec", "village-agent", lb("", map[string]any{"spec": map[string]any{"type": "NodePort"}}), lb(""), services, "", admission.Update, agent, false},
+		{"Service, foreign annotation", "village-agent", lb("", map[string]any{"annotations": map[string]any{"example.com/x": "1"}}), lb(""), services, "", admission.Update, agent, false},
+		{"Service, label", "village-agent", lb("", map[string]any{"labels": map[string]any{"a": "b"}}), lb(""), services, "", admission.Update, agent, false},
+		{"Service, delete", "village-agent", nil, lb(""), services, "", admission.Delete, agent, false},
+		{"Service, token naming no node", "village-agent", lb("192.0.2.9"), lb(""), services, "status", admission.Update, unbound, false},
 		{"a kubelet is not the agent", "village-agent", node("n2", ann2), node("n2", ann), nodes, "status", admission.Update, kubelet, true},
 		{"pool Lease created", "village-ipam", lease("village-ipam-0123-192.0.2.5"), nil, leases, "", admission.Create, ipam, true},
 		{"pool Lease updated", "village-ipam", lease("village-ipam-0123-last-0"), lease("village-ipam-0123-last-0"), leases, "", admission.Update, ipam, true},

@@ -346,6 +346,8 @@ func TestRBAC(t *testing.T) {
 	want := map[string][]string{
 		"ClusterRole village": {"[] [nodes] [] [get list watch]", "[] [nodes/status] [] [patch]", "[] [pods] [] [get list patch watch]",
 			"[] [namespaces] [] [get list watch]", "[networking.k8s.io] [networkpolicies] [] [list watch]",
+			"[] [services] [] [get list patch watch]", "[] [services/status] [] [patch update]",
+			"[discovery.k8s.io] [endpointslices] [] [list watch]",
 			"[ events.k8s.io] [events] [] [create patch]"},
 		"ClusterRole village-ipam": {"[] [nodes] [] [get]"},
 		"Role village":             {"[] [serviceaccounts/token] [village-ipam] [create]"},
@@ -417,7 +419,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		ops        []admissionv1.OperationType
 		mentions   []string
 	}{
-		{"village-agent", user(agent), "", []string{"nodes", "nodes/*", "pods", "pods/*"},
+		{"village-agent", user(agent), "", []string{"nodes", "nodes/*", "pods", "pods/*", "services", "services/*"},
 			[]admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete, admissionv1.Connect},
 			[]string{"'authentication.kubernetes.io/node-name'", "oldObject.metadata.name == variables.node",
 				"oldObject.spec.?nodeName.orValue('') == variables.node", "object.spec == oldObject.spec",

@@ -1,0 +1,329 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	ipamconfig "github.com/village-cni/village/pkg/ipam/config"
+	"github.com/village-cni/village/pkg/ipam/store"
+	"github.com/village-cni/village/pkg/ipam/store/disk"
+	"github.com/village-cni/village/pkg/ipam/store/etcd"
+	"github.com/village-cni/village/pkg/ipam/store/kube"
+	"github.com/village-cni/village/pkg/kubenames"
+	"github.com/village-cni/village/pkg/lansvc/alloc"
+	"github.com/village-cni/village/pkg/lansvc/announce"
+	lbcontroller "github.com/village-cni/village/pkg/lansvc/controller"
+	"github.com/village-cni/village/pkg/lansvc/elect"
+	"github.com/village-cni/village/pkg/lansvc/members"
+	"github.com/village-cni/village/pkg/lansvc/speaker"
+	"github.com/village-cni/village/pkg/macvlan"
+	"github.com/village-cni/village/pkg/nodelocal"
+)
+
+// Services on the LAN ("macvlan.services", issue 39): with the key on,
+// `villaged run` joins the agents' gossip on the LAN interface's address
+// (pkg/lansvc/members, port 7947), answers ARP/NDP on that interface for
+// the addresses it is elected for (pkg/lansvc/speaker, announce), and runs
+// the controller (pkg/lansvc/controller) over the Kubernetes side's shared
+// informers (Services, EndpointSlices, Nodes, Namespaces), allocating in
+// the LAN pool's own store. Each agent publishes its gossip address on
+// its Node (village.cni.io/lan-member) and joins those of the others.
+
+// lanServices is the running feature, for the status file.
+type lanServices struct {
+	ann  *announce.Announcer
+	mem  *members.Members
+	ctl  *lbcontroller.Controller
+	warn string // the IPVS warning, "" without
+}
+
+// startLANServices starts the feature in wg when the network has it on.
+func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
+	c, logf := a.c, a.opts.logf
+	lan := c.Net.LAN
+	if lan == nil || lan.Services == nil {
+		return
+	}
+	side, err := a.n.kubeSide()
+	if err != nil {
+		logf("LAN Services: no Kubernetes API client (%v): OFF", err)
+		return
+	}
+	master, err := macvlan.ResolveMaster(lan.Master)
+	if err != nil {
+		logf("LAN Services: the LAN interface: %v: OFF", err)
+		return
+	}
+	ifname := master.Attrs().Name
+	addr, err := lanAddress(ifname, lan.Sets)
+	if err != nil {
+		logf("LAN Services: %v: OFF", err)
+		return
+	}
+	st, err := a.openLANStore(side)
+	if err != nil {
+		logf("LAN Services: the LAN pool's store: %v: OFF", err)
+		return
+	}
+	log := slog.New(slog.NewTextHandler(logWriter{logf}, nil))
+	ls := &lanServices{}
+	var spk *speaker.Speaker
+	var ctl *lbcontroller.Controller
+	kick := func() {
+		if spk != nil {
+			spk.Kick()
+		}
+		if ctl != nil {
+			ctl.Kick()
+		}
+	}
+	ls.mem, err = members.Start(members.Config{Name: c.Node, Addr: addr, OnChange: kick, Log: log})
+	if err != nil {
+		st.Close()
+		logf("LAN Services: gossip on %s: %v: OFF", addr, err)
+		return
+	}
+	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log}); err == nil {
+		spk, err = speaker.New(speaker.Config{Node: c.Node, Interface: ifname, Announcer: ls.ann, Members: ls.mem, Log: log})
+	}
+	if err == nil {
+		ctl, err = lbcontroller.New(lbcontroller.Config{Node: c.Node, Client: side.cs,
+			Services: side.services(), EndpointSlices: side.endpointSlices(), Nodes: side.nodes(), Namespaces: side.namespaces(),
+			Events: side.rec, Alloc: &alloc.Allocator{Store: st, Sets: lan.Services.Sets}, RequireClass: lan.Services.RequireClass,
+			Live: ls.mem.Live, Alive: ls.mem.Alive, Speaker: spk, Logf: logf})
+	}
+	if err != nil {
+		if spk != nil {
+			spk.Close()
+		}
+		if ls.ann != nil {
+			ls.ann.Close()
+		}
+		ls.mem.Close()
+		st.Close()
+		logf("LAN Services: %v: OFF", err)
+		return
+	}
+	ls.ctl = ctl
+	self := net.JoinHostPort(addr.String(), strconv.Itoa(members.DefaultPort))
+	if _, err := side.nodes().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { ls.mem.SetPeers(peers(side.nodes(), c.Node)) }, UpdateFunc: func(any, any) { ls.mem.SetPeers(peers(side.nodes(), c.Node)) },
+		DeleteFunc: func(any) { ls.mem.SetPeers(peers(side.nodes(), c.Node)) },
+	}); err != nil {
+		logf("LAN Services: %v", err)
+	}
+	side.start(ctx.Done())
+	wg.Go(func() { ctl.Run(ctx) })
+	wg.Go(func() {
+		publishMember(ctx, side, c.Node, self, logf)
+		ls.ipvsCheck(side, c.Node, logf)
+		ls.statusLoop(ctx, a.opts.RunDir, c.Net.Name)
+		spk.Close()
+		ls.ann.Close()
+		ls.mem.Close()
+		st.Close()
+	})
+	logf("LAN Services: Service addresses %s on %s (gossip %s), requireClass %v", lan.Services, ifname, self, lan.Services.RequireClass)
+}
+
+// lanAddress is the LAN interface's own address: the first one inside a
+// LAN subnet, else its first global unicast one.
+func lanAddress(ifname string, sets []ipamconfig.RangeSet) (netip.Addr, error) {
+	ifi, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("LAN interface %s: %w", ifname, err)
+	}
+	as, err := ifi.Addrs()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("LAN interface %s: %w", ifname, err)
+	}
+	var first netip.Addr
+	for _, a := range as {
+		p, err := netip.ParsePrefix(a.String())
+		if err != nil || !p.Addr().IsGlobalUnicast() {
+			continue
+		}
+		ip := p.Addr().Unmap()
+		for _, set := range sets {
+			for _, r := range set {
+				if r.Subnet.Contains(ip) {
+					return ip, nil
+				}
+			}
+		}
+		if !first.IsValid() {
+			first = ip
+		}
+	}
+	if !first.IsValid() {
+		return first, fmt.Errorf("LAN interface %s has no global address to gossip from", ifname)
+	}
+	return first, nil
+}
+
+// openLANStore opens the LAN pool's store, as its IPAM plugin does.
+func (a *agent) openLANStore(side *kubeSide) (store.Store, error) {
+	c := a.c
+	if c.LANStoreErr != nil {
+		return nil, c.LANStoreErr
+	}
+	st := c.LANStore
+	switch st.Type {
+	case ipamconfig.StoreEtcd:
+		return etcd.New(etcd.Options{Endpoints: st.Endpoints, CAFile: st.CAFile, CertFile: st.CertFile, KeyFile: st.KeyFile,
+			Prefix: st.Prefix, Network: c.Net.Name, NodeName: c.Node})
+	case ipamconfig.StoreKubernetes:
+		// The store's Leases are written as the host-side village-ipam
+		// identity (hostcreds.go), whose grants and admission policy are
+		// exactly the Leases of the pool.
+		return kube.New(kube.Options{Kubeconfig: st.Kubeconfig, Namespace: st.Namespace, Network: c.Net.Name, NodeName: c.Node})
+	default:
+		var d struct {
+			DataDir string `json:"dataDir"`
+		}
+		_ = json.Unmarshal(c.Net.LAN.IPAM, &d) // validated by netconf
+		return disk.New(disk.Options{DataDir: d.DataDir, Network: c.Net.Name})
+	}
+}
+
+// peers are the other agents' gossip addresses, from their Nodes.
+func peers(nodes cache.SharedIndexInformer, self string) []string {
+	var out []string
+	for _, obj := range nodes.GetStore().List() {
+		n, ok := obj.(*corev1.Node)
+		if !ok || n.Name == self {
+			continue
+		}
+		if v := n.Annotations[kubenames.AnnotationLANMember]; v != "" {
+			out = append(out, v)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// publishMember writes this node's gossip address on its Node (a merge
+// patch through nodes/status, as the kubernetes registry does), retrying
+// until it is there.
+func publishMember(ctx context.Context, side *kubeSide, node, self string, logf func(string, ...any)) {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{kubenames.AnnotationLANMember: self}}})
+	for {
+		_, err := side.cs.CoreV1().Nodes().Patch(ctx, node, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}, "status")
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		logf("LAN Services: publishing the gossip address on Node %s: %v (retrying)", node, err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retryEvery):
+		}
+	}
+}
+
+// IPVSWarning says why the node itself would answer ARP for every Service
+// address (kube-proxy in IPVS mode puts them on kube-ipvs0) unless
+// strictARP is set (arp_ignore 1), or "".
+func IPVSWarning(sysDir, procDir string) string {
+	if _, err := os.Stat(sysDir + "/class/net/kube-ipvs0"); err != nil {
+		return ""
+	}
+	b, err := os.ReadFile(procDir + "/sys/net/ipv4/conf/all/arp_ignore")
+	if err == nil && strings.TrimSpace(string(b)) == "1" {
+		return ""
+	}
+	return "kube-proxy runs in IPVS mode without strictARP (net.ipv4.conf.all.arp_ignore is not 1): this node answers ARP for every Service address on kube-ipvs0, beside the elected announcer; set strictARP: true in kube-proxy's configuration"
+}
+
+func (ls *lanServices) ipvsCheck(side *kubeSide, node string, logf func(string, ...any)) {
+	ls.warn = IPVSWarning("/sys", "/proc")
+	if ls.warn == "" {
+		return
+	}
+	logf("LAN Services: WARNING: %s", ls.warn)
+	side.rec.Event(&corev1.ObjectReference{Kind: "Node", Name: node, UID: ktypes.UID(node)}, corev1.EventTypeWarning, kubenames.ReasonLANIPVSNoStrictARP, ls.warn)
+}
+
+// LANServicesStatus is the status file: what this node answers for.
+type LANServicesStatus struct {
+	Time      time.Time    `json:"time"`
+	Answering []netip.Addr `json:"answering"`
+	Wants     []elect.Want `json:"wants"`
+	Live      []string     `json:"live"`
+	Warning   string       `json:"warning,omitempty"`
+}
+
+// statusLoop writes the status file every second until ctx is done.
+func (ls *lanServices) statusLoop(ctx context.Context, runDir, network string) {
+	path := nodelocal.LANServicesStatus(runDir, network)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var last []byte
+	for {
+		b, _ := json.Marshal(LANServicesStatus{Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warning: ls.warn})
+		if !slices.Equal(b, last) {
+			full, _ := json.Marshal(LANServicesStatus{Time: time.Now(), Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warning: ls.warn})
+			if err := nodelocal.WriteFile(path, full, 0o644); err == nil {
+				last = b
+			}
+		}
+		select {
+		case <-ctx.Done():
+			_ = os.Remove(path)
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// lanServicesStatus is `villaged status`'s lines about the LAN Services;
+// nil when the feature is off.
+func lanServicesStatus(c *Conf, runDir string) []string {
+	if c.Net.LAN == nil || c.Net.LAN.Services == nil {
+		return nil
+	}
+	b, err := os.ReadFile(nodelocal.LANServicesStatus(runDir, c.Net.Name))
+	var st LANServicesStatus
+	if err == nil {
+		err = json.Unmarshal(b, &st)
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			err = errors.New("not running (is `villaged run` running?)")
+		}
+		return []string{fmt.Sprintf("LAN Services (%s): %v", c.Net.LAN.Services, err)}
+	}
+	lines := []string{fmt.Sprintf("LAN Services (%s): answering for %d of %d addresses; live agents %v (as of %s)",
+		c.Net.LAN.Services, len(st.Answering), len(st.Wants), st.Live, st.Time.Format("15:04:05"))}
+	for _, a := range st.Answering {
+		lines = append(lines, "  "+a.String())
+	}
+	if st.Warning != "" {
+		lines = append(lines, "LAN Services: WARNING: "+st.Warning)
+	}
+	return lines
+}
+
+// logWriter turns the lansvc packages' slog lines into the agent's log.
+type logWriter struct{ logf func(string, ...any) }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.logf("%s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
