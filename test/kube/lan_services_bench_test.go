@@ -76,10 +76,12 @@ func BenchmarkLANServicesKube(b *testing.B) {
 		baseline := agentUsage(b, c, time.Minute)
 		b.Logf("FIGURE lansvc_kube_agents_5_services %s (load %s)", baseline, loadavg())
 
-		plain := failoverLoop(b, c, ip, kills, false)
+		plain, back := failoverLoop(b, c, ip, kills, false)
 		b.Logf("FIGURE lansvc_kube_failover %s (load %s)", spread(plain), loadavg())
-		frozen := failoverLoop(b, c, ip, kills, true)
+		b.Logf("FIGURE lansvc_kube_return_to_steady_mac %s (load %s)", spread(back), loadavg())
+		frozen, backFrozen := failoverLoop(b, c, ip, kills, true)
 		b.Logf("FIGURE lansvc_kube_failover_apiserver_frozen %s (load %s)", spread(frozen), loadavg())
+		b.Logf("FIGURE lansvc_kube_return_to_steady_mac_apiserver_frozen %s (load %s)", spread(backFrozen), loadavg())
 
 		for i := range 95 {
 			f.loadBalancer(lbSpec{name: fmt.Sprintf("many-%d", i), selector: web, policy: corev1.ServiceExternalTrafficPolicyCluster})
@@ -95,8 +97,9 @@ func BenchmarkLANServicesKube(b *testing.B) {
 }
 
 // failoverLoop pulls the cable of ip's announcer kills times (the API
-// server frozen for each kill when frozen) and returns the failover times.
-func failoverLoop(b *testing.B, c *kubecluster.Cluster, ip string, kills int, frozen bool) []time.Duration {
+// server frozen for each kill when frozen) and returns the failover times
+// and the times from each replug to one steady MAC (5 answers in a row).
+func failoverLoop(b *testing.B, c *kubecluster.Cluster, ip string, kills int, frozen bool) (failovers, returns []time.Duration) {
 	b.Helper()
 	macs := map[string]*kubecluster.Node{}
 	for _, n := range c.Nodes() {
@@ -121,10 +124,11 @@ func failoverLoop(b *testing.B, c *kubecluster.Cluster, ip string, kills int, fr
 		if err := from.PlugLAN(); err != nil {
 			b.Fatal(err)
 		}
-		oneMAC(b, c, ip, "", 5)
+		_, back := steadyMAC(b, c, ip, 5)
+		returns = append(returns, back)
 		thaw()
 	}
-	return ds
+	return ds, returns
 }
 
 // spread formats durations as p50, p99, max and count.
