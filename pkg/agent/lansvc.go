@@ -106,7 +106,7 @@ func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
 		ctl, err = lbcontroller.New(lbcontroller.Config{Node: c.Node, Client: side.cs,
 			Services: side.services(), EndpointSlices: side.endpointSlices(), Nodes: side.nodes(), Namespaces: side.namespaces(),
 			Events: side.rec, Alloc: &alloc.Allocator{Store: st, Sets: lan.Services.Sets}, RequireClass: lan.Services.RequireClass,
-			Live: ls.mem.Live, Alive: ls.mem.Alive, Speaker: spk, Logf: logf})
+			Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: spk, Logf: logf})
 	}
 	if err != nil {
 		if spk != nil {

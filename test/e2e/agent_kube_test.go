@@ -55,13 +55,26 @@ type kubeLab struct {
 
 func newKubeLab(t *testing.T, mode string) *kubeLab {
 	t.Helper()
+	return newKubeLabWith(t, mode, nil)
+}
+
+// newKubeLabWith is newKubeLab with the conflist passed through edit
+// (nil: as it is).
+func newKubeLabWith(t *testing.T, mode string, edit func(conf string, kube *kubetest.Server) string) *kubeLab {
+	t.Helper()
 	lan := NewLAN(t)
 	host := testenv.NewNS(t)
 	lan.Attach(t, host, "eth0", agentEtcdIP+"/24")
 	kube := kubetest.Start(t, kubetest.Options{NetNS: host, IP: agentEtcdIP})
 	applyRBAC(t, kube)
 	lab := &kubeLab{agentLab: &agentLab{t: t, host: host}, kube: kube}
-	lab.setup(lan, func(dataDir string) string { return kubeConflist(mode, dataDir, kube.AgentKubeconfig) }, 3)
+	lab.setup(lan, func(dataDir string) string {
+		conf := kubeConflist(mode, dataDir, kube.AgentKubeconfig)
+		if edit != nil {
+			conf = edit(conf, kube)
+		}
+		return conf
+	}, 3)
 	return lab
 }
 

@@ -89,6 +89,10 @@ type Config struct {
 	// means this node alone. Alive says whether one is (members.Alive).
 	Live  func() []string
 	Alive func(node string) bool
+	// Settled says whether the members' view can be trusted (members.
+	// Settled): the announcer annotation is written only then, as the
+	// speaker claims only then. nil means always.
+	Settled func() bool
 	// Speaker gets the wants; nil: none (tests).
 	Speaker Speaker
 	Resync  time.Duration // 0: DefaultResync
@@ -247,6 +251,9 @@ func (c *Controller) pass(ctx context.Context) {
 	c.mu.Unlock()
 	if c.cfg.Speaker != nil {
 		c.cfg.Speaker.SetWants(wants)
+	}
+	if c.cfg.Settled != nil && !c.cfg.Settled() {
+		return
 	}
 	for _, m := range mine {
 		for _, a := range m.acc {

@@ -1,0 +1,141 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/village-cni/village/internal/kubetest"
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/kubenames"
+)
+
+// lanServicesBlock is a LAN (the nodes' lan0) whose pool is in the API
+// server's Leases, with "macvlan.services" on.
+func lanServicesBlock(storeKubeconfig string) string {
+	return fmt.Sprintf(`"macvlan":{"master":"lan0",
+		"ipam":{"type":"village-ipam","ranges":[[{"subnet":"192.168.79.0/24","rangeStart":"192.168.79.100","rangeEnd":"192.168.79.150"}]],
+			"store":{"type":"kubernetes","kubeconfig":%q,"namespace":"default"}},
+		"services":{"ranges":[[{"subnet":"192.168.79.0/24","rangeStart":"192.168.79.240","rangeEnd":"192.168.79.250"}]]}},`, storeKubeconfig)
+}
+
+// TestLANServicesFailover: three node namespaces run the real `villaged
+// run` with "macvlan.services" against a real kube-apiserver (the agents
+// as the DaemonSet's account, bound by deploy/kubernetes/rbac.yaml). A
+// LoadBalancer Service in an allowed namespace gets the first Service
+// address in its status (ipMode VIP); a LAN client's ARP request for it
+// is answered by exactly one MAC, the lan0 of the node the Service's
+// lan-announcer annotation names, and `villaged status` there lists it.
+// The announcer's LAN link goes down: another node answers (the time is
+// logged), again exactly one MAC.
+func TestLANServicesFailover(t *testing.T) {
+	lab := newKubeLabWith(t, "vxlan", func(conf string, kube *kubetest.Server) string {
+		return strings.Replace(conf, `"ipMasq":true,`, `"ipMasq":true,`+lanServicesBlock(kube.AdminKubeconfig), 1)
+	})
+	kube := lab.kube
+	client := testenv.NewNS(t)
+	lab.lan.Attach(t, client, "eth0", "192.168.79.9/24")
+	ctx := context.Background()
+	cs := kube.Client
+	macs := map[string]string{} // node name -> its lan0 MAC
+	for i, n := range lab.nodes {
+		lab.createNode(n, fmt.Sprintf("10.70.%d.0/24", i+1))
+		node := lab.node(n.name)
+		node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+		_, err := cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		must(t, err, "making Node %s Ready", n.name)
+		must(t, testenv.InNS(n.NS, func() error {
+			l, err := netlink.LinkByName("lan0")
+			if err == nil {
+				macs[n.name] = l.Attrs().HardwareAddr.String()
+			}
+			return err
+		}), "reading %s's lan0", n.name)
+	}
+	lab.startAll()
+
+	_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "home",
+		Labels: map[string]string{kubenames.LabelLAN: kubenames.LabelLANAllowed}}}, metav1.CreateOptions{})
+	must(t, err, "creating namespace home")
+	_, err = cs.CoreV1().Services("home").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
+	must(t, err, "creating Service home/web")
+	const vip = "192.168.79.240"
+	waitFor(t, time.Minute, "home/web's status", func() (bool, string) {
+		s, err := cs.CoreV1().Services("home").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		in := s.Status.LoadBalancer.Ingress
+		return len(in) == 1 && in[0].IP == vip && in[0].IPMode != nil && *in[0].IPMode == corev1.LoadBalancerIPModeVIP, fmt.Sprintf("ingress %+v", in)
+	})
+	ip := netip.MustParseAddr(vip)
+	answers := func(want string) func() (bool, string) {
+		return func() (bool, string) {
+			got, err := testenv.ARPAnswers(client, "eth0", ip, 300*time.Millisecond)
+			if err != nil {
+				return false, err.Error()
+			}
+			return slices.Equal(got, []string{want}), fmt.Sprintf("answered by %v, want only %s", got, want)
+		}
+	}
+	// One MAC answers, and the annotation names its node.
+	var announcer string
+	waitFor(t, time.Minute, "one node answers ARP for "+vip+" and is home/web's lan-announcer", func() (bool, string) {
+		s, err := cs.CoreV1().Services("home").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		announcer = s.Annotations[kubenames.AnnotationLANAnnouncer]
+		if announcer == "" {
+			return false, "no announcer annotation"
+		}
+		return answers(macs[announcer])()
+	})
+	var holder *agentNode
+	for _, n := range lab.nodes {
+		if n.name == announcer {
+			holder = n
+		}
+	}
+	waitFor(t, 30*time.Second, "villaged status on "+announcer+" lists "+vip, func() (bool, string) {
+		out, _ := holder.villaged(t, "status", "--conf", lab.conf, "--node-name", holder.name, "--run-dir", holder.runDir).CombinedOutput()
+		return strings.Contains(string(out), "answering for 1 of 1") && strings.Contains(string(out), "  "+vip), string(out)
+	})
+
+	// The announcer drops off the LAN.
+	testenv.MustIP(t, holder.NS, "link", "set", "lan0", "down")
+	began := time.Now()
+	var next string
+	waitFor(t, 30*time.Second, "another node answers for "+vip, func() (bool, string) {
+		got, err := testenv.ARPAnswers(client, "eth0", ip, 100*time.Millisecond)
+		if err != nil || len(got) != 1 || got[0] == macs[announcer] {
+			return false, fmt.Sprintf("%v %v", got, err)
+		}
+		for n, m := range macs {
+			if m == got[0] {
+				next = n
+			}
+		}
+		return next != "", fmt.Sprintf("%v", got)
+	})
+	load, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("failover from %s to %s: answered within %s of the link going down (load %s)", announcer, next, time.Since(began).Round(time.Millisecond), strings.TrimSpace(string(load)))
+	waitFor(t, 30*time.Second, "only "+next+" answers", answers(macs[next]))
+	waitFor(t, 30*time.Second, "home/web's announcer annotation names "+next, func() (bool, string) {
+		s, err := cs.CoreV1().Services("home").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return s.Annotations[kubenames.AnnotationLANAnnouncer] == next, fmt.Sprint(s.Annotations)
+	})
+}
