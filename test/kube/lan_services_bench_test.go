@@ -1,6 +1,7 @@
 package kube_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,16 +12,19 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/village-cni/village/internal/kubecluster"
+	"github.com/village-cni/village/internal/ociimage"
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/kubenames"
 )
 
-// benchRanges are the Service ranges of BenchmarkLANServicesKube: 170
+// benchServices is "macvlan.services" of BenchmarkLANServicesKube: 170
 // IPv4 addresses of the cluster's LAN around the LAN pods' pool (.100-.103)
-// and the nodes, and ten IPv6 ones.
-var benchRanges = fmt.Sprintf(`[[{ "subnet": "%[1]s0/24", "rangeStart": "%[1]s20", "rangeEnd": "%[1]s99" }, { "subnet": "%[1]s0/24", "rangeStart": "%[1]s110", "rangeEnd": "%[1]s199" }], [{ "subnet": "%[2]s/64", "rangeStart": "%[3]s", "rangeEnd": "%[4]s" }]]`,
+// and the nodes, ten IPv6 ones; requireClass, as beside MetalLB (which
+// gets metallbPool).
+var benchServices = fmt.Sprintf(`{ "requireClass": true, "ranges": [[{ "subnet": "%[1]s0/24", "rangeStart": "%[1]s20", "rangeEnd": "%[1]s99" }, { "subnet": "%[1]s0/24", "rangeStart": "%[1]s110", "rangeEnd": "%[1]s199" }], [{ "subnet": "%[2]s/64", "rangeStart": "%[3]s", "rangeEnd": "%[4]s" }]] }`,
 	kubecluster.LANPrefix, kubecluster.LANPrefix6, svcFirst6, svcLast6)
 
 // BenchmarkLANServicesKube measures Services on the LAN (issue 39) on a
@@ -36,12 +40,14 @@ var benchRanges = fmt.Sprintf(`[[{ "subnet": "%[1]s0/24", "rangeStart": "%[1]s20
 //   - the same with the API server frozen (SIGSTOP) for each kill;
 //   - with 100 LoadBalancer Services: the agents' CPU, RSS and API
 //     requests per minute (the audit log, user agent villaged) over
-//     one minute, beside the same minute with the 5 Services before.
+//     one minute, beside the same minute with the 5 Services before;
+//   - with $VILLAGE_METALLB_DIR (scripts/metallb.sh), MetalLB L2 side by
+//     side in the same cluster (metallbSideBySide).
 //
 // Every FIGURE line carries the load average.
 func BenchmarkLANServicesKube(b *testing.B) {
 	c := kubecluster.Start(b, kubecluster.Options{Audit: true})
-	installLANServicesConfig(b, c, benchRanges)
+	installLANServicesConfig(b, c, benchServices)
 	f := newFixture(b, c, "lansvc-bench")
 	labelNS(b, c, f.ns, kubenames.LabelLANAllowed)
 	web := map[string]string{"tier": "web"}
@@ -61,7 +67,7 @@ func BenchmarkLANServicesKube(b *testing.B) {
 		for i := range 5 {
 			name := fmt.Sprintf("first-%d", i)
 			start := time.Now()
-			f.loadBalancer(lbSpec{name: name, selector: web, policy: corev1.ServiceExternalTrafficPolicyLocal})
+			f.loadBalancer(lbSpec{name: name, selector: web, policy: corev1.ServiceExternalTrafficPolicyLocal, class: kubenames.LoadBalancerClassLAN})
 			addr := f.ingress(b, name, 1)[0]
 			if err := kubecluster.Poll(wait, func() error { _, err := lanHTTP(c, addr)(); return err }); err != nil {
 				b.Fatalf("LAN client -> %s (%s): %v", name, addr, err)
@@ -84,7 +90,7 @@ func BenchmarkLANServicesKube(b *testing.B) {
 		b.Logf("FIGURE lansvc_kube_return_to_steady_mac_apiserver_frozen %s (load %s)", spread(backFrozen), loadavg())
 
 		for i := range 95 {
-			f.loadBalancer(lbSpec{name: fmt.Sprintf("many-%d", i), selector: web, policy: corev1.ServiceExternalTrafficPolicyCluster})
+			f.loadBalancer(lbSpec{name: fmt.Sprintf("many-%d", i), selector: web, policy: corev1.ServiceExternalTrafficPolicyCluster, class: kubenames.LoadBalancerClassLAN})
 		}
 		start := time.Now()
 		for i := range 95 {
@@ -93,6 +99,129 @@ func BenchmarkLANServicesKube(b *testing.B) {
 		b.Logf("FIGURE lansvc_kube_95_more_services_addressed %v (load %s)", time.Since(start).Round(time.Millisecond), loadavg())
 		loaded := agentUsage(b, c, time.Minute)
 		b.Logf("FIGURE lansvc_kube_agents_100_services %s (load %s)", loaded, loadavg())
+
+		if dir := os.Getenv("VILLAGE_METALLB_DIR"); dir != "" {
+			metallbSideBySide(b, c, f, dir, kills)
+		} else {
+			b.Logf("FIGURE metallb not run: VILLAGE_METALLB_DIR unset (scripts/metallb.sh builds it)")
+		}
+	}
+}
+
+// metallbPool is MetalLB's address pool beside Village's ranges.
+const metallbPool = kubecluster.LANPrefix + "230-" + kubecluster.LANPrefix + "239"
+
+// metallbSideBySide installs MetalLB L2 (speaker and controller built by
+// scripts/metallb.sh into dir, in images made with internal/ociimage as
+// Village's is; its own metallb-native.yaml) in the same cluster, for
+// Services without a class (Village has requireClass), and measures the
+// same figures on one Local Service of the same web pods: creation to
+// first answer, failover and return p50/p99 over kills cable pulls, and
+// the same with the API server frozen (a failover that does not happen
+// within 30 s is counted and reported, not waited for).
+func metallbSideBySide(b *testing.B, c *kubecluster.Cluster, f *fixture, dir string, kills int) {
+	b.Helper()
+	for _, name := range []string{"speaker", "controller"} {
+		file, err := ociimage.HostFile(filepath.Join(dir, name), "/"+name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		img := ociimage.Image{Name: "quay.io/metallb/" + name + ":" + filepath.Base(dir)[len("metallb-"):], Entrypoint: []string{"/" + name}, Files: []ociimage.File{file}}
+		out := filepath.Join(b.TempDir(), name+".tar")
+		if err := ociimage.WriteFile(out, img); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.ImportImage(out); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if out, err := c.Kubectl("apply", "-f", filepath.Join(dir, "metallb-native.yaml")); err != nil {
+		b.Fatalf("MetalLB's manifest: %v\n%s", err, out)
+	}
+	for _, args := range [][]string{
+		{"-n", "metallb-system", "rollout", "status", "deployment/controller", "--timeout=3m"},
+		{"-n", "metallb-system", "rollout", "status", "daemonset/speaker", "--timeout=3m"},
+	} {
+		if out, err := c.Kubectl(args...); err != nil {
+			b.Fatalf("MetalLB: %v\n%s", err, out)
+		}
+	}
+	cr := filepath.Join(b.TempDir(), "metallb-l2.yaml")
+	if err := os.WriteFile(cr, []byte(`apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: lan, namespace: metallb-system}
+spec: {addresses: ["`+metallbPool+`"]}
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: lan, namespace: metallb-system}
+spec: {ipAddressPools: [lan], interfaces: [eth0]}
+`), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	// The webhook answers once its certificate is in place: retry.
+	if err := kubecluster.Poll(wait, func() error { _, err := c.Kubectl("apply", "-f", cr); return err }); err != nil {
+		b.Fatalf("MetalLB's pool: %v", err)
+	}
+	start := time.Now()
+	f.loadBalancer(lbSpec{name: "mlb", selector: map[string]string{"tier": "web"}, policy: corev1.ServiceExternalTrafficPolicyLocal})
+	var ip string
+	if err := kubecluster.Poll(wait, func() error {
+		svc, err := c.Client().CoreV1().Services(f.ns).Get(context.Background(), "mlb", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(svc.Status.LoadBalancer.Ingress) == 0 {
+			return fmt.Errorf("no ingress yet")
+		}
+		ip = svc.Status.LoadBalancer.Ingress[0].IP
+		_, err = lanHTTP(c, ip)()
+		return err
+	}); err != nil {
+		b.Fatalf("MetalLB Service mlb: %v", err)
+	}
+	b.Logf("FIGURE metallb_create_to_first_answer %v (load %s)", time.Since(start).Round(time.Millisecond), loadavg())
+	for _, frozen := range []bool{false, true} {
+		var ds, backs []time.Duration
+		missed := 0
+		for range kills {
+			mac := oneMAC(b, c, ip, "", 3)
+			var from *kubecluster.Node
+			for _, n := range c.Nodes() {
+				if lanMAC(b, n) == mac {
+					from = n
+				}
+			}
+			if from == nil {
+				b.Fatalf("MetalLB: %s answered by %s, no node's LAN MAC", ip, mac)
+			}
+			thaw := func() {}
+			if frozen {
+				thaw = c.FreezeAPIServer(b)
+			}
+			d, to := failoverWithin(b, c, ip, from, mac, 30*time.Second)
+			if to == "" {
+				missed++
+			} else {
+				ds = append(ds, d)
+			}
+			if err := from.PlugLAN(); err != nil {
+				b.Fatal(err)
+			}
+			_, back := steadyMAC(b, c, ip, 5)
+			backs = append(backs, back)
+			thaw()
+		}
+		name := "metallb_failover"
+		if frozen {
+			name += "_apiserver_frozen"
+		}
+		got := "none"
+		if len(ds) > 0 {
+			got = spread(ds)
+		}
+		b.Logf("FIGURE %s %s, no takeover within 30 s in %d of %d (load %s)", name, got, missed, kills, loadavg())
+		b.Logf("FIGURE %s_return_to_steady_mac %s (load %s)", name, spread(backs), loadavg())
 	}
 }
 

@@ -34,17 +34,17 @@ const (
 	svcAsked6 = kubecluster.LANPrefix6 + "155"
 )
 
-// svcRanges is "macvlan.services.ranges" of lanServices.
-var svcRanges = fmt.Sprintf(`[[{ "subnet": "%s0/24", "rangeStart": "%s", "rangeEnd": "%s" }], [{ "subnet": "%s/64", "rangeStart": "%s", "rangeEnd": "%s" }]]`,
+// svcServices is "macvlan.services" of lanServices.
+var svcServices = fmt.Sprintf(`{ "ranges": [[{ "subnet": "%s0/24", "rangeStart": "%s", "rangeEnd": "%s" }], [{ "subnet": "%s/64", "rangeStart": "%s", "rangeEnd": "%s" }]] }`,
 	kubecluster.LANPrefix, svcFirst, svcLast, kubecluster.LANPrefix6, svcFirst6, svcLast6)
 
 // installLANServicesConfig installs the home-lab LAN ConfigMap with
-// "macvlan.services" of the given ranges and an IPv6 set in the LAN pool
-// beside the IPv4 one (a Service range must lie in a LAN subnet), and
+// "macvlan.services" (the JSON object services) and an IPv6 set in the LAN
+// pool beside the IPv4 one (a Service range must lie in a LAN subnet), and
 // waits until every node's conflist has them.
-func installLANServicesConfig(t testing.TB, c *kubecluster.Cluster, ranges string) {
+func installLANServicesConfig(t testing.TB, c *kubecluster.Cluster, services string) {
 	t.Helper()
-	services := `"services": { "ranges": ` + ranges + ` },`
+	services = `"services": ` + services + `,`
 	applyHomeLab(t, c, homeLab{
 		file: "configmap-lan.yaml",
 		replace: [][2]string{
@@ -75,7 +75,8 @@ type lbSpec struct {
 	selector map[string]string
 	policy   corev1.ServiceExternalTrafficPolicy
 	ann      map[string]string
-	port     int32 // the Service port (to the pods' 8080); 0: 80
+	port     int32  // the Service port (to the pods' 8080); 0: 80
+	class    string // spec.loadBalancerClass; "": none
 }
 
 func (f *fixture) loadBalancer(s lbSpec) {
@@ -91,6 +92,9 @@ func (f *fixture) loadBalancer(s lbSpec) {
 			ExternalTrafficPolicy: s.policy,
 			Ports:                 []corev1.ServicePort{{Name: "http", Port: s.port, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
 		},
+	}
+	if s.class != "" {
+		svc.Spec.LoadBalancerClass = &s.class
 	}
 	if _, err := f.c.Client().CoreV1().Services(f.ns).Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
 		f.t.Fatalf("Service %s/%s: %v", f.ns, s.name, err)
@@ -284,30 +288,34 @@ func lanMAC(t testing.TB, n *kubecluster.Node) string {
 // the LAN until the caller plugs it back (the cleanup does at the latest).
 func failover(t testing.TB, c *kubecluster.Cluster, ip string, from *kubecluster.Node, fromMAC string) (time.Duration, string) {
 	t.Helper()
+	d, mac := failoverWithin(t, c, ip, from, fromMAC, 2*time.Minute)
+	if mac == "" {
+		t.Fatalf("nobody answers for %s within 2 minutes of %s leaving the LAN", ip, from.Name)
+	}
+	return d, mac
+}
+
+// failoverWithin is failover bounded by limit: no new MAC by then returns
+// an empty MAC.
+func failoverWithin(t testing.TB, c *kubecluster.Cluster, ip string, from *kubecluster.Node, fromMAC string, limit time.Duration) (time.Duration, string) {
+	t.Helper()
 	t.Cleanup(func() { _ = from.PlugLAN() })
 	if err := from.UnplugLAN(); err != nil {
 		t.Fatalf("unplugging %s: %v", from.Name, err)
 	}
 	start := time.Now()
-	var mac string
-	for deadline := start.Add(2 * time.Minute); ; {
+	for time.Since(start) < limit {
 		macs, err := neighbourAnswers(c, ip, 50*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, m := range macs {
 			if m != fromMAC {
-				mac = m
+				return time.Since(start), m
 			}
 		}
-		if mac != "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nobody answers for %s within 2 minutes of %s leaving the LAN", ip, from.Name)
-		}
 	}
-	return time.Since(start), mac
+	return time.Since(start), ""
 }
 
 // takeoverSeen says whether the capture shows the burst of a takeover of
@@ -341,7 +349,7 @@ func takeoverSeen(capture, ip, mac string) error {
 // Services get addresses of the LAN that one node answers for, through
 // the shipped DaemonSet and kube-proxy in the cluster's mode.
 func lanServices(t *testing.T, c *kubecluster.Cluster) {
-	installLANServicesConfig(t, c, svcRanges)
+	installLANServicesConfig(t, c, svcServices)
 	f := newFixture(t, c, "lansvc")
 	labelNS(t, c, f.ns, kubenames.LabelLANAllowed)
 	no := newFixture(t, c, "lansvc-no")
