@@ -70,7 +70,10 @@
 # cluster with macvlan.services; Service creation to first answer, failover
 # p50/p99 over $VILLAGE_LANSVC_KILLS cable pulls (default 20), the same with
 # the API server SIGSTOPped, the agents' CPU/RSS/API requests per minute
-# with 5 and 100 LoadBalancer Services; each FIGURE with the load.
+# with 5 and 100 LoadBalancer Services; then MetalLB L2 v0.16.2 (built by
+# scripts/metallb.sh, cached in /var/cache/village) in the same cluster:
+# its creation to first answer and failover, plain and frozen. Each FIGURE
+# with the load.
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -126,6 +129,7 @@ if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lansvc" ]; then
   exit
 fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lansvc-kube" ]; then
+  VILLAGE_METALLB_DIR="$(./scripts/metallb.sh)" \
   VILLAGE_KUBE_DIR="${VILLAGE_KUBE_DIR:-$(./scripts/kube.sh)}" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
     flock /tmp/village-kube.lock go test -run '^$' -bench '^BenchmarkLANServicesKube$' -benchtime 1x -timeout 60m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL'
   exit
