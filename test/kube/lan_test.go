@@ -244,7 +244,7 @@ func applyHomeLab(t testing.TB, c *kubecluster.Cluster, h homeLab) {
 // installLANConfig applies the home-lab example's ConfigMap with the
 // cluster's LAN in place of the example's (and extra replacements),
 // restarts the DaemonSet and waits until every node has the new conflist.
-func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) {
+func installLANConfig(t testing.TB, c *kubecluster.Cluster, extra ...[2]string) {
 	t.Helper()
 	applyHomeLab(t, c, homeLab{
 		file: "configmap-lan.yaml",
