@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -54,6 +55,9 @@ type lanServices struct {
 }
 
 // startLANServices starts the feature in wg when the network has it on.
+// The LAN interface's address and the LAN pool's store may not be there
+// yet (a DHCP address, the host credentials of a kubernetes store): they
+// are retried until ctx is done.
 func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
 	c, logf := a.c, a.opts.logf
 	lan := c.Net.LAN
@@ -65,81 +69,91 @@ func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
 		logf("LAN Services: no Kubernetes API client (%v): OFF", err)
 		return
 	}
-	master, err := macvlan.ResolveMaster(lan.Master)
-	if err != nil {
-		logf("LAN Services: the LAN interface: %v: OFF", err)
-		return
-	}
-	ifname := master.Attrs().Name
-	addr, err := lanAddress(ifname, lan.Sets)
-	if err != nil {
-		logf("LAN Services: %v: OFF", err)
-		return
-	}
-	st, err := a.openLANStore(side)
-	if err != nil {
-		logf("LAN Services: the LAN pool's store: %v: OFF", err)
-		return
-	}
+	wg.Go(func() {
+		var ifname string
+		var addr netip.Addr
+		var st store.Store
+		if retry(ctx, a.opts, "LAN Services: finding the LAN interface, its address and the LAN pool's store", func() error {
+			master, err := macvlan.ResolveMaster(lan.Master)
+			if err != nil {
+				return err
+			}
+			ifname = master.Attrs().Name
+			if addr, err = lanAddress(ifname, lan.Sets); err != nil {
+				return err
+			}
+			st, err = a.openLANStore()
+			return err
+		}) != nil {
+			return // stopped while waiting
+		}
+		a.runLANServices(ctx, side, ifname, addr, st)
+	})
+}
+
+// runLANServices runs members, the speaker and the controller until ctx
+// is done, then closes them and st.
+func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname string, addr netip.Addr, st store.Store) {
+	c, logf := a.c, a.opts.logf
+	svc := c.Net.LAN.Services
+	defer st.Close()
 	log := slog.New(slog.NewTextHandler(logWriter{logf}, nil))
 	ls := &lanServices{}
-	var spk *speaker.Speaker
-	var ctl *lbcontroller.Controller
+	// The members' changes kick the speaker and the controller, made after
+	// the members.
+	var spk atomic.Pointer[speaker.Speaker]
+	var ctl atomic.Pointer[lbcontroller.Controller]
 	kick := func() {
-		if spk != nil {
-			spk.Kick()
+		if s := spk.Load(); s != nil {
+			s.Kick()
 		}
-		if ctl != nil {
-			ctl.Kick()
+		if c := ctl.Load(); c != nil {
+			c.Kick()
 		}
 	}
+	var err error
 	ls.mem, err = members.Start(members.Config{Name: c.Node, Addr: addr, OnChange: kick, Log: log})
 	if err != nil {
-		st.Close()
 		logf("LAN Services: gossip on %s: %v: OFF", addr, err)
 		return
 	}
-	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log}); err == nil {
-		spk, err = speaker.New(speaker.Config{Node: c.Node, Interface: ifname, Announcer: ls.ann, Members: ls.mem, Log: log})
-	}
-	if err == nil {
-		ctl, err = lbcontroller.New(lbcontroller.Config{Node: c.Node, Client: side.cs,
-			Services: side.services(), EndpointSlices: side.endpointSlices(), Nodes: side.nodes(), Namespaces: side.namespaces(),
-			Events: side.rec, Alloc: &alloc.Allocator{Store: st, Sets: lan.Services.Sets}, RequireClass: lan.Services.RequireClass,
-			Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: spk, Logf: logf})
-	}
-	if err != nil {
-		if spk != nil {
-			spk.Close()
-		}
-		if ls.ann != nil {
-			ls.ann.Close()
-		}
-		ls.mem.Close()
-		st.Close()
+	defer ls.mem.Close()
+	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log}); err != nil {
 		logf("LAN Services: %v: OFF", err)
 		return
 	}
-	ls.ctl = ctl
+	defer ls.ann.Close()
+	s, err := speaker.New(speaker.Config{Node: c.Node, Interface: ifname, Announcer: ls.ann, Members: ls.mem, Log: log})
+	if err != nil {
+		logf("LAN Services: %v: OFF", err)
+		return
+	}
+	defer s.Close()
+	spk.Store(s)
+	ls.ctl, err = lbcontroller.New(lbcontroller.Config{Node: c.Node, Client: side.cs,
+		Services: side.services(), EndpointSlices: side.endpointSlices(), Nodes: side.nodes(), Namespaces: side.namespaces(),
+		Events: side.rec, Alloc: &alloc.Allocator{Store: st, Sets: svc.Sets}, RequireClass: svc.RequireClass,
+		Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: s, Logf: logf})
+	if err != nil {
+		logf("LAN Services: %v: OFF", err)
+		return
+	}
+	ctl.Store(ls.ctl)
 	self := net.JoinHostPort(addr.String(), strconv.Itoa(members.DefaultPort))
+	setPeers := func() { ls.mem.SetPeers(peers(side.nodes(), c.Node)) }
 	if _, err := side.nodes().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { ls.mem.SetPeers(peers(side.nodes(), c.Node)) }, UpdateFunc: func(any, any) { ls.mem.SetPeers(peers(side.nodes(), c.Node)) },
-		DeleteFunc: func(any) { ls.mem.SetPeers(peers(side.nodes(), c.Node)) },
+		AddFunc: func(any) { setPeers() }, UpdateFunc: func(any, any) { setPeers() }, DeleteFunc: func(any) { setPeers() },
 	}); err != nil {
 		logf("LAN Services: %v", err)
 	}
 	side.start(ctx.Done())
-	wg.Go(func() { ctl.Run(ctx) })
-	wg.Go(func() {
-		publishMember(ctx, side, c.Node, self, logf)
-		ls.ipvsCheck(side, c.Node, logf)
-		ls.statusLoop(ctx, a.opts.RunDir, c.Net.Name)
-		spk.Close()
-		ls.ann.Close()
-		ls.mem.Close()
-		st.Close()
-	})
-	logf("LAN Services: Service addresses %s on %s (gossip %s), requireClass %v", lan.Services, ifname, self, lan.Services.RequireClass)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { ls.ctl.Run(ctx) })
+	logf("LAN Services: Service addresses %s on %s (gossip %s), requireClass %v", svc, ifname, self, svc.RequireClass)
+	publishMember(ctx, side, c.Node, self, logf)
+	ls.ipvsCheck(side, c.Node, logf)
+	ls.statusLoop(ctx, a.opts.RunDir, c.Net.Name)
 }
 
 // lanAddress is the LAN interface's own address: the first one inside a
@@ -178,7 +192,7 @@ func lanAddress(ifname string, sets []ipamconfig.RangeSet) (netip.Addr, error) {
 }
 
 // openLANStore opens the LAN pool's store, as its IPAM plugin does.
-func (a *agent) openLANStore(side *kubeSide) (store.Store, error) {
+func (a *agent) openLANStore() (store.Store, error) {
 	c := a.c
 	if c.LANStoreErr != nil {
 		return nil, c.LANStoreErr
