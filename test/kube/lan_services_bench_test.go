@@ -47,13 +47,6 @@ var benchServices = fmt.Sprintf(`{ "requireClass": true, "ranges": [[{ "subnet":
 // Every FIGURE line carries the load average.
 func BenchmarkLANServicesKube(b *testing.B) {
 	c := kubecluster.Start(b, kubecluster.Options{Audit: true})
-	// LAN pods first, then Services, as TestLANPods does (a home lab adds
-	// Services to a LAN it has): the agents start their LAN Services with
-	// the host credentials of the LAN pool already written. Installing both
-	// at once hits a start-up race of the agent (reported with issue 39:
-	// the LAN Services are off on a node whose agent started before it
-	// wrote /run/village/kube/kubeconfig), which TestVXLANNftables shows.
-	installLANConfig(b, c)
 	installLANServicesConfig(b, c, benchServices)
 	f := newFixture(b, c, "lansvc-bench")
 	labelNS(b, c, f.ns, kubenames.LabelLANAllowed)
