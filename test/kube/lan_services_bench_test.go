@@ -83,10 +83,10 @@ func BenchmarkLANServicesKube(b *testing.B) {
 		b.Logf("FIGURE lansvc_kube_agents_5_services %s (load %s)", baseline, loadavg())
 
 		plain, back, missed := failoverLoop(b, c, ip, kills, false)
-		b.Logf("FIGURE lansvc_kube_failover %s, no takeover within 30 s in %d of %d (load %s)", spread(plain), missed, kills, loadavg())
+		b.Logf("FIGURE lansvc_kube_failover %s, no takeover within 10 s in %d of %d (load %s)", spread(plain), missed, kills, loadavg())
 		b.Logf("FIGURE lansvc_kube_return_to_steady_mac %s (load %s)", spread(back), loadavg())
 		frozen, backFrozen, missedFrozen := failoverLoop(b, c, ip, kills, true)
-		b.Logf("FIGURE lansvc_kube_failover_apiserver_frozen %s, no takeover within 30 s in %d of %d (load %s)", spread(frozen), missedFrozen, kills, loadavg())
+		b.Logf("FIGURE lansvc_kube_failover_apiserver_frozen %s, no takeover within 10 s in %d of %d (load %s)", spread(frozen), missedFrozen, kills, loadavg())
 		b.Logf("FIGURE lansvc_kube_return_to_steady_mac_apiserver_frozen %s (load %s)", spread(backFrozen), loadavg())
 
 		for i := range 95 {
@@ -108,6 +108,10 @@ func BenchmarkLANServicesKube(b *testing.B) {
 	}
 }
 
+// noTakeover bounds a kill's wait for another MAC in the benchmark: five
+// times the 2 s p99 target; a kill past it counts as no takeover.
+const noTakeover = 10 * time.Second
+
 // metallbPool is MetalLB's address pool beside Village's ranges.
 const metallbPool = kubecluster.LANPrefix + "230-" + kubecluster.LANPrefix + "239"
 
@@ -118,7 +122,7 @@ const metallbPool = kubecluster.LANPrefix + "230-" + kubecluster.LANPrefix + "23
 // same figures on one Local Service of the same web pods: creation to
 // first answer, failover and return p50/p99 over kills cable pulls, and
 // the same with the API server frozen (a failover that does not happen
-// within 30 s is counted and reported, not waited for).
+// within noTakeover is counted and reported, not waited for).
 func metallbSideBySide(b *testing.B, c *kubecluster.Cluster, f *fixture, dir string, kills int) {
 	b.Helper()
 	for _, name := range []string{"speaker", "controller"} {
@@ -199,7 +203,7 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 			if frozen {
 				thaw = c.FreezeAPIServer(b)
 			}
-			d, to := failoverWithin(b, c, ip, from, mac, 30*time.Second)
+			d, to := failoverWithin(b, c, ip, from, mac, noTakeover)
 			if to == "" {
 				missed++
 			} else {
@@ -216,7 +220,7 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 		if frozen {
 			name += "_apiserver_frozen"
 		}
-		b.Logf("FIGURE %s %s, no takeover within 30 s in %d of %d (load %s)", name, spread(ds), missed, kills, loadavg())
+		b.Logf("FIGURE %s %s, no takeover within 10 s in %d of %d (load %s)", name, spread(ds), missed, kills, loadavg())
 		b.Logf("FIGURE %s_return_to_steady_mac %s (load %s)", name, spread(backs), loadavg())
 	}
 }
@@ -224,7 +228,7 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 // failoverLoop pulls the cable of ip's announcer kills times (the API
 // server frozen for each kill when frozen) and returns the failover times
 // and the times from each replug to one steady MAC (5 answers in a row),
-// and how many kills saw no takeover within 30 s (not waited for longer).
+// and how many kills saw no takeover within noTakeover.
 func failoverLoop(b *testing.B, c *kubecluster.Cluster, ip string, kills int, frozen bool) (failovers, returns []time.Duration, missed int) {
 	b.Helper()
 	macs := map[string]*kubecluster.Node{}
@@ -242,7 +246,7 @@ func failoverLoop(b *testing.B, c *kubecluster.Cluster, ip string, kills int, fr
 		if frozen {
 			thaw = c.FreezeAPIServer(b)
 		}
-		d, to := failoverWithin(b, c, ip, from, mac, 30*time.Second)
+		d, to := failoverWithin(b, c, ip, from, mac, noTakeover)
 		switch {
 		case to == "":
 			missed++
