@@ -36,7 +36,9 @@ func lanServicesBlock(storeKubeconfig string) string {
 // is answered by exactly one MAC, the lan0 of the node the Service's
 // lan-announcer annotation names, and `villaged status` there lists it.
 // The announcer's LAN link goes down: another node answers (the time is
-// logged), again exactly one MAC.
+// logged), again exactly one MAC; it comes back: it answers again, alone.
+// Deleting the Service silences the address, and another Service can ask
+// for it.
 func TestLANServicesFailover(t *testing.T) {
 	lab := newKubeLabWith(t, "vxlan", func(conf string, kube *kubetest.Server) string {
 		return strings.Replace(conf, `"ipMasq":true,`, `"ipMasq":true,`+lanServicesBlock(kube.AdminKubeconfig), 1)
@@ -137,5 +139,37 @@ func TestLANServicesFailover(t *testing.T) {
 			return false, err.Error()
 		}
 		return s.Annotations[kubenames.AnnotationLANAnnouncer] == next, fmt.Sprint(s.Annotations)
+	})
+
+	// The old announcer comes back: it has the highest score, so it takes
+	// the address back once it has settled, and never beside the other.
+	testenv.MustIP(t, holder.NS, "link", "set", "lan0", "up")
+	waitFor(t, 30*time.Second, announcer+" answers again, alone", answers(macs[announcer]))
+	for range 10 {
+		got, err := testenv.ARPAnswers(client, "eth0", ip, 200*time.Millisecond)
+		must(t, err, "asking for %s", vip)
+		if len(got) > 1 {
+			t.Fatalf("two MACs answer for %s after %s came back: %v", vip, announcer, got)
+		}
+	}
+
+	// Deleting the Service: nobody answers, and the address can be taken
+	// again (asked for exactly).
+	must(t, cs.CoreV1().Services("home").Delete(ctx, "web", metav1.DeleteOptions{}), "deleting home/web")
+	waitFor(t, 30*time.Second, "no answer for "+vip, func() (bool, string) {
+		got, err := testenv.ARPAnswers(client, "eth0", ip, 200*time.Millisecond)
+		return err == nil && len(got) == 0, fmt.Sprintf("%v %v", got, err)
+	})
+	_, err = cs.CoreV1().Services("home").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "again",
+		Annotations: map[string]string{kubenames.AnnotationLANIP: vip}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 8080}}}}, metav1.CreateOptions{})
+	must(t, err, "creating Service home/again")
+	waitFor(t, time.Minute, "home/again gets "+vip, func() (bool, string) {
+		s, err := cs.CoreV1().Services("home").Get(ctx, "again", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		in := s.Status.LoadBalancer.Ingress
+		return len(in) == 1 && in[0].IP == vip, fmt.Sprintf("ingress %+v", in)
 	})
 }

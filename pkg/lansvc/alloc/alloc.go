@@ -156,6 +156,47 @@ func (a *Allocator) Ensure(ctx context.Context, r Request) ([]netip.Addr, error)
 	return got, errors.Join(errs...)
 }
 
+// InRanges says whether ip is an allocatable address of the Service
+// ranges.
+func (a *Allocator) InRanges(ip netip.Addr) bool {
+	_, set := a.set(family(ip))
+	return set != nil && allocatable(set, ip)
+}
+
+// Holds says whether held (an owner's addresses, as Owners lists them)
+// is already what Ensure would make of r: one allocatable address per
+// family of r, the requested one where r names one, and nothing else.
+func (a *Allocator) Holds(held []netip.Addr, r Request) bool {
+	fams := r.Families
+	if len(fams) == 0 {
+		for _, s := range a.Sets {
+			fams = append(fams, s.Family())
+		}
+	}
+	fams = slices.Compact(slices.Sorted(slices.Values(fams)))
+	if len(held) != len(fams) {
+		return false
+	}
+	for _, fam := range fams {
+		_, set := a.set(fam)
+		n := 0
+		for _, h := range held {
+			if family(h) == fam && set != nil && allocatable(set, h) {
+				n++
+				for _, want := range r.Addrs {
+					if family(want) == fam && want != h {
+						return false
+					}
+				}
+			}
+		}
+		if n != 1 {
+			return false
+		}
+	}
+	return true
+}
+
 // pendingFamily: an address of a family whose request was refused is
 // kept, so a refusal never loses what the owner had.
 func (a *Allocator) pendingFamily(h netip.Addr, got []netip.Addr, errs []error) bool {

@@ -4,15 +4,18 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/village-cni/village/internal/etcdtest"
+	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/pkg/ipam/allocator"
 	"github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/ipam/store/disk"
 	"github.com/village-cni/village/pkg/ipam/store/etcd"
+	"github.com/village-cni/village/pkg/ipam/store/kube"
 	"github.com/village-cni/village/pkg/lansvc/alloc"
 )
 
@@ -118,6 +121,39 @@ func TestEnsureDisk(t *testing.T) {
 	}
 }
 
+// Holds is Ensure's fixed point: true exactly when Ensure would change
+// nothing.
+func TestHolds(t *testing.T) {
+	a := &alloc.Allocator{Sets: sets(t, dual)}
+	for _, tc := range []struct {
+		held string
+		fams []int
+		req  string
+		want bool
+	}{
+		{"192.168.50.240 fd00:50::10", nil, "", true},
+		{"192.168.50.240", nil, "", false},
+		{"192.168.50.240", []int{4}, "", true},
+		{"192.168.50.240", []int{4}, "192.168.50.240", true},
+		{"192.168.50.240", []int{4}, "192.168.50.241", false},
+		{"192.168.50.240 192.168.50.241", []int{4, 6}, "", false},
+		{"192.168.50.99", []int{4}, "", false}, // outside the ranges now
+		{"", []int{4}, "", false},
+		{"fd00:50::10", []int{6}, "", true},
+	} {
+		var held, req []netip.Addr
+		if tc.held != "" {
+			held = addrs(strings.Fields(tc.held)...)
+		}
+		if tc.req != "" {
+			req = addrs(tc.req)
+		}
+		if got := a.Holds(held, alloc.Request{Families: tc.fams, Addrs: req}); got != tc.want {
+			t.Errorf("Holds(%s, %v, %s) = %v", tc.held, tc.fams, tc.req, got)
+		}
+	}
+}
+
 func family(s string) int {
 	if netip.MustParseAddr(s).Is4() {
 		return 4
@@ -143,12 +179,20 @@ func TestShareKey(t *testing.T) {
 // address per Service, and distinct Services never share one.
 func TestRace(t *testing.T) {
 	srv := etcdtest.Start(t)
+	api := kubetest.Start(t, kubetest.Options{})
 	for name, open := range map[string]func(t *testing.T, i int) store.Store{
 		"disk": func() func(t *testing.T, i int) store.Store {
 			dir := t.TempDir()
 			return func(t *testing.T, i int) store.Store { return diskStore(t, dir) }
 		}(),
 		"etcd": func(t *testing.T, i int) store.Store { return etcdStore(t, srv, fmt.Sprintf("node%d", i)) },
+		"kubernetes": func(t *testing.T, i int) store.Store {
+			s, err := kube.New(kube.Options{Client: api.Client, Namespace: "default", Network: "lan", NodeName: fmt.Sprintf("node%d", i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()

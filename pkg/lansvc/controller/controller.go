@@ -197,15 +197,25 @@ func (c *Controller) pass(ctx context.Context) {
 		}
 	}
 	c.forget(uids)
-	for _, g := range groups {
-		if elect.Writer(g.key, live) == c.cfg.Node {
-			c.write(ctx, g)
-		}
-	}
+	// One read of the store per pass while nothing changes: a group whose
+	// owner already holds what it asks for costs no further request.
 	owners, err := c.cfg.Alloc.Owners(ctx)
 	if err != nil {
 		c.cfg.Logf("LAN Services: %v", err)
 		return
+	}
+	changed := false
+	for _, g := range groups {
+		if elect.Writer(g.key, live) == c.cfg.Node {
+			changed = c.write(ctx, g, owners[g.owner]) || changed
+		}
+	}
+	c.clearFormer(ctx, live)
+	if changed {
+		if owners, err = c.cfg.Alloc.Owners(ctx); err != nil {
+			c.cfg.Logf("LAN Services: %v", err)
+			return
+		}
 	}
 	// Release what no group (in an allowed namespace) owns any more.
 	wanted := map[store.Owner]*group{}
@@ -265,6 +275,33 @@ func (c *Controller) pass(ctx context.Context) {
 type announce struct {
 	ip  netip.Addr
 	acc []accepted
+}
+
+// clearFormer removes what Village wrote on Services that are no longer
+// its own (no longer type LoadBalancer): the ingress addresses from its
+// ranges and the announcer annotation. Their writer is the old single
+// Service group's.
+func (c *Controller) clearFormer(ctx context.Context, live []string) {
+	for _, obj := range c.cfg.Services.GetStore().List() {
+		svc, ok := obj.(*corev1.Service)
+		if !ok || c.ours(svc) || svc.Annotations[kubenames.AnnotationLANAnnouncer] == "" ||
+			elect.Writer(ownerKey(alloc.ServiceOwner(svc.Namespace, svc.Name)), live) != c.cfg.Node {
+			continue
+		}
+		var keep []corev1.LoadBalancerIngress
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if ip, err := netip.ParseAddr(in.IP); err != nil || !c.cfg.Alloc.InRanges(ip) {
+				keep = append(keep, in) // not Village's
+			}
+		}
+		if len(keep) != len(svc.Status.LoadBalancer.Ingress) {
+			c.updateStatus(ctx, svc, keep)
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{kubenames.AnnotationLANAnnouncer: nil}}})
+		if _, err := c.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}); err != nil && !apierrors.IsNotFound(err) {
+			c.cfg.Logf("LAN Services: announcer of %s/%s: %v", svc.Namespace, svc.Name, err)
+		}
+	}
 }
 
 // ownerKey is the writer's key of a group: its owner in the store.
@@ -381,20 +418,21 @@ func (c *Controller) accept(g *group, report bool) []accepted {
 	return out
 }
 
-// write allocates the group's address and writes its Services' status,
-// with an Event for every refusal.
-func (c *Controller) write(ctx context.Context, g *group) {
+// write allocates the group's address (unless held already holds what it
+// asks for) and writes its Services' status, with an Event for every
+// refusal. It reports whether it asked the store for anything.
+func (c *Controller) write(ctx context.Context, g *group, held []netip.Addr) bool {
 	if !c.allowed(g.ns) {
 		for _, svc := range g.services {
 			c.event(svc, corev1.EventTypeWarning, kubenames.ReasonLANForbidden,
 				fmt.Sprintf("no LAN address: namespace %s is not labelled %s=%s", g.ns, kubenames.LabelLAN, kubenames.LabelLANAllowed))
 			c.setStatus(ctx, svc, nil)
 		}
-		return
+		return false
 	}
 	acc := c.accept(g, true)
 	if len(acc) == 0 {
-		return
+		return false
 	}
 	req := alloc.Request{Owner: g.owner}
 	for _, a := range acc {
@@ -404,7 +442,7 @@ func (c *Controller) write(ctx context.Context, g *group) {
 				for _, b := range acc {
 					c.event(b.svc, corev1.EventTypeWarning, kubenames.ReasonLANInvalid, fmt.Sprintf("annotation %s: %v", kubenames.AnnotationLANIP, err))
 				}
-				return
+				return false
 			}
 			req.Addrs = ips
 		}
@@ -428,7 +466,12 @@ func (c *Controller) write(ctx context.Context, g *group) {
 			req.Families = append(req.Families, fam)
 		}
 	}
-	ips, err := c.cfg.Alloc.Ensure(ctx, req)
+	ips, asked := held, false
+	var err error
+	if !c.cfg.Alloc.Holds(held, req) {
+		ips, err = c.cfg.Alloc.Ensure(ctx, req)
+		asked = true
+	}
 	if err != nil {
 		reason := kubenames.ReasonLANFailed
 		switch {
@@ -445,7 +488,7 @@ func (c *Controller) write(ctx context.Context, g *group) {
 		var refusal *alloc.Error
 		if !errors.As(err, &refusal) {
 			c.cfg.Logf("LAN Services: %s: %v", g.owner.ContainerID, err)
-			return // the store failed: leave the status as it is
+			return asked // the store failed: leave the status as it is
 		}
 	}
 	for _, a := range acc {
@@ -453,6 +496,7 @@ func (c *Controller) write(ctx context.Context, g *group) {
 			c.event(a.svc, corev1.EventTypeNormal, kubenames.ReasonLANAssigned, fmt.Sprintf("LAN address %s", join(ips)))
 		}
 	}
+	return asked
 }
 
 func join(ips []netip.Addr) string {
@@ -474,6 +518,13 @@ func (c *Controller) setStatus(ctx context.Context, svc *corev1.Service, ips []n
 	if sameIngress(svc.Status.LoadBalancer.Ingress, want) {
 		return false
 	}
+	return c.updateStatus(ctx, svc, want)
+}
+
+// updateStatus writes ingress as svc's status.loadBalancer.ingress, with
+// the informer's resourceVersion (a stale object is refused, and the next
+// pass sees the new one).
+func (c *Controller) updateStatus(ctx context.Context, svc *corev1.Service, want []corev1.LoadBalancerIngress) bool {
 	cp := svc.DeepCopy()
 	cp.Status.LoadBalancer.Ingress = want
 	_, err := c.cfg.Client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: kubenames.Agent})

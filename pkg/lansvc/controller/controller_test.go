@@ -273,6 +273,10 @@ func TestController(t *testing.T) {
 		t.Fatal(err)
 	}
 	within(t, "lab/a's share released", func() bool { return len(e.held(alloc.ShareOwner("lab", "k"))) == 0 })
+	within(t, "lab/a's status and announcer annotation cleared", func() bool {
+		s, err := e.cs.CoreV1().Services("lab").Get(e.ctx, "a", metav1.GetOptions{})
+		return err == nil && len(s.Status.LoadBalancer.Ingress) == 0 && s.Annotations[kubenames.AnnotationLANAnnouncer] == ""
+	})
 	// The shared address goes only when its last Service does.
 	for _, name := range []string{"a", "b"} {
 		if err := e.cs.CoreV1().Services("home").Delete(e.ctx, name, metav1.DeleteOptions{}); err != nil {
