@@ -23,6 +23,7 @@
 #   ./scripts/bench.sh -only flannel   # only the control plane against flanneld (below)
 #   ./scripts/bench.sh -only netpol    # only NetworkPolicy's costs (below)
 #   ./scripts/bench.sh -only lansvc    # only LAN Service address failover (below)
+#   ./scripts/bench.sh -only lansvc-kube # the same through a real kubelet cluster (below)
 #   ./scripts/bench.sh -only armvm     # only villaged against flanneld's idle RSS on arm64 (below)
 #
 # The kube section (also run after the others when no -only is given) is
@@ -63,6 +64,16 @@
 # namespaces on a LAN bridge, one Service address; the owner's uplink is
 # pulled $VILLAGE_LANSVC_KILLS times (default 20) and replugged, a client
 # asking every 10 ms; p50/p99 of failover and return, with the load.
+#
+# The lansvc-kube section (only with -only lansvc-kube, ~15 minutes) is
+# BenchmarkLANServicesKube in test/kube: a two-node internal/kubecluster
+# cluster with macvlan.services; Service creation to first answer, failover
+# p50/p99 over $VILLAGE_LANSVC_KILLS cable pulls (default 20), the same with
+# the API server SIGSTOPped, the agents' CPU/RSS/API requests per minute
+# with 5 and 100 LoadBalancer Services; then MetalLB L2 v0.16.2 (built by
+# scripts/metallb.sh, cached in /var/cache/village) in the same cluster:
+# its creation to first answer and failover, plain and frozen. Each FIGURE
+# with the load.
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -115,6 +126,12 @@ if [ "${1:-}" = "-only" ] && [ "${2:-}" = "armvm" ]; then
 fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lansvc" ]; then
   go test -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 20m -v ./pkg/lansvc/speaker | grep -E 'FIGURE|Benchmark|ok|FAIL'
+  exit
+fi
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lansvc-kube" ]; then
+  VILLAGE_METALLB_DIR="$(./scripts/metallb.sh)" \
+  VILLAGE_KUBE_DIR="${VILLAGE_KUBE_DIR:-$(./scripts/kube.sh)}" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
+    flock /tmp/village-kube.lock go test -run '^$' -bench '^BenchmarkLANServicesKube$' -benchtime 1x -timeout 60m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL'
   exit
 fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "netpol" ]; then

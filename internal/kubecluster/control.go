@@ -28,23 +28,26 @@ func (c *Cluster) startLAN(t testing.TB) {
 	for _, args := range [][]string{
 		{"link", "add", "lan0", "type", "bridge"},
 		{"addr", "add", LANIP + "/24", "dev", "lan0"},
+		{"addr", "add", LANIP6 + "/64", "dev", "lan0", "nodad"},
 		{"link", "set", "lan0", "up"},
 	} {
 		testenv.MustIP(t, c.lan, args...)
 	}
-	if err := c.plug("client", c.client.Path(), LANClientIP); err != nil {
+	if err := c.plug("client", c.client.Path(), LANClientIP, LANClientIP6); err != nil {
 		t.Fatalf("kubecluster: %v", err)
 	}
 }
 
 // plug connects the namespace at nsPath to the LAN bridge: eth0 there with
-// ip/24 and a default route via the LAN namespace, port on lan0 here.
-func (c *Cluster) plug(port, nsPath, ip string) error {
+// ip/24, ip6/64 (no duplicate detection, usable at once) and an IPv4
+// default route via the LAN namespace, port on lan0 here.
+func (c *Cluster) plug(port, nsPath, ip, ip6 string) error {
 	name := filepath.Base(nsPath)
 	steps := [][]string{
 		{"-n", filepath.Base(c.lan.Path()), "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", name},
 		{"-n", filepath.Base(c.lan.Path()), "link", "set", port, "master", "lan0", "up"},
 		{"-n", name, "addr", "add", ip + "/24", "dev", "eth0"},
+		{"-n", name, "addr", "add", ip6 + "/64", "dev", "eth0", "nodad"},
 		{"-n", name, "link", "set", "eth0", "up"},
 		{"-n", name, "route", "add", "default", "via", LANIP},
 	}

@@ -3,7 +3,7 @@
 // deploy/kubernetes manifests applied with kubectl and the image
 // `./build_linux.sh image` builds (through the same internal/ociimage/mkimage).
 //
-// Layout: a LAN namespace holds a bridge (LANPrefix.1/24) and the control
+// Layout: a LAN namespace holds a bridge (LANPrefix.1/24, LANPrefix6:1/64) and the control
 // plane — etcd and kube-apiserver (internal/kubetest), kube-controller-manager
 // allocating Node podCIDRs from ClusterCIDR, kube-scheduler. Every node is a
 // network namespace with a veth on that bridge and one mount namespace of its
@@ -34,6 +34,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,9 +50,16 @@ import (
 
 // Addresses of the cluster.
 const (
-	LANPrefix      = "192.168.77."     // the LAN's /24
-	LANIP          = LANPrefix + "1"   // the LAN namespace (API server)
-	LANClientIP    = LANPrefix + "200" // the LAN client namespace (not a node)
+	LANPrefix   = "192.168.77."     // the LAN's /24
+	LANIP       = LANPrefix + "1"   // the LAN namespace (API server)
+	LANClientIP = LANPrefix + "200" // the LAN client namespace (not a node)
+	// The LAN's IPv6 prefix (a /64 on the same bridge): the LAN namespace
+	// has LANPrefix6+"1", the client LANPrefix6+"200", node i
+	// LANPrefix6+(10+i). Only the LAN has IPv6: the cluster (pods,
+	// Services, node InternalIPs) stays IPv4.
+	LANPrefix6     = "fd77:77::"
+	LANIP6         = LANPrefix6 + "1"
+	LANClientIP6   = LANPrefix6 + "200"
 	ClusterCIDR    = "10.244.0.0/16"
 	ServiceCIDR    = "10.96.0.0/16"
 	KubernetesSvc  = "10.96.0.1" // the `kubernetes` Service's ClusterIP
@@ -86,6 +94,9 @@ type Options struct {
 	// checkout's (Images.Village, buildinfo.Image), which an upgrade then
 	// applies.
 	Release *Release
+	// Audit makes the API server log every request's metadata (read with
+	// API().AuditEvents): the benchmarks count a client's requests.
+	Audit bool
 }
 
 // Cluster is a running cluster.
@@ -159,7 +170,7 @@ func Start(t testing.TB, o Options) *Cluster {
 	c.root = root
 	c.buildImages(t)
 	c.startLAN(t)
-	c.api = kubetest.Start(t, kubetest.Options{NetNS: c.lan, IP: LANIP, Args: []string{
+	c.api = kubetest.Start(t, kubetest.Options{NetNS: c.lan, IP: LANIP, Audit: o.Audit, Args: []string{
 		"--endpoint-reconciler-type=lease",
 		"--kubelet-preferred-address-types=InternalIP",
 		"--allow-privileged=true",
@@ -212,8 +223,38 @@ func (c *Cluster) API() *kubetest.Server { return c.api }
 // LAN is the control-plane namespace, the LAN bridge's owner.
 func (c *Cluster) LAN() ns.NetNS { return c.lan }
 
-// LANClient is a namespace on the LAN that is no node (LANClientIP).
+// LANClient is a namespace on the LAN that is no node (LANClientIP,
+// LANClientIP6 on its eth0).
 func (c *Cluster) LANClient() ns.NetNS { return c.client }
+
+// FreezeAPIServer stops the kube-apiserver process with SIGSTOP (its
+// connections stay open and unanswered, as with a hung control plane) and
+// returns the thaw (SIGCONT); the thaw also runs in t.Cleanup, so a
+// failing test never leaves the API server frozen. Calling the thaw twice
+// is harmless.
+func (c *Cluster) FreezeAPIServer(t testing.TB) (thaw func()) {
+	t.Helper()
+	pid := c.api.APIServerPID()
+	if pid == 0 {
+		t.Fatal("kubecluster: no kube-apiserver process to freeze")
+	}
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || strings.TrimSpace(string(comm)) != "kube-apiserver" {
+		t.Fatalf("kubecluster: process %d is %q, not kube-apiserver (%v)", pid, comm, err)
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Errorf("kubecluster: SIGCONT to kube-apiserver %d: %v", pid, err)
+			}
+		})
+	}
+	t.Cleanup(thaw)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("kubecluster: SIGSTOP to kube-apiserver %d: %v", pid, err)
+	}
+	return thaw
+}
 
 // Nodes are the cluster's nodes, in the order they joined.
 func (c *Cluster) Nodes() []*Node {

@@ -31,7 +31,11 @@ import (
 type Node struct {
 	Name  string // the Node object's name (kubelet --hostname-override)
 	IP    string // the node's LAN address (its InternalIP)
+	IP6   string // the node's IPv6 LAN address (LANPrefix6 + 10+i; not in the Node object)
 	NetNS ns.NetNS
+	// LANPort is the bridge port of the node's eth0 in the LAN namespace
+	// (UnplugLAN takes it down).
+	LANPort string
 
 	c          *Cluster
 	dir        string // the node's files; dir/fs holds its private /run, /opt, ...
@@ -68,13 +72,15 @@ func (c *Cluster) newNode(t testing.TB, idx int) *Node {
 	n := &Node{
 		Name:       fmt.Sprintf("node-%d", idx),
 		IP:         LANPrefix + strconv.Itoa(firstNodeOctet+idx),
+		IP6:        LANPrefix6 + strconv.Itoa(firstNodeOctet+idx),
+		LANPort:    fmt.Sprintf("n%d", idx),
 		NetNS:      testenv.NewNS(c.t),
 		c:          c,
 		dir:        filepath.Join(c.dir, fmt.Sprintf("node-%d", idx)),
 		cgroupRoot: fmt.Sprintf("/village-kc-%s-node-%d", c.id, idx),
 	}
 	c.t.Cleanup(n.stop)
-	if err := c.plug(fmt.Sprintf("n%d", idx), n.NetNS.Path(), n.IP); err != nil {
+	if err := c.plug(n.LANPort, n.NetNS.Path(), n.IP, n.IP6); err != nil {
 		t.Fatalf("kubecluster: %v", err)
 	}
 	c.mu.Lock()
@@ -131,6 +137,37 @@ func (n *Node) start() error {
 	}
 	n.proxy, err = n.spawnIn("kube-proxy", filepath.Join(n.c.kubeDir, "kube-proxy"), "--config", filepath.Join(n.dir, "kube-proxy.yaml"), "--v=1")
 	return err
+}
+
+// UnplugLAN takes the node's bridge port down in the LAN namespace: the
+// node's eth0 loses carrier, as when its cable is pulled (its addresses
+// and routes stay). PlugLAN puts it back.
+func (n *Node) UnplugLAN() error {
+	_, err := testenv.IP(n.c.lan, "link", "set", n.LANPort, "down")
+	return err
+}
+
+// PlugLAN puts the node's bridge port back up (see UnplugLAN).
+func (n *Node) PlugLAN() error {
+	_, err := testenv.IP(n.c.lan, "link", "set", n.LANPort, "up")
+	return err
+}
+
+// LANMAC is the MAC of the node's LAN interface (eth0, the macvlan master).
+func (n *Node) LANMAC() (string, error) {
+	var mac string
+	err := testenv.InNS(n.NetNS, func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		mac = ifi.HardwareAddr.String()
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("node %s: eth0: %w", n.Name, err)
+	}
+	return mac, nil
 }
 
 func (n *Node) log(name string) string { return filepath.Join(n.dir, name+".log") }

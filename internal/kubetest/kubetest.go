@@ -329,6 +329,16 @@ func (s *Server) RestartAPIServer() {
 	s.StartAPIServer()
 }
 
+// APIServerPID is the running kube-apiserver's process id (0: stopped).
+func (s *Server) APIServerPID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.api == nil {
+		return 0
+	}
+	return s.api.Pid()
+}
+
 // StopAPIServer stops the API server only.
 func (s *Server) StopAPIServer() {
 	s.mu.Lock()

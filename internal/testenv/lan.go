@@ -5,12 +5,14 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ndp"
 )
 
 // LAN is a bridge in a namespace of its own, standing for a home LAN;
@@ -163,4 +165,61 @@ func WaitFor(t testing.TB, what string, f func() error) time.Duration {
 	}
 	t.Fatalf("%s: not within a minute: %v", what, err)
 	return 0
+}
+
+// NDPAnswers sends one neighbour solicitation for ip (to its
+// solicited-node group) from ifname inside n, and returns every distinct
+// target link-layer address that answered within the given time, in order:
+// ARPAnswers for IPv6.
+func NDPAnswers(n ns.NetNS, ifname string, ip netip.Addr, within time.Duration) ([]string, error) {
+	var macs []string
+	err := InNS(n, func() error {
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		// The ndp package names the interface as the zone of every
+		// destination; the index, as a name, resolves in any namespace.
+		byIndex := *ifi
+		byIndex.Name = strconv.Itoa(ifi.Index)
+		c, _, err := ndp.Listen(&byIndex, ndp.LinkLocal)
+		if err != nil {
+			return fmt.Errorf("ICMPv6 socket on %s: %w", ifname, err)
+		}
+		defer c.Close()
+		group, err := ndp.SolicitedNodeMulticast(ip)
+		if err != nil {
+			return err
+		}
+		ns := &ndp.NeighborSolicitation{TargetAddress: ip, Options: []ndp.Option{
+			&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: ifi.HardwareAddr},
+		}}
+		if err := c.WriteTo(ns, nil, group.WithZone(strconv.Itoa(ifi.Index))); err != nil {
+			return fmt.Errorf("neighbour solicitation for %s: %w", ip, err)
+		}
+		seen := map[string]bool{}
+		if err := c.SetReadDeadline(time.Now().Add(within)); err != nil {
+			return err
+		}
+		for {
+			m, _, _, err := c.ReadFrom()
+			if err != nil {
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					return nil
+				}
+				continue
+			}
+			na, ok := m.(*ndp.NeighborAdvertisement)
+			if !ok || na.TargetAddress != ip {
+				continue
+			}
+			for _, o := range na.Options {
+				if lla, ok := o.(*ndp.LinkLayerAddress); ok && lla.Direction == ndp.Target && !seen[lla.Addr.String()] {
+					seen[lla.Addr.String()] = true
+					macs = append(macs, lla.Addr.String())
+				}
+			}
+		}
+	})
+	return macs, err
 }

@@ -29,12 +29,12 @@ const wait = 3 * time.Minute
 
 // fixture is one test namespace of a cluster.
 type fixture struct {
-	t  *testing.T
+	t  testing.TB
 	c  *kubecluster.Cluster
 	ns string
 }
 
-func newFixture(t *testing.T, c *kubecluster.Cluster, name string) *fixture {
+func newFixture(t testing.TB, c *kubecluster.Cluster, name string) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
@@ -216,7 +216,7 @@ func sourceServer(t *testing.T, n ns.NetNS, addr string) {
 }
 
 // node returns the cluster's node by name.
-func node(t *testing.T, c *kubecluster.Cluster, name string) *kubecluster.Node {
+func node(t testing.TB, c *kubecluster.Cluster, name string) *kubecluster.Node {
 	t.Helper()
 	for _, n := range c.Nodes() {
 		if n.Name == name {

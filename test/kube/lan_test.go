@@ -33,7 +33,8 @@ const (
 // a fixed address, a taken one, pool exhaustion, the LAN client and the
 // node reaching a LAN pod, the same address and MAC after a move to the
 // other node announced by gratuitous ARP, deletion releasing the address,
-// the lan-address annotation and the Events.
+// the lan-address annotation and the Events; then LoadBalancer Services on
+// the LAN (issue 39, lanServices) with kube-proxy in iptables mode.
 func TestLANPods(t *testing.T) {
 	c := kubecluster.Start(t, kubecluster.Options{})
 	installLANConfig(t, c)
@@ -207,6 +208,8 @@ func TestLANPods(t *testing.T) {
 			t.Fatalf("the agent on node-1 could not read the LAN pool (%v):\n%s", err, logs)
 		}
 	})
+	// Last: it installs the LAN config again, with macvlan.services.
+	t.Run("Services", func(t *testing.T) { lanServices(t, c) })
 }
 
 // homeLab is one of deploy/kubernetes/examples/homelab's LAN ConfigMaps as
@@ -222,7 +225,7 @@ type homeLab struct {
 // applyHomeLab writes h's ConfigMap with its replacements, applies it, runs
 // h.then, and waits until the DaemonSet is ready and h.ready holds on every
 // node. It returns the file it applied (the user's ConfigMap).
-func applyHomeLab(t *testing.T, c *kubecluster.Cluster, h homeLab) string {
+func applyHomeLab(t testing.TB, c *kubecluster.Cluster, h homeLab) string {
 	t.Helper()
 	root, err := testenv.ModuleRoot()
 	if err != nil {
@@ -263,7 +266,7 @@ func applyHomeLab(t *testing.T, c *kubecluster.Cluster, h homeLab) string {
 // cluster's LAN in place of the example's (and extra replacements),
 // restarts the DaemonSet and waits until every node has the new conflist.
 // It returns the file it applied.
-func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) string {
+func installLANConfig(t testing.TB, c *kubecluster.Cluster, extra ...[2]string) string {
 	t.Helper()
 	return applyHomeLab(t, c, homeLab{
 		file: "configmap-lan.yaml",
@@ -288,7 +291,7 @@ func installLANConfig(t *testing.T, c *kubecluster.Cluster, extra ...[2]string) 
 	})
 }
 
-func labelNS(t *testing.T, c *kubecluster.Cluster, ns, value string) {
+func labelNS(t testing.TB, c *kubecluster.Cluster, ns, value string) {
 	t.Helper()
 	if out, err := c.Kubectl("label", "namespace", ns, kubenames.LabelLAN+"="+value); err != nil {
 		t.Fatalf("labelling %s: %v\n%s", ns, err, out)

@@ -27,10 +27,13 @@ func TestHostGWIptables(t *testing.T) {
 }
 
 // TestVXLANNftables: the VXLAN overlay, kube-proxy in nftables mode, Village
-// installed through its Helm chart (rendered with Helm's library).
+// installed through its Helm chart (rendered with Helm's library); then
+// LoadBalancer Services on the LAN (issue 39, lanServices) in nftables mode.
 func TestVXLANNftables(t *testing.T) {
 	c := kubecluster.Start(t, kubecluster.Options{Backend: "vxlan", ProxyMode: "nftables", Chart: true})
 	checkNetworking(t, c)
+	// Last: it installs the home-lab LAN config with macvlan.services.
+	t.Run("LANServices", func(t *testing.T) { lanServices(t, c) })
 }
 
 // TestAutoNoBridgeNF: the auto backend on nodes whose

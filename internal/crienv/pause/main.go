@@ -2,7 +2,8 @@
 // tests and benchmarks start: it holds the pod's namespaces open until it
 // is told to stop (SIGTERM or SIGINT, which as PID 1 it must handle itself).
 // With -listen it also answers every TCP connection with -reply and closes
-// it, which the tests use as the server behind a hostPort or a Service.
+// it, which the tests use as the server behind a hostPort or a Service;
+// with -http it answers HTTP requests with -reply and the client's address.
 // With -echo it echoes every TCP connection back for as long as it lasts,
 // and with -dial it holds one connection to such a server, sending a
 // numbered line every -interval and checking the echo: it prints "ok N"
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -26,12 +28,16 @@ import (
 func main() {
 	listen := flag.String("listen", "", "TCP address to answer on, e.g. :8080")
 	reply := flag.String("reply", "pause", "what to write to each connection")
+	httpAddr := flag.String("http", "", "HTTP address to answer on with the -reply text and the client's address, e.g. :8080")
 	echo := flag.String("echo", "", "TCP address to echo connections on, e.g. :9000")
 	dial := flag.String("dial", "", "echo server to hold one connection to, e.g. 10.244.1.5:9000")
 	interval := flag.Duration("interval", 200*time.Millisecond, "with -dial: time between lines")
 	flag.Parse()
 	if *listen != "" {
 		serve(*listen, func(c net.Conn) { _, _ = fmt.Fprintln(c, *reply) })
+	}
+	if *httpAddr != "" {
+		go serveHTTP(*httpAddr, *reply)
 	}
 	if *echo != "" {
 		serve(*echo, func(c net.Conn) { _, _ = io.Copy(c, c) })
@@ -88,4 +94,15 @@ func hold(addr string, interval time.Duration) {
 		}
 		time.Sleep(interval)
 	}
+}
+
+// serveHTTP answers every request on addr with "<reply> <client address>":
+// the address the server sees the request come from, after any NAT.
+func serveHTTP(addr, reply string) {
+	err := http.ListenAndServe(addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		_, _ = fmt.Fprintf(w, "%s %s\n", reply, host)
+	}))
+	fmt.Fprintf(os.Stderr, "pause: %v\n", err)
+	os.Exit(1)
 }
