@@ -118,6 +118,20 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		return
 	}
 	defer ls.mem.Close()
+	// What the last run on this boot knew from the API server seeds the
+	// members and the speaker until the informers answer: an agent
+	// restarted while the control plane is down (a crash, its liveness
+	// probe) still answers and fails over. The speaker probes before it
+	// takes an address, and the first pass over synced informers replaces
+	// the kept wants.
+	kept, keptErr := readKept(a.opts.RunDir, c.Net.Name)
+	switch {
+	case keptErr != nil:
+		logf("LAN Services: the kept state: %v (starting without)", keptErr)
+	case kept != nil:
+		ls.mem.SetPeers(kept.Peers)
+		logf("LAN Services: %d addresses and %d peers kept from %s, until the API server answers", len(kept.Wants), len(kept.Peers), kept.Time.Format(time.RFC3339))
+	}
 	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log}); err != nil {
 		logf("LAN Services: %v: OFF", err)
 		return
@@ -129,6 +143,9 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		return
 	}
 	defer s.Close()
+	if kept != nil {
+		s.SetWants(kept.Wants)
+	}
 	spk.Store(s)
 	ls.ctl, err = lbcontroller.New(lbcontroller.Config{Node: c.Node, Client: side.cs,
 		Services: side.services(), EndpointSlices: side.endpointSlices(), Nodes: side.nodes(), Namespaces: side.namespaces(),
@@ -153,7 +170,12 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	logf("LAN Services: Service addresses %s on %s (gossip %s), requireClass %v", svc, ifname, self, svc.RequireClass)
 	publishMember(ctx, side, c.Node, self, logf)
 	ls.ipvsCheck(side, c.Node, logf)
-	ls.statusLoop(ctx, a.opts.RunDir, c.Net.Name)
+	ls.statusLoop(ctx, a.opts.RunDir, c.Net.Name, func() *KeptLANServices {
+		if !ls.ctl.Known() || !side.nodes().HasSynced() {
+			return nil
+		}
+		return &KeptLANServices{Wants: ls.ctl.Wants(), Peers: peers(side.nodes(), c.Node)}
+	})
 }
 
 // lanAddress is the LAN interface's own address: the first one inside a
@@ -283,13 +305,53 @@ type LANServicesStatus struct {
 	Warning   string       `json:"warning,omitempty"`
 }
 
-// statusLoop writes the status file every second until ctx is done.
-func (ls *lanServices) statusLoop(ctx context.Context, runDir, network string) {
+// KeptLANServices is what the LAN Services last knew from the API server,
+// kept in the run directory across the agent's restarts (never across a
+// reboot: /run is a tmpfs).
+type KeptLANServices struct {
+	Time  time.Time    `json:"time"`
+	Wants []elect.Want `json:"wants"`
+	Peers []string     `json:"peers"` // the other agents' gossip addresses
+}
+
+// readKept reads network's kept state; nil, nil when there is none.
+func readKept(runDir, network string) (*KeptLANServices, error) {
+	path := nodelocal.LANServicesKept(runDir, network)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	var k KeptLANServices
+	if err := json.Unmarshal(b, &k); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return &k, nil
+}
+
+// statusLoop writes the status file every second until ctx is done, and
+// the kept state whenever keep has one that differs from the last
+// written (keep: nil until the wants are known). The kept file stays when
+// the agent stops.
+func (ls *lanServices) statusLoop(ctx context.Context, runDir, network string, keep func() *KeptLANServices) {
 	path := nodelocal.LANServicesStatus(runDir, network)
+	keptPath := nodelocal.LANServicesKept(runDir, network)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var last []byte
+	var last, lastKept []byte
 	for {
+		if k := keep(); k != nil {
+			b, _ := json.Marshal(k)
+			if !slices.Equal(b, lastKept) {
+				k.Time = time.Now()
+				full, _ := json.Marshal(k)
+				if err := nodelocal.WriteFile(keptPath, full, 0o644); err == nil {
+					lastKept = b
+				}
+			}
+		}
 		b, _ := json.Marshal(LANServicesStatus{Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warning: ls.warn})
 		if !slices.Equal(b, last) {
 			full, _ := json.Marshal(LANServicesStatus{Time: time.Now(), Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warning: ls.warn})

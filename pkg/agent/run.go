@@ -76,6 +76,10 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer func() { mcancel(); lanWait() }()
+	// Services on the LAN (lansvc.go) need neither the underlay address
+	// nor the pod subnet: started before the waits for them, an agent
+	// restarted while the API server is down answers from its kept state.
+	a.startLANServices(mctx, &mwg)
 	if err := netsetup.BridgeNetfilterLoaded(); err != nil {
 		opts.logf("warning: %v", err)
 	}
@@ -124,8 +128,7 @@ func Run(ctx context.Context, opts Options) error {
 	kernel := make(chan struct{}, 1)
 	a.watch = newKernelWatch(a.r, kernel, opts.logf)
 	wg.Go(func() { a.watch.run(ctx) })
-	a.startPolicy(ctx, &wg)      // netpol.go
-	a.startLANServices(ctx, &wg) // lansvc.go
+	a.startPolicy(ctx, &wg) // netpol.go
 
 	var feed *registry.Feed
 	var records chan registry.Node

@@ -53,6 +53,11 @@ const (
 	// LANServicesStatusName is the LAN Services' status file: the
 	// addresses this node answers for ("macvlan.services").
 	LANServicesStatusName = "lan-services.json"
+	// LANServicesKeptName is what the LAN Services last knew from the API
+	// server (the wants and the peers' gossip addresses), kept across an
+	// agent's restarts on this boot so that it answers and fails over
+	// while the control plane is down.
+	LANServicesKeptName = "lan-services-kept.json"
 	// AgentSocketName is the agent's socket.
 	AgentSocketName = "agent.sock"
 	// SpoofDirName holds macspoofchk's per-port MAC records.
@@ -112,6 +117,11 @@ func PolicyStatus(runDir, network string) string {
 // LANServicesStatus is network's LAN Services status file.
 func LANServicesStatus(runDir, network string) string {
 	return filepath.Join(NetworkDir(runDir, network), LANServicesStatusName)
+}
+
+// LANServicesKept is network's kept LAN Services state.
+func LANServicesKept(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), LANServicesKeptName)
 }
 
 // AgentSocket is the agent's socket.

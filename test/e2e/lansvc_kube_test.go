@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -152,6 +153,53 @@ func TestLANServicesFailover(t *testing.T) {
 			t.Fatalf("two MACs answer for %s after %s came back: %v", vip, announcer, got)
 		}
 	}
+
+	// The API server freezes (SIGSTOP: its sockets stay open and nothing
+	// answers, as a hung control plane). Once every agent has failed a read
+	// of the LAN pool through it, the announcer drops off the LAN again:
+	// another node still takes over, from the last known wants, and the old
+	// one answers again alone when it is back; all with the API frozen.
+	thaw, err := kube.FreezeAPIServer()
+	must(t, err, "freezing the API server")
+	t.Cleanup(thaw)
+	marks := map[string]int{}
+	for _, n := range lab.nodes {
+		marks[n.name] = len(n.log.String())
+	}
+	waitFor(t, 2*time.Minute, "every agent fails a read of the LAN pool through the frozen API server", func() (bool, string) {
+		for _, n := range lab.nodes {
+			if !strings.Contains(n.log.String()[marks[n.name]:], "listing the LAN pool") {
+				return false, n.name + " has not yet:\n" + n.log.String()[marks[n.name]:]
+			}
+		}
+		return true, ""
+	})
+	testenv.MustIP(t, holder.NS, "link", "set", "lan0", "down")
+	began = time.Now()
+	waitFor(t, 30*time.Second, "another node answers for "+vip+" with the API server frozen", func() (bool, string) {
+		got, err := testenv.ARPAnswers(client, "eth0", ip, 100*time.Millisecond)
+		return err == nil && len(got) == 1 && got[0] != macs[announcer], fmt.Sprintf("%v %v", got, err)
+	})
+	load, _ = os.ReadFile("/proc/loadavg")
+	t.Logf("failover with the API server frozen: answered within %s of the link going down (load %s)", time.Since(began).Round(time.Millisecond), strings.TrimSpace(string(load)))
+	testenv.MustIP(t, holder.NS, "link", "set", "lan0", "up")
+	waitFor(t, 30*time.Second, announcer+" answers again, alone, with the API server frozen", answers(macs[announcer]))
+	// Its agent restarts, the API server still frozen: another node
+	// answers meanwhile, and the new agent, from the state the old one
+	// kept in the run directory (it cannot list a thing), rejoins the
+	// others and answers again, alone.
+	must(t, holder.stop(t, syscall.SIGTERM), "stopping villaged on %s", announcer)
+	waitFor(t, 30*time.Second, "another node answers while "+announcer+"'s agent is down", func() (bool, string) {
+		got, err := testenv.ARPAnswers(client, "eth0", ip, 100*time.Millisecond)
+		return err == nil && len(got) == 1 && got[0] != macs[announcer], fmt.Sprintf("%v %v", got, err)
+	})
+	mark := len(holder.log.String())
+	lab.start(holder)
+	waitFor(t, time.Minute, announcer+"'s restarted agent answers again, alone, with the API server frozen", answers(macs[announcer]))
+	if log := holder.log.String()[mark:]; !strings.Contains(log, "1 addresses and 2 peers kept from") {
+		t.Fatalf("the restarted agent on %s did not start from its kept state:\n%s", announcer, log)
+	}
+	thaw()
 
 	// Deleting the Service: nobody answers, and the address can be taken
 	// again (asked for exactly).

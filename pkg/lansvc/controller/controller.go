@@ -107,6 +107,7 @@ type Controller struct {
 	mu     sync.Mutex
 	events map[said]saying // the last Event of each reason on each Service
 	wants  []elect.Want
+	known  bool // a pass has computed wants from synced informers
 }
 
 // New makes the controller and adds its handlers to the informers.
@@ -171,6 +172,15 @@ func (c *Controller) Wants() []elect.Want {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.wants)
+}
+
+// Known reports whether Wants come from a pass over synced informers and
+// the store (false until the first such pass: the wants are not known
+// yet, whatever Wants says).
+func (c *Controller) Known() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.known
 }
 
 // group is the Services that share one address (or one Service alone).
@@ -257,7 +267,7 @@ func (c *Controller) pass(ctx context.Context) {
 	}
 	slices.SortFunc(wants, func(a, b elect.Want) int { return a.Addr.Compare(b.Addr) })
 	c.mu.Lock()
-	c.wants = wants
+	c.wants, c.known = wants, true
 	c.mu.Unlock()
 	if c.cfg.Speaker != nil {
 		c.cfg.Speaker.SetWants(wants)
