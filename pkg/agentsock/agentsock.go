@@ -203,8 +203,11 @@ func Ask(ctx context.Context, path string, req Request) (*Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	// An agent that closes the connection unanswered (it refuses the
+	// peer, or it stops) shows as a failed write or a failed read,
+	// whichever the scheduler lets come first: one error for both.
 	if _, err := conn.Write(append(b, '\n')); err != nil {
-		return nil, &Error{Socket: path, Code: CodeRetry, Retry: true, Msg: fmt.Sprintf("village's node agent on %s: sending %s: %v", path, req.Op, err)}
+		return nil, &Error{Socket: path, Code: CodeRetry, Retry: true, Msg: fmt.Sprintf("village's node agent on %s: no answer to %s (sending it: %v)", path, req.Op, err)}
 	}
 	var resp Response
 	if err := readLine(bufio.NewReaderSize(conn, 4096), &resp); err != nil {
