@@ -184,18 +184,27 @@ func build(t testing.TB, root string, tg target, dir string) {
 	}
 }
 
-// kernelPackage is the versioned kernel package the meta package depends on.
+// kernelPackage is the versioned kernel package the meta package depends
+// on. On a machine that has never fetched the architecture apt knows no
+// such package yet: the meta package's Fetch adds the architecture and
+// updates apt, and the question is asked again.
 func kernelPackage(tg target) (string, error) {
-	out, err := exec.Command("apt-cache", "depends", tg.kernelMeta+":"+tg.debArch).Output()
-	if err == nil {
-		for _, l := range strings.Split(string(out), "\n") {
-			if p, ok := strings.CutPrefix(strings.TrimSpace(l), "Depends: "); ok && strings.HasPrefix(p, "linux-image-") {
-				return strings.TrimSuffix(p, ":"+tg.debArch), nil
+	var out []byte
+	var err error
+	for try := 0; try < 2; try++ {
+		out, err = exec.Command("apt-cache", "depends", tg.kernelMeta+":"+tg.debArch).Output()
+		if err == nil {
+			for _, l := range strings.Split(string(out), "\n") {
+				if p, ok := strings.CutPrefix(strings.TrimSpace(l), "Depends: "); ok && strings.HasPrefix(p, "linux-image-") {
+					return strings.TrimSuffix(p, ":"+tg.debArch), nil
+				}
 			}
 		}
-	}
-	if _, verr := debs.Fetch(tg.debArch, tg.kernelMeta); verr != nil { // adds the architecture and updates apt
-		return "", verr
+		if try == 0 {
+			if _, ferr := debs.Fetch(tg.debArch, tg.kernelMeta); ferr != nil { // adds the architecture and updates apt
+				return "", ferr
+			}
+		}
 	}
 	return "", fmt.Errorf("apt-cache depends %s:%s names no kernel: %v %s", tg.kernelMeta, tg.debArch, err, out)
 }
