@@ -546,10 +546,12 @@ func lanServices(t *testing.T, c *kubecluster.Cluster) {
 		thaw()
 	})
 	t.Run("DeleteReleases", func(t *testing.T) {
-		if err := c.Client().CoreV1().Services(f.ns).Delete(context.Background(), "dual", metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		for _, ip := range []string{svcAsked, svcAsked6} {
+		// Deleting dual releases both its addresses. Nothing else asks for
+		// the IPv6 one: it falls silent. dual-again asked for the IPv4 one
+		// and was refused: it gets it now (so that one never falls
+		// silent), and deleting dual-again silences it in turn.
+		silent := func(after, ip string) {
+			t.Helper()
 			if err := kubecluster.Poll(wait, func() error {
 				macs, err := neighbourAnswers(c, ip, 300*time.Millisecond)
 				if err == nil && len(macs) > 0 {
@@ -557,15 +559,21 @@ func lanServices(t *testing.T, c *kubecluster.Cluster) {
 				}
 				return err
 			}); err != nil {
-				t.Fatalf("after deleting dual: %v", err)
+				t.Fatalf("after deleting %s: %v", after, err)
 			}
 		}
-		// dual-again asked for svcAsked and was refused: the address is
-		// free now, so it gets it.
+		if err := c.Client().CoreV1().Services(f.ns).Delete(context.Background(), "dual", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		silent("dual", svcAsked6)
 		if got := f.ingress(t, "dual-again", 1)[0]; got != svcAsked {
 			t.Fatalf("dual-again got %s, want the released %s", got, svcAsked)
 		}
 		oneMAC(t, c, svcAsked, "", 3)
+		if err := c.Client().CoreV1().Services(f.ns).Delete(context.Background(), "dual-again", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		silent("dual-again", svcAsked)
 	})
 }
 
