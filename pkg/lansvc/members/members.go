@@ -16,11 +16,18 @@
 // Rejoin period; a join is one TCP push-pull exchange.
 //
 // Settled says whether this agent's view can be trusted to claim
-// addresses: after the agent starts, and after it has seen none of its
-// peers for a while (its own uplink down, most likely), it waits Settle
-// after its first successful exchange with a peer. Meanwhile the node
-// that holds an address keeps it, so a returning node never answers
-// beside the current holder: a gap of at most Settle, never two MACs.
+// addresses: after the agent starts, and after a Reset (the speaker calls
+// it whenever the LAN interface goes down or up), it waits Settle after
+// its first successful exchange with a peer. Meanwhile the node that
+// holds an address keeps it, so a returning node never answers beside the
+// current holder: a gap of at most Settle, never two MACs. A node that
+// no peer answers for Alone after its start or Reset settles by itself:
+// its peers are down (the other node of a two-node cluster died, or every
+// other node is off), and it must answer for them. Losing every peer once
+// settled does not unsettle a node either: in a two-node cluster that is
+// exactly when the survivor must keep answering. A node that is merely
+// cut off is kept from answering beside a holder it can hear by the
+// announcer's probe before it takes an address.
 package members
 
 import (
@@ -64,6 +71,10 @@ type Config struct {
 	// Rejoin is the period of joining known peers that are not alive;
 	// 0 means DefaultRejoin.
 	Rejoin time.Duration
+	// Alone is how long after its start or a Reset a node with peers,
+	// none of which answers, waits before it settles by itself; 0 means
+	// DefaultAlone.
+	Alone time.Duration
 	// OnChange is called, from the gossip's goroutine, whenever a member
 	// joins, leaves, fails, or Settled turns true. It must not block.
 	OnChange func()
@@ -81,6 +92,7 @@ type Config struct {
 const (
 	DefaultSettle = time.Second
 	DefaultRejoin = 500 * time.Millisecond
+	DefaultAlone  = 3 * time.Second
 )
 
 // Members is this agent's view of the live agents.
@@ -94,6 +106,7 @@ type Members struct {
 	mu        sync.Mutex
 	peers     []string
 	settledAt time.Time         // zero: not settled, and no exchange with a peer yet
+	waiting   time.Time         // the start or last Reset: when settling alone is measured from
 	alive     map[string]string // live agents: name -> gossip address
 	joinAll   bool              // the next rejoin joins every peer, alive or not
 	kick      chan struct{}
@@ -114,12 +127,16 @@ func Start(cfg Config) (*Members, error) {
 	if cfg.Rejoin == 0 {
 		cfg.Rejoin = DefaultRejoin
 	}
+	if cfg.Alone == 0 {
+		cfg.Alone = DefaultAlone
+	}
 	lg := cfg.Log
 	if lg == nil {
 		lg = slog.Default()
 	}
 	m := &Members{cfg: cfg, log: lg.With("component", "members"), done: make(chan struct{}), alive: map[string]string{}, kick: make(chan struct{}, 1)}
 	m.peers = m.normalise(cfg.Peers)
+	m.waiting = time.Now()
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.Name
@@ -240,9 +257,8 @@ func (m *Members) Close() error {
 	return errors.Join(err, m.ml.Shutdown())
 }
 
-// rejoinLoop joins known peers that are not alive, and keeps Settled
-// honest: when no peer is alive the view is not trusted until an
-// exchange succeeds again.
+// rejoinLoop joins known peers that are not alive, and settles a node
+// alone when none has answered for Alone.
 func (m *Members) rejoinLoop() {
 	t := time.NewTicker(m.cfg.Rejoin)
 	defer t.Stop()
@@ -274,13 +290,15 @@ func (m *Members) rejoin() {
 			others++
 		}
 	}
-	if others == 0 {
-		if !m.settledAt.IsZero() {
-			m.log.Info("no peer alive: claims wait for the next exchange")
-		}
-		m.settledAt = time.Time{}
+	alone := others == 0 && m.settledAt.IsZero() && time.Since(m.waiting) >= m.cfg.Alone
+	if alone {
+		m.settledAt = time.Now()
 	}
 	m.mu.Unlock()
+	if alone {
+		m.log.Info("no peer has answered: settled alone", "after", m.cfg.Alone)
+		m.changed()
+	}
 	var missing []string
 	for _, p := range peers {
 		if all || !alive[p] {
@@ -326,6 +344,7 @@ func (m *Members) rejoin() {
 func (m *Members) Reset() {
 	m.mu.Lock()
 	m.settledAt = time.Time{}
+	m.waiting = time.Now()
 	m.joinAll = true
 	m.mu.Unlock()
 	select {

@@ -272,3 +272,52 @@ func TestFailoverAndReturn(t *testing.T) {
 		})
 	})
 }
+
+// TestTwoNodes: the smallest cluster with failover. When the node that
+// answers drops off the LAN, the other is left with no live peer: it takes
+// over and keeps answering for as long as it is alone (it must not take
+// an empty view for its own isolation). Its own LAN link flapping
+// meanwhile makes it wait for a peer again; with none answering it
+// settles alone (members.DefaultAlone) and answers again.
+func TestTwoNodes(t *testing.T) {
+	c := newCluster(t, 2)
+	c.want(vip4)
+	all := c.names()
+	gone := c.owner(vip4, all...)
+	c.answeredBy(vip4, gone)
+	var left *node
+	for _, n := range c.nodes {
+		if n != gone {
+			left = n
+		}
+	}
+	c.lan.Unplug(gone.LANHost)
+	d := c.answeredBy(vip4, left)
+	t.Logf("%s off the LAN; %s, now alone, answered after %v", gone.name, left.name, d.Round(time.Millisecond))
+	// Alone for several rejoin periods (and past DefaultAlone), it holds
+	// the address the whole time.
+	for end := time.Now().Add(members.DefaultAlone + 4*members.DefaultRejoin); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if !slices.Contains(left.a.Held(), vip4) {
+			t.Fatalf("%s, alone, stopped answering for %s: %s", left.name, vip4, c.state())
+		}
+	}
+	// Its own link flaps: it waits for a peer, none answers, it settles
+	// alone and answers again.
+	c.lan.Unplug(left.LANHost)
+	testenv.WaitFor(t, left.name+" answers for nothing while off the LAN", func() error {
+		if h := left.a.Held(); len(h) > 0 {
+			return fmt.Errorf("holds %v", h)
+		}
+		return nil
+	})
+	c.lan.Plug(left.LANHost)
+	d = c.answeredBy(vip4, left)
+	t.Logf("%s back on the LAN with no peer: answered again after %v", left.name, d.Round(time.Millisecond))
+	// The other comes back: one of them answers, never both.
+	stop := c.watchSplitBrain()
+	c.lan.Plug(gone.LANHost)
+	c.answeredBy(vip4, c.owner(vip4, all...))
+	if split := stop(); len(split) > 0 {
+		t.Fatalf("split brain after %s came back: %v", gone.name, split)
+	}
+}
