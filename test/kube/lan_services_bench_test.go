@@ -98,6 +98,22 @@ func BenchmarkLANServicesKube(b *testing.B) {
 			f.ingress(b, fmt.Sprintf("many-%d", i), 1)
 		}
 		b.Logf("FIGURE lansvc_kube_95_more_services_addressed %v (load %s)", time.Since(start).Round(time.Millisecond), loadavg())
+		// The steady state: once every one names its announcer (written
+		// after the address), the creation burst's writes are over.
+		if err := kubecluster.Poll(wait, func() error {
+			for i := range 95 {
+				svc, err := c.Client().CoreV1().Services(f.ns).Get(context.Background(), fmt.Sprintf("many-%d", i), metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				if svc.Annotations[kubenames.AnnotationLANAnnouncer] == "" {
+					return fmt.Errorf("many-%d names no announcer yet", i)
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
 		loaded := agentUsage(b, c, time.Minute)
 		b.Logf("FIGURE lansvc_kube_agents_100_services %s (load %s)", loaded, loadavg())
 
@@ -321,6 +337,7 @@ func agentUsage(b *testing.B, c *kubecluster.Cluster, d time.Duration) string {
 	// (the host credentials of the kubernetes store) says
 	// village-ipam-kube, which no LAN pod's ADD uses in this window.
 	n := map[string]int{}
+	kinds := map[string]int{} // the agent's requests by verb and path, for the figure
 	for _, e := range evs {
 		if e.Received.Before(start) || !e.Received.Before(end) {
 			continue
@@ -328,11 +345,27 @@ func agentUsage(b *testing.B, c *kubecluster.Cluster, d time.Duration) string {
 		for _, ua := range []string{kubenames.Agent, "village-ipam-kube"} {
 			if strings.HasPrefix(e.UserAgent, ua) {
 				n[ua]++
+				path, _, _ := strings.Cut(e.RequestURI, "?")
+				kinds[ua+" "+e.Verb+" "+path]++
 			}
 		}
 	}
 	mins := end.Sub(start).Minutes()
 	parts = append(parts, fmt.Sprintf("api_requests_per_min villaged=%.1f village-ipam-kube(store)=%.1f (both agents)", float64(n[kubenames.Agent])/mins, float64(n["village-ipam-kube"])/mins))
+	var top []string
+	for k, v := range kinds {
+		top = append(top, fmt.Sprintf("%d %s", v, k))
+	}
+	slices.SortFunc(top, func(a, b string) int {
+		var x, y int
+		fmt.Sscan(a, &x)
+		fmt.Sscan(b, &y)
+		return y - x
+	})
+	if len(top) > 5 {
+		top = top[:5]
+	}
+	parts = append(parts, fmt.Sprintf("most requested: %v", top))
 	return strings.Join(parts, " ")
 }
 
