@@ -69,10 +69,15 @@ func (c *Cluster) startControllers(t testing.TB) {
 	cm := []string{"ip", "netns", "exec", lan, filepath.Join(c.kubeDir, "kube-controller-manager"),
 		"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
 		"--leader-elect=false", "--bind-address=127.0.0.1",
-		"--allocate-node-cidrs", "--cluster-cidr=" + ClusterCIDR, "--node-cidr-mask-size=" + nodeCIDRMask,
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--allocate-node-cidrs", "--cluster-cidr=" + c.opts.ClusterCIDRs(),
+		"--service-cluster-ip-range=" + c.opts.ServiceCIDRs(),
 		"--service-account-private-key-file=" + c.api.SAKeyFile, "--root-ca-file=" + c.api.CAFile,
 		"--use-service-account-credentials=false", "--controllers=*", "--v=1"}
+	if c.opts.DualStack {
+		cm = append(cm, "--node-cidr-mask-size-ipv4="+nodeCIDRMask, "--node-cidr-mask-size-ipv6="+nodeCIDRMask6)
+	} else {
+		cm = append(cm, "--node-cidr-mask-size="+nodeCIDRMask)
+	}
 	sched := []string{"ip", "netns", "exec", lan, filepath.Join(c.kubeDir, "kube-scheduler"),
 		"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
 		"--leader-elect=false", "--bind-address=127.0.0.1", "--v=1"}
