@@ -40,7 +40,9 @@ func (c *Cluster) startLAN(t testing.TB) {
 
 // plug connects the namespace at nsPath to the LAN bridge: eth0 there with
 // ip/24, ip6/64 (no duplicate detection, usable at once) and an IPv4
-// default route via the LAN namespace, port on lan0 here.
+// default route via the LAN namespace (with DualStack an IPv6 one too, as
+// a dual-stack node has: the node's own connections to an IPv6 ClusterIP
+// need a route before kube-proxy's DNAT), port on lan0 here.
 func (c *Cluster) plug(port, nsPath, ip, ip6 string) error {
 	name := filepath.Base(nsPath)
 	steps := [][]string{
@@ -50,6 +52,9 @@ func (c *Cluster) plug(port, nsPath, ip, ip6 string) error {
 		{"-n", name, "addr", "add", ip6 + "/64", "dev", "eth0", "nodad"},
 		{"-n", name, "link", "set", "eth0", "up"},
 		{"-n", name, "route", "add", "default", "via", LANIP},
+	}
+	if c.opts.DualStack {
+		steps = append(steps, []string{"-n", name, "-6", "route", "add", "default", "via", LANIP6})
 	}
 	for _, s := range steps {
 		if out, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
