@@ -5,12 +5,15 @@
 # nftables mode (test/kube/conformance_test.go), and prints the
 # passed / failed / skipped table of each.
 #
-# Usage (as root): scripts/conformance.sh [granular|full|netpol]   (default: full)
+# Usage (as root): scripts/conformance.sh [granular|full|netpol|dualstack]   (default: full)
 #   granular: [sig-network] Networking Granular Checks (pods and Services) and
 #             five tests of [sig-network] Netpol (what the test command runs)
 #   full:     those, every [sig-network] [Conformance] test and the whole
 #             [sig-network] Netpol suite (NetworkPolicy)
 #   netpol:   the [sig-network] Netpol suite alone
+#   dualstack: the [sig-network] [Feature:IPv6DualStack] tests, on a dual-stack
+#             cluster (IPv4 and IPv6 pod and Service ranges, nodes with an
+#             address per family; kubecluster.Options.DualStack)
 # VILLAGE_CONFORMANCE_PROCS: Ginkgo processes (default 3).
 # Builds what it needs first: the binaries and the DaemonSet image
 # (./build_linux.sh image) and the Kubernetes binaries, e2e.test, agnhost,
@@ -21,7 +24,7 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 
 set_="${1:-full}"
-case "$set_" in granular|full|netpol) ;; *) echo "conformance.sh: unknown set $set_ (granular, full or netpol)" >&2; exit 2 ;; esac
+case "$set_" in granular|full|netpol|dualstack) ;; *) echo "conformance.sh: unknown set $set_ (granular, full, netpol or dualstack)" >&2; exit 2 ;; esac
 
 ./scripts/deps.sh
 ./build_linux.sh image

@@ -40,7 +40,9 @@ func (c *Cluster) startLAN(t testing.TB) {
 
 // plug connects the namespace at nsPath to the LAN bridge: eth0 there with
 // ip/24, ip6/64 (no duplicate detection, usable at once) and an IPv4
-// default route via the LAN namespace, port on lan0 here.
+// default route via the LAN namespace (with DualStack an IPv6 one too, as
+// a dual-stack node has: the node's own connections to an IPv6 ClusterIP
+// need a route before kube-proxy's DNAT), port on lan0 here.
 func (c *Cluster) plug(port, nsPath, ip, ip6 string) error {
 	name := filepath.Base(nsPath)
 	steps := [][]string{
@@ -50,6 +52,9 @@ func (c *Cluster) plug(port, nsPath, ip, ip6 string) error {
 		{"-n", name, "addr", "add", ip6 + "/64", "dev", "eth0", "nodad"},
 		{"-n", name, "link", "set", "eth0", "up"},
 		{"-n", name, "route", "add", "default", "via", LANIP},
+	}
+	if c.opts.DualStack {
+		steps = append(steps, []string{"-n", name, "-6", "route", "add", "default", "via", LANIP6})
 	}
 	for _, s := range steps {
 		if out, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
@@ -69,10 +74,15 @@ func (c *Cluster) startControllers(t testing.TB) {
 	cm := []string{"ip", "netns", "exec", lan, filepath.Join(c.kubeDir, "kube-controller-manager"),
 		"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
 		"--leader-elect=false", "--bind-address=127.0.0.1",
-		"--allocate-node-cidrs", "--cluster-cidr=" + ClusterCIDR, "--node-cidr-mask-size=" + nodeCIDRMask,
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--allocate-node-cidrs", "--cluster-cidr=" + c.opts.ClusterCIDRs(),
+		"--service-cluster-ip-range=" + c.opts.ServiceCIDRs(),
 		"--service-account-private-key-file=" + c.api.SAKeyFile, "--root-ca-file=" + c.api.CAFile,
 		"--use-service-account-credentials=false", "--controllers=*", "--v=1"}
+	if c.opts.DualStack {
+		cm = append(cm, "--node-cidr-mask-size-ipv4="+nodeCIDRMask, "--node-cidr-mask-size-ipv6="+nodeCIDRMask6)
+	} else {
+		cm = append(cm, "--node-cidr-mask-size="+nodeCIDRMask)
+	}
 	sched := []string{"ip", "netns", "exec", lan, filepath.Join(c.kubeDir, "kube-scheduler"),
 		"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
 		"--leader-elect=false", "--bind-address=127.0.0.1", "--v=1"}

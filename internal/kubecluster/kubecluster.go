@@ -56,7 +56,7 @@ const (
 	// The LAN's IPv6 prefix (a /64 on the same bridge): the LAN namespace
 	// has LANPrefix6+"1", the client LANPrefix6+"200", node i
 	// LANPrefix6+(10+i). Only the LAN has IPv6: the cluster (pods,
-	// Services, node InternalIPs) stays IPv4.
+	// Services, node InternalIPs) stays IPv4, unless Options.DualStack.
 	LANPrefix6     = "fd77:77::"
 	LANIP6         = LANPrefix6 + "1"
 	LANClientIP6   = LANPrefix6 + "200"
@@ -65,6 +65,11 @@ const (
 	KubernetesSvc  = "10.96.0.1" // the `kubernetes` Service's ClusterIP
 	nodeCIDRMask   = "24"
 	firstNodeOctet = 10 // node i has LANPrefix + (10+i)
+	// The IPv6 pod and Service ranges of a DualStack cluster (IPv4 stays
+	// the primary family): node i's pod subnet is a /64 of ClusterCIDR6.
+	ClusterCIDR6  = "fd00:10:244::/56"
+	ServiceCIDR6  = "fd00:10:96::/112"
+	nodeCIDRMask6 = "64"
 )
 
 // Options describe the cluster.
@@ -97,6 +102,35 @@ type Options struct {
 	// Audit makes the API server log every request's metadata (read with
 	// API().AuditEvents): the benchmarks count a client's requests.
 	Audit bool
+	// DualStack makes the cluster IPv4/IPv6 dual-stack: ClusterCIDR and
+	// ClusterCIDR6 on the controller-manager's --cluster-cidr (a pod
+	// subnet per family in every Node's spec.podCIDRs), ServiceCIDR and
+	// ServiceCIDR6 as --service-cluster-ip-range, each kubelet's --node-ip
+	// its IP and IP6, kube-proxy's clusterCIDR both, and Village's
+	// conflist with both as clusterCIDR and a default route per family
+	// (its IPAM block still names no range: villaged publishes both of the
+	// Node's podCIDRs). The harness routes both families' pod subnets in
+	// the LAN namespace.
+	DualStack bool
+}
+
+// ClusterCIDRs is the cluster's pod network as kube-controller-manager's
+// --cluster-cidr and Village's clusterCIDR take it: ClusterCIDR, and with
+// DualStack ClusterCIDR6 after it.
+func (o Options) ClusterCIDRs() string {
+	if o.DualStack {
+		return ClusterCIDR + "," + ClusterCIDR6
+	}
+	return ClusterCIDR
+}
+
+// ServiceCIDRs is the --service-cluster-ip-range: ServiceCIDR, and with
+// DualStack ServiceCIDR6 after it.
+func (o Options) ServiceCIDRs() string {
+	if o.DualStack {
+		return ServiceCIDR + "," + ServiceCIDR6
+	}
+	return ServiceCIDR
 }
 
 // Cluster is a running cluster.
@@ -174,7 +208,7 @@ func Start(t testing.TB, o Options) *Cluster {
 		"--endpoint-reconciler-type=lease",
 		"--kubelet-preferred-address-types=InternalIP",
 		"--allow-privileged=true",
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-cluster-ip-range=" + o.ServiceCIDRs(),
 	}})
 	t.Cleanup(c.stopProcs)
 	c.startControllers(t)
@@ -382,9 +416,9 @@ func poll(timeout time.Duration, f func() error) error {
 // Poll is poll for the tests: f until nil, or its last error after timeout.
 func Poll(timeout time.Duration, f func() error) error { return poll(timeout, f) }
 
-// routeLoop keeps one route per Node podCIDR via the node's InternalIP in
-// the LAN namespace, so the API server (exec, logs go to the kubelet; a
-// webhook or e2e.test to pods) and clients there reach pods.
+// routeLoop keeps one route per Node podCIDR via the node's InternalIP of
+// its family in the LAN namespace, so the API server (exec, logs go to the
+// kubelet; a webhook or e2e.test to pods) and clients there reach pods.
 func (c *Cluster) routeLoop() {
 	defer close(c.loopDone)
 	tick := time.NewTicker(time.Second)
@@ -407,14 +441,15 @@ func (c *Cluster) syncRoutes() {
 		return
 	}
 	for _, n := range nodes.Items {
-		var ip string
+		ips := map[bool]string{} // InternalIP by family (IPv6: true)
 		for _, a := range n.Status.Addresses {
-			if a.Type == corev1.NodeInternalIP && net.ParseIP(a.Address).To4() != nil {
-				ip = a.Address
+			if ip := net.ParseIP(a.Address); a.Type == corev1.NodeInternalIP && ip != nil {
+				ips[ip.To4() == nil] = a.Address
 			}
 		}
 		for _, cidr := range n.Spec.PodCIDRs {
-			if ip == "" || c.routes[cidr] == ip || strings.Contains(cidr, ":") {
+			ip := ips[strings.Contains(cidr, ":")]
+			if ip == "" || c.routes[cidr] == ip {
 				continue
 			}
 			if _, err := testenv.IP(c.lan, "route", "replace", cidr, "via", ip); err == nil {

@@ -31,7 +31,7 @@ import (
 type Node struct {
 	Name  string // the Node object's name (kubelet --hostname-override)
 	IP    string // the node's LAN address (its InternalIP)
-	IP6   string // the node's IPv6 LAN address (LANPrefix6 + 10+i; not in the Node object)
+	IP6   string // the node's IPv6 LAN address (LANPrefix6 + 10+i; in the Node object with Options.DualStack only)
 	NetNS ns.NetNS
 	// LANPort is the bridge port of the node's eth0 in the LAN namespace
 	// (UnplugLAN takes it down).
@@ -205,8 +205,12 @@ func (n *Node) importImage(archive string) error {
 }
 
 func (n *Node) startKubelet() error {
+	nodeIP := n.IP
+	if n.c.opts.DualStack {
+		nodeIP += "," + n.IP6
+	}
 	p, err := n.spawnIn("kubelet", filepath.Join(n.c.kubeDir, "kubelet"), "--config", filepath.Join(n.dir, "kubelet.yaml"),
-		"--kubeconfig", n.c.Kubeconfig(), "--hostname-override", n.Name, "--node-ip", n.IP, "--v=1")
+		"--kubeconfig", n.c.Kubeconfig(), "--hostname-override", n.Name, "--node-ip", nodeIP, "--v=1")
 	if err != nil {
 		return err
 	}
@@ -460,7 +464,7 @@ conntrack:
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-`, n.c.Kubeconfig(), n.c.opts.ProxyMode, ClusterCIDR, n.Name)
+`, n.c.Kubeconfig(), n.c.opts.ProxyMode, n.c.opts.ClusterCIDRs(), n.Name)
 }
 
 // stop ends everything of the node: kube-proxy and kubelet, every process

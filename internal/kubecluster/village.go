@@ -23,12 +23,14 @@ const (
 )
 
 // installVillage applies deploy/kubernetes with kubectl (the release's,
-// with Options.Release). The one
-// difference from the shipped files: when Options.Backend is set, the
-// DaemonSet's init container "install" gets BACKEND=<backend> and
-// CLUSTER_CIDR=ClusterCIDR (`kubectl set env --local` over the shipped
-// daemonset.yaml, which changes those env values and nothing else); every
-// other file is applied as it is in the tree.
+// with Options.Release). The differences from the shipped files: when
+// Options.Backend is set or Options.DualStack, the DaemonSet's init
+// container "install" gets BACKEND=<backend> (when set) and
+// CLUSTER_CIDR=Options.ClusterCIDRs() (`kubectl set env --local` over the
+// shipped daemonset.yaml, which changes those env values and nothing
+// else); with DualStack, the ConfigMap's template also routes ::/0 beside
+// 0.0.0.0/0 (dualStackRoutes). Every other file is applied as it is in
+// the tree.
 func (c *Cluster) installVillage(t testing.TB) {
 	t.Helper()
 	src := filepath.Join(c.root, "deploy", "kubernetes")
@@ -44,8 +46,14 @@ func (c *Cluster) installVillage(t testing.TB) {
 		if c.opts.Release != nil {
 			t.Fatalf("kubecluster: Options.Chart and Options.Release together: release %s is installed from its deploy/kubernetes", c.opts.Release.Tag)
 		}
+		if c.opts.DualStack {
+			t.Fatal("kubecluster: Options.Chart and Options.DualStack together: the chart's conflist routes IPv4 only")
+		}
 		c.installVillageChart(t, dst)
 		return
+	}
+	if c.opts.DualStack && c.opts.Release != nil {
+		t.Fatalf("kubecluster: Options.DualStack and Options.Release together: release %s's manifests are applied as they are", c.opts.Release.Tag)
 	}
 	files, err := filepath.Glob(filepath.Join(src, "*.yaml"))
 	if err != nil || len(files) == 0 {
@@ -56,9 +64,12 @@ func (c *Cluster) installVillage(t testing.TB) {
 		if err != nil {
 			t.Fatalf("kubecluster: %v", err)
 		}
-		if c.opts.Backend != "" && filepath.Base(f) == "daemonset.yaml" {
-			set, err := c.Kubectl("set", "env", "--local", "-f", f, "-c", "install", "-o", "yaml",
-				"BACKEND="+c.opts.Backend, "CLUSTER_CIDR="+ClusterCIDR)
+		if (c.opts.Backend != "" || c.opts.DualStack) && filepath.Base(f) == "daemonset.yaml" {
+			env := []string{"CLUSTER_CIDR=" + c.opts.ClusterCIDRs()}
+			if c.opts.Backend != "" {
+				env = append(env, "BACKEND="+c.opts.Backend)
+			}
+			set, err := c.Kubectl(append([]string{"set", "env", "--local", "-f", f, "-c", "install", "-o", "yaml"}, env...)...)
 			if err != nil {
 				t.Fatalf("kubecluster: %v", err)
 			}
@@ -66,8 +77,15 @@ func (c *Cluster) installVillage(t testing.TB) {
 			if len(set) > 0 {
 				b = set
 			}
-			if !strings.Contains(string(b), "value: "+c.opts.Backend) {
-				t.Fatalf("kubecluster: kubectl set env did not set BACKEND=%s in the DaemonSet:\n%s", c.opts.Backend, b)
+			for _, e := range env {
+				if _, v, _ := strings.Cut(e, "="); !strings.Contains(string(b), "value: "+v) {
+					t.Fatalf("kubecluster: kubectl set env did not set %s in the DaemonSet:\n%s", e, b)
+				}
+			}
+		}
+		if c.opts.DualStack && filepath.Base(f) == "configmap.yaml" {
+			if b, err = dualStackRoutes(b); err != nil {
+				t.Fatalf("kubecluster: %s: %v", f, err)
 			}
 		}
 		if err := os.WriteFile(filepath.Join(dst, filepath.Base(f)), b, 0o644); err != nil {
@@ -135,4 +153,17 @@ func (c *Cluster) WaitVillageReady(timeout time.Duration) error {
 		}
 		return nil
 	})
+}
+
+// ipv4DefaultRoute is the IPAM routes of the shipped ConfigMap's template.
+const ipv4DefaultRoute = `"routes": [{ "dst": "0.0.0.0/0" }]`
+
+// dualStackRoutes gives the shipped ConfigMap's template a default route
+// per family (the IPv4 one alone is shipped); an error when the template
+// no longer has the shipped routes.
+func dualStackRoutes(configMap []byte) ([]byte, error) {
+	if bytes.Count(configMap, []byte(ipv4DefaultRoute)) != 1 {
+		return nil, fmt.Errorf("the conflist template does not hold %s once: cannot add the IPv6 default route", ipv4DefaultRoute)
+	}
+	return bytes.Replace(configMap, []byte(ipv4DefaultRoute), []byte(`"routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]`), 1), nil
 }

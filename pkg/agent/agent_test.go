@@ -49,6 +49,20 @@ func TestAgentLoadConflist(t *testing.T) {
 	}
 }
 
+// The etcd registry leases from one network: a dual-stack clusterCIDR
+// with no IPAM range is refused, naming the way out, not leased in one
+// family only.
+func TestAgentSubnetSpaceDualStack(t *testing.T) {
+	f := write(t, "10-agt.conflist", strings.Replace(registryList, `"10.70.0.0/16"`, `"10.70.0.0/16,fd70::/56"`, 1))
+	c, err := Load(Options{ConfFile: f, NodeName: "n1", RunDir: "/tmp/run-x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.subnetSpace(); err == nil || !strings.Contains(err.Error(), "one per family") || !strings.Contains(err.Error(), "ipam ranges") {
+		t.Fatalf("subnetSpace with a dual-stack clusterCIDR: %v, want a refusal naming ipam ranges", err)
+	}
+}
+
 func TestAgentLoadRangesAndSingleConf(t *testing.T) {
 	f := write(t, "10-one.conf", `{"cniVersion":"1.0.0","name":"one","type":"village",
 		"ipam":{"type":"village-ipam","ranges":[[{"subnet":"10.1.2.0/24"}],[{"subnet":"fd00:1:2::/64"}]],"subnetFile":"/elsewhere/s"},

@@ -196,6 +196,9 @@ func (c *Conf) openRegistry() (*registry.Registry, func(), error) {
 
 // subnetSpace is where this node's subnet is leased from.
 func (c *Conf) subnetSpace() (registry.SubnetSpace, error) {
+	if len(c.Net.ClusterNets) > 1 {
+		return registry.SubnetSpace{}, fmt.Errorf("%s: the IPAM block names no range, so villaged leases one, from one clusterCIDR network, but %q names one per family; give ipam ranges for dual stack with the etcd registry", c.File, c.Net.ClusterCIDR)
+	}
 	sp, err := registry.NewSubnetSpace(c.Net.ClusterNet, c.Registry().SubnetLen)
 	if err != nil {
 		return sp, fmt.Errorf("%s: the IPAM block names no range, so villaged leases one: %w", c.File, err)

@@ -68,7 +68,10 @@ type NetConf struct {
 	DisableContainerInterface bool            `json:"disableContainerInterface,omitempty"`
 
 	// ClusterCIDR is the whole pod network; masquerade skips traffic that
-	// stays inside it. Empty: the pod subnet itself.
+	// stays inside it. Empty: the pod subnet itself. Dual stack: one
+	// network per family, separated by a comma (as kube-controller-manager's
+	// --cluster-cidr), e.g. "10.244.0.0/16,fd00:10:244::/56"; a family
+	// without one falls back to its pod subnet.
 	ClusterCIDR string `json:"clusterCIDR,omitempty"`
 
 	// NetworkPolicy (default false): villaged enforces Kubernetes
@@ -96,10 +99,13 @@ type NetConf struct {
 	// Derived by Parse.
 	ForwardAccept bool             `json:"-"`
 	Hairpin       bool             `json:"-"`
-	ClusterNet    *net.IPNet       `json:"-"`
+	ClusterNet    *net.IPNet       `json:"-"` // the first of ClusterNets (nil without clusterCIDR)
 	MAC           net.HardwareAddr `json:"-"`
 	IPAMType      string           `json:"-"`
 	HasIPAM       bool             `json:"-"`
+	// ClusterNets are clusterCIDR's networks, at most one per family, in
+	// the order written.
+	ClusterNets []*net.IPNet `json:"-"`
 	// Overlay is the parsed backend section (type none when absent).
 	Overlay *Backend `json:"-"`
 	// LAN is the parsed macvlan section; nil when there is none.
@@ -202,14 +208,11 @@ func (c *NetConf) validate(envArgs string) *types.Error {
 		}
 	}
 	if c.ClusterCIDR != "" {
-		ip, n, err := net.ParseCIDR(c.ClusterCIDR)
+		nets, err := parseClusterCIDR(c.ClusterCIDR)
 		if err != nil {
-			return Error("invalid \"clusterCIDR\" %q: %v", c.ClusterCIDR, err)
+			return err
 		}
-		if !ip.Equal(n.IP) {
-			return Error("invalid \"clusterCIDR\" %q: host bits set, did you mean %s?", c.ClusterCIDR, n)
-		}
-		c.ClusterNet = n
+		c.ClusterNets, c.ClusterNet = nets, nets[0]
 	}
 	if err := c.validateLog(); err != nil {
 		return err
@@ -360,10 +363,35 @@ func ValidatePluginType(t string) error {
 func (c *NetConf) Netfilter(subnets []*net.IPNet) masq.Spec {
 	s := masq.Spec{Network: c.Name, PodSubnets: canonical(subnets), Backend: c.IPMasqBackend,
 		ForwardAccept: c.ForwardAccept, NoMasquerade: !c.IPMasq, SpoofCheck: c.MacSpoofChk}
-	if c.ClusterNet != nil {
-		s.Cluster = []*net.IPNet{c.ClusterNet}
+	if len(c.ClusterNets) > 0 {
+		s.Cluster = slices.Clone(c.ClusterNets)
 	}
 	return s
+}
+
+// parseClusterCIDR reads clusterCIDR: one network, or one per family
+// separated by a comma, each without host bits.
+func parseClusterCIDR(v string) ([]*net.IPNet, *types.Error) {
+	parts := strings.Split(v, ",")
+	if len(parts) > 2 {
+		return nil, Error("invalid \"clusterCIDR\" %q: %d networks, want one, or one per family (IPv4,IPv6)", v, len(parts))
+	}
+	var nets []*net.IPNet
+	for _, part := range parts {
+		part = strings.TrimSpace(part)
+		ip, n, err := net.ParseCIDR(part)
+		if err != nil {
+			return nil, Error("invalid \"clusterCIDR\" %q: %v", v, err)
+		}
+		if !ip.Equal(n.IP) {
+			return nil, Error("invalid \"clusterCIDR\" %q: host bits set in %s, did you mean %s?", v, part, n)
+		}
+		if len(nets) == 1 && (nets[0].IP.To4() != nil) == (n.IP.To4() != nil) {
+			return nil, Error("invalid \"clusterCIDR\" %q: %s and %s are of one family, want one network per family", v, nets[0], n)
+		}
+		nets = append(nets, n)
+	}
+	return nets, nil
 }
 
 // canonical returns the networks of subnets, IPv4 first, each family in

@@ -394,6 +394,29 @@ func TestEveryReferenceKeyHasItsMeaning(t *testing.T) {
 	}
 }
 
+// Dual stack: clusterCIDR names one network per family, as
+// kube-controller-manager's --cluster-cidr does, and the netfilter spec
+// keeps both, so neither family's pod-to-pod traffic is masqueraded.
+func TestClusterCIDRDualStack(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"10.244.0.0/16,fd00:10:244::/56", "[10.244.0.0/16 fd00:10:244::/56]"},
+		{"fd00:10:244::/56, 10.244.0.0/16", "[fd00:10:244::/56 10.244.0.0/16]"},
+	} {
+		c := mustParse(t, conf(`"ipMasq":true,"clusterCIDR":"`+tc.in+`"`), "")
+		if fmt.Sprint(c.ClusterNets) != tc.want || c.ClusterNet.String() != c.ClusterNets[0].String() {
+			t.Errorf("clusterCIDR %q: ClusterNets %v, ClusterNet %v; want %s and its first", tc.in, c.ClusterNets, c.ClusterNet, tc.want)
+		}
+		if s := c.Netfilter(nil); fmt.Sprint(s.Cluster) != tc.want {
+			t.Errorf("clusterCIDR %q: Netfilter().Cluster = %v, want %s", tc.in, s.Cluster, tc.want)
+		}
+	}
+	wantErr(t, conf(`"clusterCIDR":"10.244.0.0/16,10.245.0.0/16"`), "", types.ErrInvalidNetworkConfig, "clusterCIDR", "one family")
+	wantErr(t, conf(`"clusterCIDR":"fd00::/56,fd01::/56"`), "", types.ErrInvalidNetworkConfig, "clusterCIDR", "one family")
+	wantErr(t, conf(`"clusterCIDR":"10.244.0.0/16,fd00::/56,fd01::/56"`), "", types.ErrInvalidNetworkConfig, "clusterCIDR", "3 networks")
+	wantErr(t, conf(`"clusterCIDR":"10.244.0.0/16,fd00::1/56"`), "", types.ErrInvalidNetworkConfig, "clusterCIDR", "host bits", "fd00::/56")
+	wantErr(t, conf(`"clusterCIDR":"10.244.0.0/16,"`), "", types.ErrInvalidNetworkConfig, "clusterCIDR")
+}
+
 func TestForwardAcceptDefaultsOn(t *testing.T) {
 	if c := mustParse(t, conf(""), ""); !c.ForwardAccept || !c.Netfilter(nil).WantsRules() || !c.Netfilter(nil).NoMasquerade {
 		t.Errorf("forwardAccept should default to true (rules without masquerade when ipMasq is off): %+v", c)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -108,5 +109,38 @@ func TestConformanceReportExpect(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The dualstack set's focus takes the upstream dual-stack tests and no
+// other sig-network test; its SCTP test is skipped for the SCTP reason; and
+// every set of conformanceFocus has a floor and is one scripts/conformance.sh
+// accepts.
+func TestConformanceSets(t *testing.T) {
+	re := regexp.MustCompile(conformanceFocus["dualstack"])
+	for name, want := range map[string]bool{
+		"[sig-network] [Feature:IPv6DualStack] should have at least one dual-stack node":                                                       true,
+		"[sig-network] [Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for pod-Service: udp": true,
+		"[sig-network] Networking Granular Checks: Services should function for pod-Service: udp":                                              false,
+		"[sig-network] Netpol NetworkPolicy between server and client should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]":  false,
+	} {
+		if re.MatchString(name) != want {
+			t.Errorf("dualstack focus matches %q: %v, want %v", name, !want, want)
+		}
+	}
+	if r := skipReason("[sig-network] [Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for pod-Service: sctp [Feature:SCTPConnectivity]"); !strings.Contains(r, "SCTP") {
+		t.Errorf("the dual-stack SCTP test's skip reason: %s", r)
+	}
+	script, err := os.ReadFile(filepath.Join("..", "..", "scripts", "conformance.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for set := range conformanceFocus {
+		if conformanceFloor[set] == 0 {
+			t.Errorf("set %s has no floor in conformanceFloor", set)
+		}
+		if !regexp.MustCompile(`case "\$set_" in [a-z|]*\b` + set + `\b`).Match(script) {
+			t.Errorf("scripts/conformance.sh does not accept the set %s", set)
+		}
 	}
 }

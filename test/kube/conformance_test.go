@@ -27,7 +27,10 @@ import (
 // the set: "granular" (default) runs the Networking Granular Checks (pods
 // and Services) and a subset of the Netpol suite (netpolSubset); "full"
 // adds every [sig-network] [Conformance] test and the whole Netpol suite;
-// "netpol" is the Netpol suite alone.
+// "netpol" is the Netpol suite alone; "dualstack" runs the
+// [Feature:IPv6DualStack] tests on a dual-stack cluster
+// (kubecluster.Options.DualStack), a set of its own because only that
+// cluster can run them.
 // VILLAGE_CONFORMANCE_PROCS is the number of Ginkgo processes (default 3);
 // VILLAGE_CONFORMANCE_FOCUS, a regular expression, replaces the set's focus.
 
@@ -69,15 +72,26 @@ var netpolSubset = func() string {
 // that skips itself (a missing image, a provider it does not know, a focus
 // that matches nothing any more) fails the test rather than passing with
 // nothing run. Each is its count in the README's runs (full: 2026-12-04,
-// 104 in both kube-proxy modes).
-var conformanceFloor = map[string]int{"granular": 21, "full": 104, "netpol": 48}
+// 104 in both kube-proxy modes; dualstack: 2026-12-04, 22 in both, the
+// suite's 23 less its SCTP test).
+var conformanceFloor = map[string]int{"granular": 21, "full": 104, "netpol": 48, "dualstack": 22}
 
 // conformanceFocus is what each set runs.
 var conformanceFocus = map[string]string{
-	"granular": granularFocus + "|" + netpolSubset,
-	"full":     granularFocus + `|\[sig-network\].*\[Conformance\]|\[sig-network\] Netpol`,
-	"netpol":   `\[sig-network\] Netpol`,
+	"granular":  granularFocus + "|" + netpolSubset,
+	"full":      granularFocus + `|\[sig-network\].*\[Conformance\]|\[sig-network\] Netpol`,
+	"netpol":    `\[sig-network\] Netpol`,
+	"dualstack": dualStackFocus,
 }
+
+// dualStackFocus is the upstream dual-stack suite
+// (test/e2e/network/dual_stack.go): pods and Nodes with an address per
+// family, Services of either family and both, and the Granular Checks of
+// Services over the secondary family (IPv6).
+const dualStackFocus = `\[sig-network\] \[Feature:IPv6DualStack\]`
+
+// dualStackSet reports whether set runs on a dual-stack cluster.
+func dualStackSet(set string) bool { return set == "dualstack" }
 
 // conformanceSkips are the tests of the focus that do not run, each with
 // its reason.
@@ -93,7 +107,7 @@ func TestConformance(t *testing.T) {
 	}
 	focus, ok := conformanceFocus[set]
 	if !ok {
-		t.Fatalf("VILLAGE_CONFORMANCE=%q: want granular, full or netpol", set)
+		t.Fatalf("VILLAGE_CONFORMANCE=%q: want granular, full, netpol or dualstack", set)
 	}
 	// VILLAGE_CONFORMANCE_FOCUS replaces the set's focus (re-running one
 	// failed test, for example); the skip list still applies.
@@ -121,7 +135,7 @@ func TestConformance(t *testing.T) {
 	images := buildConformanceImages(t, t.TempDir())
 	for _, mode := range []string{"iptables", "nftables"} {
 		t.Run(mode, func(t *testing.T) {
-			c := kubecluster.Start(t, kubecluster.Options{Nodes: conformanceNodes, ProxyMode: mode, ClusterDNS: clusterDNS})
+			c := kubecluster.Start(t, kubecluster.Options{Nodes: conformanceNodes, ProxyMode: mode, ClusterDNS: clusterDNS, DualStack: dualStackSet(set)})
 			for _, a := range images.archives {
 				if err := c.ImportImage(a); err != nil {
 					t.Fatal(err)
