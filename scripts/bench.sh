@@ -89,15 +89,15 @@ crictl=$(./scripts/crictl.sh)
 
 kube_bench() {
   VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
-    go test -run '^$' -bench '^BenchmarkAgentKube(Scale|Watches)$' -benchtime 1x -timeout 30m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
+    go test -run '^$' -bench '^BenchmarkAgentKube(Scale|Watches)$' -benchtime 1x -timeout 30m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL|_test.go:'
 }
 kubelet_bench() {
   VILLAGE_KUBE_DIR="${VILLAGE_KUBE_DIR:-/var/cache/village/kubernetes-v1.37.2}" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
-    go test -run '^$' -bench '^BenchmarkKubeletPodStart$' -benchtime 1x -timeout 90m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL'
+    go test -run '^$' -bench '^BenchmarkKubeletPodStart$' -benchtime 1x -timeout 90m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL|_test.go:'
 }
 flannel_bench() {
   VILLAGE_FLANNELD="$(./scripts/flannel.sh)" VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
-    go test -run '^$' -bench '^BenchmarkControlPlaneVsFlannel$' -benchtime 1x -timeout 90m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
+    go test -run '^$' -bench '^BenchmarkControlPlaneVsFlannel$' -benchtime 1x -timeout 90m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL|_test.go:'
 }
 netpol_bench() {
   export VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref"
@@ -112,7 +112,7 @@ netpol_bench() {
   rm -f /tmp/village-netpol.test
   echo "load $(cut -d' ' -f1 /proc/loadavg)"
   VILLAGE_KUBE_APISERVER="$(./scripts/kube-apiserver.sh)" \
-    go test -run '^$' -bench '^BenchmarkNetpolAgent$' -benchtime 1x -timeout 20m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL'
+    go test -run '^$' -bench '^BenchmarkNetpolAgent$' -benchtime 1x -timeout 20m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL|_test.go:'
   echo "load $(cut -d' ' -f1 /proc/loadavg)"
 }
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "armvm" ]; then
@@ -125,13 +125,13 @@ if [ "${1:-}" = "-only" ] && [ "${2:-}" = "armvm" ]; then
   exit
 fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lansvc" ]; then
-  go test -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 20m -v ./pkg/lansvc/speaker | grep -E 'FIGURE|Benchmark|ok|FAIL'
+  go test -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 20m -v ./pkg/lansvc/speaker | grep -E 'FIGURE|Benchmark|ok|FAIL|_test.go:'
   exit
 fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lansvc-kube" ]; then
   VILLAGE_METALLB_DIR="$(./scripts/metallb.sh)" \
   VILLAGE_KUBE_DIR="${VILLAGE_KUBE_DIR:-$(./scripts/kube.sh)}" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
-    flock /tmp/village-kube.lock go test -run '^$' -bench '^BenchmarkLANServicesKube$' -benchtime 1x -timeout 60m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL'
+    flock /tmp/village-kube.lock go test -run '^$' -bench '^BenchmarkLANServicesKube$' -benchtime 1x -timeout 60m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL|_test.go:'
   exit
 fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "netpol" ]; then
