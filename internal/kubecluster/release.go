@@ -127,6 +127,9 @@ func buildRelease(root string, r *Release) error {
 	return os.Rename(tmp, r.Dir)
 }
 
+// commitID is a full git commit id, as RELEASES names them.
+var commitID = regexp.MustCompile(`^[0-9a-f]{40}$`)
+
 // parseReleases reads RELEASES: "<tag> <commit>" lines, oldest first;
 // blank lines and # comments are skipped.
 func parseReleases(s string) ([][2]string, error) {
@@ -137,7 +140,7 @@ func parseReleases(s string) ([][2]string, error) {
 			continue
 		}
 		f := strings.Fields(line)
-		if len(f) != 2 || !strings.HasPrefix(f[0], "v") || !regexp.MustCompile(`^[0-9a-f]{40}$`).MatchString(f[1]) {
+		if len(f) != 2 || !strings.HasPrefix(f[0], "v") || !commitID.MatchString(f[1]) {
 			return nil, fmt.Errorf("line %d: %q is not \"<v-tag> <40-hex commit>\"", n+1, line)
 		}
 		out = append(out, [2]string{f[0], f[1]})

@@ -490,6 +490,21 @@ func lanServices(t *testing.T, c *kubecluster.Cluster) {
 			t.Fatalf("Service of a forbidden namespace: ingress %v (%v), want none", svc.Status.LoadBalancer.Ingress, err)
 		}
 	})
+	// takeOver takes from off the LAN while mac answers for svcAsked, and
+	// returns the other node, which must have taken it over, and how long
+	// that took.
+	takeOver := func(t *testing.T, from *kubecluster.Node, mac string) (*kubecluster.Node, time.Duration) {
+		t.Helper()
+		d, to := failover(t, c, svcAsked, from, mac)
+		other := n1
+		if from == n1 {
+			other = n2
+		}
+		if to != lanMAC(t, other) {
+			t.Fatalf("after %s left, %s answered by %s, want %s's %s", from.Name, svcAsked, to, other.Name, lanMAC(t, other))
+		}
+		return other, d
+	}
 	// Failover of the dual-stack Service: its announcer leaves the LAN, the
 	// other node (with its own endpoint, Local) takes both addresses over.
 	t.Run("Failover", func(t *testing.T) {
@@ -498,15 +513,9 @@ func lanServices(t *testing.T, c *kubecluster.Cluster) {
 		}
 		capture := testenv.StartCapture(t, c.LAN(), "lan0", "arp or icmp6")
 		from := dualNode
-		d, mac := failover(t, c, svcAsked, from, dualMAC)
+		other, d := takeOver(t, from, dualMAC)
 		t.Logf("LAN Service failover (announcement, %s off the LAN): %v (load %s)", from.Name, d.Round(time.Millisecond), loadavg())
-		other := n1
-		if from == n1 {
-			other = n2
-		}
-		if mac != lanMAC(t, other) {
-			t.Fatalf("after %s left, %s answered by %s, want %s's %s", from.Name, svcAsked, mac, other.Name, lanMAC(t, other))
-		}
+		mac := lanMAC(t, other)
 		oneMAC(t, c, svcAsked6, mac, 0)
 		expect(t, "LAN client -> dual after the failover", webOn(other), firstWord(lanHTTP(c, svcAsked)))
 		out := capture.Stop()
@@ -537,15 +546,8 @@ func lanServices(t *testing.T, c *kubecluster.Cluster) {
 			from = n2
 		}
 		thaw := c.FreezeAPIServer(t)
-		d, to := failover(t, c, svcAsked, from, mac)
+		taker, d := takeOver(t, from, mac)
 		t.Logf("LAN Service failover with the API server frozen (%s off the LAN): %v (load %s)", from.Name, d.Round(time.Millisecond), loadavg())
-		taker := n1
-		if from == n1 {
-			taker = n2
-		}
-		if to != lanMAC(t, taker) {
-			t.Fatalf("after %s left, %s answered by %s, want %s's %s", from.Name, svcAsked, to, taker.Name, lanMAC(t, taker))
-		}
 		expect(t, "LAN client -> dual, API server frozen", webOn(taker), firstWord(lanHTTP(c, svcAsked)))
 		if err := from.PlugLAN(); err != nil {
 			t.Fatal(err)
