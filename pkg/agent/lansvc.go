@@ -343,28 +343,31 @@ func (ls *lanServices) statusLoop(ctx context.Context, runDir, network string, k
 	var last, lastKept []byte
 	for {
 		if k := keep(); k != nil {
-			b, _ := json.Marshal(k)
-			if !slices.Equal(b, lastKept) {
-				k.Time = time.Now()
-				full, _ := json.Marshal(k)
-				if err := nodelocal.WriteFile(keptPath, full, 0o644); err == nil {
-					lastKept = b
-				}
-			}
+			writeChanged(keptPath, k, func() { k.Time = time.Now() }, &lastKept)
 		}
-		b, _ := json.Marshal(LANServicesStatus{Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warning: ls.warn})
-		if !slices.Equal(b, last) {
-			full, _ := json.Marshal(LANServicesStatus{Time: time.Now(), Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warning: ls.warn})
-			if err := nodelocal.WriteFile(path, full, 0o644); err == nil {
-				last = b
-			}
-		}
+		st := LANServicesStatus{Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warning: ls.warn}
+		writeChanged(path, &st, func() { st.Time = time.Now() }, &last)
 		select {
 		case <-ctx.Done():
 			_ = os.Remove(path)
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// writeChanged writes v to path when v, before stamp sets its time,
+// differs from *last (the unstamped form last written), and then records
+// it in *last; a failed write is tried again next time.
+func writeChanged(path string, v any, stamp func(), last *[]byte) {
+	b, _ := json.Marshal(v)
+	if slices.Equal(b, *last) {
+		return
+	}
+	stamp()
+	full, _ := json.Marshal(v)
+	if err := nodelocal.WriteFile(path, full, 0o644); err == nil {
+		*last = b
 	}
 }
 
