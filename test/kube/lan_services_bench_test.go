@@ -3,6 +3,7 @@ package kube_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/village-cni/village/internal/kubecluster"
@@ -42,6 +44,9 @@ var benchServices = fmt.Sprintf(`{ "requireClass": true, "ranges": [[{ "subnet":
 //     requests per minute (the audit log: user agents villaged and
 //     village-ipam-kube, the LAN pool store's client) over
 //     one minute, beside the same minute with the 5 Services before;
+//   - what a LAN client sees of a kill, for a Local and a Cluster
+//     Service: HTTP every 200 ms until one answer, then until every answer
+//     ($VILLAGE_LANSVC_STALE_KILLS kills, default 5; serviceRecovery);
 //   - with $VILLAGE_METALLB_DIR (scripts/metallb.sh), MetalLB L2 side by
 //     side in the same cluster (metallbSideBySide).
 //
@@ -61,6 +66,10 @@ func BenchmarkLANServicesKube(b *testing.B) {
 	kills := 20
 	if v, err := strconv.Atoi(os.Getenv("VILLAGE_LANSVC_KILLS")); err == nil && v > 0 {
 		kills = v
+	}
+	staleKills := 5
+	if v, err := strconv.Atoi(os.Getenv("VILLAGE_LANSVC_STALE_KILLS")); err == nil && v > 0 {
+		staleKills = v
 	}
 	for range b.N {
 		var first []time.Duration
@@ -117,6 +126,20 @@ func BenchmarkLANServicesKube(b *testing.B) {
 		loaded := agentUsage(b, c, time.Minute)
 		b.Logf("FIGURE lansvc_kube_agents_100_services %s (load %s)", loaded, loadavg())
 
+		// What a client sees, beyond the announcement: with Local the new
+		// announcer sends only to its own endpoint; with Cluster kube-proxy
+		// still sends a share to the endpoint on the node that left until
+		// its Node goes NotReady (the node monitor's grace period) and the
+		// EndpointSlice drops it.
+		for _, s := range []struct{ svc, ip, policy string }{
+			{"first-0", ip, "local"},
+			{"many-0", f.ingress(b, "many-0", 1)[0], "cluster"},
+		} {
+			r := serviceRecovery(b, c, f, s.svc, s.ip, staleKills)
+			b.Logf("FIGURE lansvc_kube_client_recovery_%s first answer %s; every answer (%d in a row) %s; probes failed in between %d of %d (load %s)",
+				s.policy, spread(r.first), recoveryStreak, spread(r.every), r.failed, r.probes, loadavg())
+		}
+
 		if dir := os.Getenv("VILLAGE_METALLB_DIR"); dir != "" {
 			metallbSideBySide(b, c, f, dir, kills)
 		} else {
@@ -139,7 +162,9 @@ const metallbPool = kubecluster.LANPrefix + "230-" + kubecluster.LANPrefix + "23
 // same figures on one Local Service of the same web pods: creation to
 // first answer, failover and return p50/p99 over kills cable pulls, and
 // the same with the API server frozen (a failover that does not happen
-// within noTakeover is counted and reported, not waited for).
+// within noTakeover is counted and reported, not waited for; a split
+// brain on return is counted, its length reported, and waited out for up
+// to mlbSettle).
 func metallbSideBySide(b *testing.B, c *kubecluster.Cluster, f *fixture, dir string, kills int) {
 	b.Helper()
 	for _, name := range []string{"speaker", "controller"} {
@@ -209,9 +234,9 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 	}
 	b.Logf("FIGURE metallb_create_to_first_answer %v (load %s)", time.Since(start).Round(time.Millisecond), loadavg())
 	// Which MACs answer, asked ten times: more than one is MetalLB
-	// answering twice on a Village node (issue 39: its default interface
-	// exclusions miss Village's interfaces), a finding reported as such;
-	// then there is no one announcer to pull, and the kills are skipped.
+	// answering twice (issue 39 expected it on a Village node from its
+	// interface exclusions; the 14:57 run saw both nodes' eth0), reported,
+	// then given mlbSettle to heal before the kills.
 	seen := map[string]bool{}
 	for range 10 {
 		macs, err := neighbourAnswers(c, ip, 300*time.Millisecond)
@@ -223,33 +248,32 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 		}
 	}
 	if len(seen) != 1 {
-		var where []string
-		for m := range seen {
-			where = append(where, m+" = "+macOwner(c, m))
-		}
-		slices.Sort(where)
-		b.Logf("FIGURE metallb_answering_macs %d for %s: %v; failover not measured (load %s)", len(seen), ip, where, loadavg())
-		return
+		b.Logf("FIGURE metallb_answering_macs_before_kills %d for %s: %v (load %s)", len(seen), ip, whereMACs(c, slices.Collect(maps.Keys(seen))), loadavg())
 	}
 	for _, frozen := range []bool{false, true} {
-		var ds, backs []time.Duration
+		var ds, backs, splits []time.Duration
 		missed := 0
 		for k := range kills {
-			mac := oneMAC(b, c, ip, "", 3)
+			s := settle(b, c, ip, 3, mlbSettle, false)
+			if s.mac == "" {
+				b.Logf("FIGURE metallb_no_steady_mac kill %d (frozen %v): %s not answered by one steady MAC within %v (answers %v); failovers before it %s, missed %d; the rest not measured (load %s)",
+					k+1, frozen, ip, mlbSettle, s.seen, spread(ds), missed, loadavg())
+				return
+			}
 			var from *kubecluster.Node
 			for _, n := range c.Nodes() {
-				if lanMAC(b, n) == mac {
+				if lanMAC(b, n) == s.mac {
 					from = n
 				}
 			}
 			if from == nil {
-				b.Fatalf("MetalLB: %s answered by %s, no node's LAN MAC", ip, mac)
+				b.Fatalf("MetalLB: %s answered by %s, no node's LAN MAC", ip, s.mac)
 			}
 			thaw := func() {}
 			if frozen {
 				thaw = c.FreezeAPIServer(b)
 			}
-			d, to := failoverWithin(b, c, ip, from, mac, noTakeover)
+			d, to := failoverWithin(b, c, ip, from, s.mac, noTakeover)
 			if to == "" {
 				missed++
 			} else {
@@ -258,18 +282,18 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 			if err := from.PlugLAN(); err != nil {
 				b.Fatal(err)
 			}
-			_, back, split := steadyOrSplit(b, c, ip, 5)
+			back := settle(b, c, ip, 5, mlbSettle, false)
 			thaw()
-			if len(split) > 0 {
-				var where []string
-				for _, m := range split {
-					where = append(where, m+" = "+macOwner(c, m))
-				}
-				b.Logf("FIGURE metallb_split_brain_on_return kill %d (frozen %v): %s answered by %v at once %v after %s came back; failovers before it %s, missed %d; the rest not measured (load %s)",
-					k+1, frozen, ip, where, back.Round(time.Millisecond), from.Name, spread(ds), missed, loadavg())
+			if len(back.splitMACs) > 0 {
+				splits = append(splits, back.splitFor)
+				b.Logf("metallb kill %d (frozen %v): split brain on return, %s answered by %v at once for %v", k+1, frozen, ip, whereMACs(c, back.splitMACs), back.splitFor.Round(time.Millisecond))
+			}
+			if back.mac == "" {
+				b.Logf("FIGURE metallb_no_steady_mac_after_return kill %d (frozen %v): %s not answered by one steady MAC within %v of %s's return (answers %v); failovers before it %s, missed %d; the rest not measured (load %s)",
+					k+1, frozen, ip, mlbSettle, from.Name, back.seen, spread(ds), missed, loadavg())
 				return
 			}
-			backs = append(backs, back)
+			backs = append(backs, back.took)
 		}
 		name := "metallb_failover"
 		if frozen {
@@ -277,7 +301,125 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 		}
 		b.Logf("FIGURE %s %s, no takeover within 10 s in %d of %d (load %s)", name, spread(ds), missed, kills, loadavg())
 		b.Logf("FIGURE %s_return_to_steady_mac %s (load %s)", name, spread(backs), loadavg())
+		b.Logf("FIGURE %s_split_brain_on_return in %d of %d returns, two MACs answering for (first to last double answer) %s (load %s)", name, len(splits), kills, spread(splits), loadavg())
 	}
+}
+
+// mlbSettle bounds the wait for MetalLB to settle on one MAC: its
+// speakers rejoin memberlist peers they declared dead once a minute
+// (internal/speakerlist), so a split brain may last that long; three
+// times that is a failure to heal, reported.
+const mlbSettle = 3 * time.Minute
+
+// whereMACs names the node and interface of each MAC.
+func whereMACs(c *kubecluster.Cluster, macs []string) []string {
+	var where []string
+	for _, m := range macs {
+		where = append(where, m+" = "+macOwner(c, m))
+	}
+	slices.Sort(where)
+	return where
+}
+
+// recoveryStreak is how many answered probes in a row end a kill's
+// recovery in serviceRecovery: with two endpoints and one gone, 20 in a
+// row by luck is one chance in a million.
+const recoveryStreak = 20
+
+// recovery is what serviceRecovery measured over its kills.
+type recovery struct {
+	first, every   []time.Duration // from the cable pull to the first answer, and to the first of recoveryStreak in a row
+	failed, probes int             // probes that failed after a kill's first answer, of all probes after it
+}
+
+// serviceRecovery pulls the cable of svc's announcer kills times, and
+// each time has the LAN client get http://ip/ every 200 ms (a probe gives
+// up after 1 s) until recoveryStreak answers in a row. Before each kill
+// every node is Ready and svc has two ready endpoints again, so each kill
+// starts where a first one would.
+func serviceRecovery(b *testing.B, c *kubecluster.Cluster, f *fixture, svc, ip string, kills int) recovery {
+	b.Helper()
+	var r recovery
+	macs := map[string]*kubecluster.Node{}
+	for _, n := range c.Nodes() {
+		macs[lanMAC(b, n)] = n
+	}
+	get := lanHTTPWithin(c, ip, time.Second, time.Second)
+	for k := range kills {
+		for _, n := range c.Nodes() {
+			if err := c.WaitNodeReady(n.Name, wait); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := kubecluster.Poll(wait, func() error { return readyEndpoints(c, f.ns, svc, 2) }); err != nil {
+			b.Fatal(err)
+		}
+		from := macs[oneMAC(b, c, ip, "", 3)]
+		if from == nil {
+			b.Fatalf("%s answered by no node's LAN MAC", ip)
+		}
+		b.Cleanup(func() { _ = from.PlugLAN() })
+		if err := from.UnplugLAN(); err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		var first time.Duration
+		streak := 0
+		var streakStart time.Duration
+		for streak < recoveryStreak {
+			if time.Since(start) > wait {
+				b.Fatalf("kill %d of %s's announcer %s: %d answers in a row within %v", k+1, svc, from.Name, recoveryStreak, wait)
+			}
+			at := time.Since(start)
+			_, err := get()
+			if first > 0 {
+				r.probes++
+			}
+			switch {
+			case err != nil && first > 0:
+				r.failed++
+				streak = 0
+			case err != nil:
+			default:
+				if first == 0 {
+					first = at
+				}
+				if streak == 0 {
+					streakStart = at
+				}
+				streak++
+			}
+			time.Sleep(time.Until(start.Add(at + 200*time.Millisecond)))
+		}
+		r.first = append(r.first, first)
+		r.every = append(r.every, streakStart)
+		b.Logf("client recovery %s kill %d (%s off the LAN): first answer %v, every answer from %v", svc, k+1, from.Name, first.Round(time.Millisecond), streakStart.Round(time.Millisecond))
+		if err := from.PlugLAN(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return r
+}
+
+// readyEndpoints says whether svc's EndpointSlices hold want ready
+// endpoints.
+func readyEndpoints(c *kubecluster.Cluster, ns, svc string, want int) error {
+	list, err := c.Client().DiscoveryV1().EndpointSlices(ns).List(context.Background(), metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc})
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, s := range list.Items {
+		for _, e := range s.Endpoints {
+			if e.Conditions.Ready != nil && *e.Conditions.Ready {
+				n++
+			}
+		}
+	}
+	if n != want {
+		return fmt.Errorf("service %s/%s: %d ready endpoints, want %d", ns, svc, n, want)
+	}
+	return nil
 }
 
 // failoverLoop pulls the cable of ip's announcer kills times (the API

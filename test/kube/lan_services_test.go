@@ -173,9 +173,15 @@ func (f *fixture) serviceEvent(t *testing.T, name, typ, reason, what string) {
 
 // lanHTTP gets http://addr/ from the LAN client and returns the body.
 func lanHTTP(c *kubecluster.Cluster, addr string) func() (string, error) {
+	return lanHTTPWithin(c, addr, 3*time.Second, 5*time.Second)
+}
+
+// lanHTTPWithin is lanHTTP with the connect and whole-request timeouts
+// given (the benchmark's probes give up sooner).
+func lanHTTPWithin(c *kubecluster.Cluster, addr string, connect, total time.Duration) func() (string, error) {
 	dial := testenv.DialerIn(c.LANClient())
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
-		DialContext: func(_ context.Context, _, a string) (net.Conn, error) { return dial(a, 3*time.Second) }}}
+	hc := &http.Client{Timeout: total, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(_ context.Context, _, a string) (net.Conn, error) { return dial(a, connect) }}}
 	return func() (string, error) {
 		resp, err := hc.Get("http://" + addr + "/")
 		if err != nil {
@@ -243,44 +249,79 @@ func oneMAC(t testing.TB, c *kubecluster.Cluster, ip, want string, checks int) s
 // address may move back to it, and the new holder probes before it answers.
 func steadyMAC(t testing.TB, c *kubecluster.Cluster, ip string, checks int) (string, time.Duration) {
 	t.Helper()
-	mac, d, split := steadyOrSplit(t, c, ip, checks)
-	if len(split) > 0 {
-		t.Fatalf("LAN client: %s answered by %d MACs at once %v: split brain", ip, len(split), split)
+	s := settle(t, c, ip, checks, wait, true)
+	switch {
+	case len(s.splitMACs) > 0:
+		t.Fatalf("LAN client: %s answered by %d MACs at once %v: split brain", ip, len(s.splitMACs), s.splitMACs)
+	case s.mac == "":
+		t.Fatalf("LAN client: no steady single MAC for %s within %v; answers seen: %v", ip, wait, s.seen)
 	}
-	return mac, d
+	return s.mac, s.took
 }
 
-// steadyOrSplit is steadyMAC that returns the MACs of a split brain
-// instead of failing (the benchmark counts MetalLB's).
-func steadyOrSplit(t testing.TB, c *kubecluster.Cluster, ip string, checks int) (string, time.Duration, []string) {
+// settled is what settle saw.
+type settled struct {
+	mac       string        // the steady MAC, "" if none within the limit
+	took      time.Duration // from the first question to the steady MAC (or the split, or the limit)
+	splitMACs []string      // every MAC of answers that came from two MACs or more at once, sorted
+	splitFor  time.Duration // first to last such answer: a lower bound of the split brain
+	seen      []string      // the answers in order, repeats folded
+}
+
+// settle asks who has ip (every 300 ms at most) until one MAC has answered
+// `checks` times in a row, for at most limit. An answer from two MACs at
+// once is a split brain: with stopOnSplit settle returns at the first;
+// without, it counts and waits through it (the benchmark lets MetalLB's
+// heal and measures it).
+func settle(t testing.TB, c *kubecluster.Cluster, ip string, checks int, limit time.Duration, stopOnSplit bool) settled {
 	t.Helper()
+	var s settled
 	start := time.Now()
-	var last string
+	var first, last time.Time
+	split := map[string]bool{}
 	run := 0
-	var seen []string
-	for deadline := start.Add(wait); run < checks; {
-		if time.Now().After(deadline) {
-			t.Fatalf("LAN client: no steady single MAC for %s within %v; answers seen: %v", ip, wait, seen)
-		}
+	var prev string
+	for time.Since(start) < limit {
 		macs, err := neighbourAnswers(c, ip, 300*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
+		cur := strings.Join(macs, "+")
+		if len(s.seen) == 0 || s.seen[len(s.seen)-1] != cur {
+			s.seen = append(s.seen, cur)
+		}
 		if len(macs) > 1 {
-			return "", time.Since(start), macs
+			if first.IsZero() {
+				first = time.Now()
+			}
+			last = time.Now()
+			for _, m := range macs {
+				split[m] = true
+			}
+			if stopOnSplit {
+				break
+			}
+			prev, run = "", 0
+			continue
 		}
-		cur := strings.Join(macs, "")
-		if len(seen) == 0 || seen[len(seen)-1] != cur {
-			seen = append(seen, cur)
-		}
-		if cur == "" || cur != last {
-			last, run = cur, 0
+		if cur == "" || cur != prev {
+			prev, run = cur, 0
 		}
 		if cur != "" {
 			run++
 		}
+		if run >= checks {
+			s.mac = cur
+			break
+		}
 	}
-	return last, time.Since(start), nil
+	s.took = time.Since(start)
+	s.splitFor = last.Sub(first)
+	for m := range split {
+		s.splitMACs = append(s.splitMACs, m)
+	}
+	slices.Sort(s.splitMACs)
+	return s
 }
 
 // lanMAC is n's LAN interface MAC.
