@@ -34,6 +34,7 @@ import (
 	"github.com/village-cni/village/pkg/lansvc/members"
 	"github.com/village-cni/village/pkg/lansvc/speaker"
 	"github.com/village-cni/village/pkg/macvlan"
+	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/nodelocal"
 )
 
@@ -48,10 +49,10 @@ import (
 
 // lanServices is the running feature, for the status file.
 type lanServices struct {
-	ann  *announce.Announcer
-	mem  *members.Members
-	ctl  *lbcontroller.Controller
-	warn string // the IPVS warning, "" without
+	ann      *announce.Announcer
+	mem      *members.Members
+	ctl      *lbcontroller.Controller
+	warnings []string // for the status: the IPVS one, gossip in the clear
 }
 
 // startLANServices starts the feature in wg when the network has it on.
@@ -111,10 +112,24 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 			c.Kick()
 		}
 	}
-	var err error
-	ls.mem, err = members.Start(members.Config{Name: c.Node, Addr: addr, OnChange: kick, Log: log})
+	off := func(err error) {
+		logf("LAN Services: %v: OFF", err)
+		ls.offStatus(ctx, a.opts.RunDir, c.Net.Name, err)
+	}
+	key, err := gossipKey(svc)
 	if err != nil {
-		logf("LAN Services: gossip on %s: %v: OFF", addr, err)
+		off(err)
+		return
+	}
+	gossip := "encrypted and authenticated"
+	if key == nil {
+		gossip = "IN THE CLEAR"
+		ls.warnings = append(ls.warnings, GossipInTheClear)
+		logf("LAN Services: WARNING: %s", GossipInTheClear)
+	}
+	ls.mem, err = members.Start(members.Config{Name: c.Node, Addr: addr, Key: key, OnChange: kick, Log: log})
+	if err != nil {
+		off(fmt.Errorf("gossip on %s: %w", addr, err))
 		return
 	}
 	defer ls.mem.Close()
@@ -133,13 +148,13 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		logf("LAN Services: %d addresses and %d peers kept from %s, until the API server answers", len(kept.Wants), len(kept.Peers), kept.Time.Format(time.RFC3339))
 	}
 	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log}); err != nil {
-		logf("LAN Services: %v: OFF", err)
+		off(err)
 		return
 	}
 	defer ls.ann.Close()
 	s, err := speaker.New(speaker.Config{Node: c.Node, Interface: ifname, Announcer: ls.ann, Members: ls.mem, Log: log})
 	if err != nil {
-		logf("LAN Services: %v: OFF", err)
+		off(err)
 		return
 	}
 	defer s.Close()
@@ -152,7 +167,7 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		Events: side.rec, Alloc: &alloc.Allocator{Store: st, Sets: svc.Sets}, RequireClass: svc.RequireClass,
 		Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: s, Logf: logf})
 	if err != nil {
-		logf("LAN Services: %v: OFF", err)
+		off(err)
 		return
 	}
 	ctl.Store(ls.ctl)
@@ -167,7 +182,7 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { ls.ctl.Run(ctx) })
-	logf("LAN Services: Service addresses %s on %s (gossip %s), requireClass %v", svc, ifname, self, svc.RequireClass)
+	logf("LAN Services: Service addresses %s on %s (gossip %s, %s), requireClass %v", svc, ifname, self, gossip, svc.RequireClass)
 	publishMember(ctx, side, c.Node, self, logf)
 	ls.ipvsCheck(side, c.Node, logf)
 	ls.statusLoop(ctx, a.opts.RunDir, c.Net.Name, func() *KeptLANServices {
@@ -288,21 +303,35 @@ func IPVSWarning(sysDir, procDir string) string {
 }
 
 func (ls *lanServices) ipvsCheck(side *kubeSide, node string, logf func(string, ...any)) {
-	ls.warn = IPVSWarning("/sys", "/proc")
-	if ls.warn == "" {
+	warn := IPVSWarning("/sys", "/proc")
+	if warn == "" {
 		return
 	}
-	logf("LAN Services: WARNING: %s", ls.warn)
-	side.rec.Event(&corev1.ObjectReference{Kind: "Node", Name: node, UID: ktypes.UID(node)}, corev1.EventTypeWarning, kubenames.ReasonLANIPVSNoStrictARP, ls.warn)
+	ls.warnings = append(ls.warnings, warn)
+	logf("LAN Services: WARNING: %s", warn)
+	side.rec.Event(&corev1.ObjectReference{Kind: "Node", Name: node, UID: ktypes.UID(node)}, corev1.EventTypeWarning, kubenames.ReasonLANIPVSNoStrictARP, warn)
+}
+
+// GossipInTheClear is the warning of an agent whose config names no
+// gossip key.
+const GossipInTheClear = "the agents' gossip (port 7947) is neither encrypted nor authenticated: any host on the LAN can join it and win the election of a Service address, which then goes silent; set macvlan.services.gossipKeyFile (README \"Services on the LAN\")"
+
+// gossipKey is the key in the file svc names, nil with none named.
+func gossipKey(svc *netconf.Services) ([]byte, error) {
+	if svc.GossipKeyFile == "" {
+		return nil, nil
+	}
+	return members.ReadKeyFile(svc.GossipKeyFile)
 }
 
 // LANServicesStatus is the status file: what this node answers for.
 type LANServicesStatus struct {
 	Time      time.Time    `json:"time"`
+	Off       string       `json:"off,omitempty"` // why the feature is off on this node, "" while it runs
 	Answering []netip.Addr `json:"answering"`
 	Wants     []elect.Want `json:"wants"`
 	Live      []string     `json:"live"`
-	Warning   string       `json:"warning,omitempty"`
+	Warnings  []string     `json:"warnings,omitempty"`
 }
 
 // KeptLANServices is what the LAN Services last knew from the API server,
@@ -345,7 +374,7 @@ func (ls *lanServices) statusLoop(ctx context.Context, runDir, network string, k
 		if k := keep(); k != nil {
 			writeChanged(keptPath, k, func() { k.Time = time.Now() }, &lastKept)
 		}
-		st := LANServicesStatus{Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warning: ls.warn}
+		st := LANServicesStatus{Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warnings: ls.warnings}
 		writeChanged(path, &st, func() { st.Time = time.Now() }, &last)
 		select {
 		case <-ctx.Done():
@@ -354,6 +383,16 @@ func (ls *lanServices) statusLoop(ctx context.Context, runDir, network string, k
 		case <-t.C:
 		}
 	}
+}
+
+// offStatus writes a status file that says why the feature is off, for
+// `villaged status`, and removes it when ctx is done.
+func (ls *lanServices) offStatus(ctx context.Context, runDir, network string, why error) {
+	path := nodelocal.LANServicesStatus(runDir, network)
+	b, _ := json.Marshal(LANServicesStatus{Time: time.Now(), Off: why.Error(), Warnings: ls.warnings})
+	_ = nodelocal.WriteFile(path, b, 0o644)
+	<-ctx.Done()
+	_ = os.Remove(path)
 }
 
 // writeChanged writes v to path when v, before stamp sets its time,
@@ -388,13 +427,16 @@ func lanServicesStatus(c *Conf, runDir string) []string {
 		}
 		return []string{fmt.Sprintf("LAN Services (%s): %v", c.Net.LAN.Services, err)}
 	}
+	if st.Off != "" {
+		return []string{fmt.Sprintf("LAN Services (%s): OFF: %s (as of %s)", c.Net.LAN.Services, st.Off, st.Time.Format("15:04:05"))}
+	}
 	lines := []string{fmt.Sprintf("LAN Services (%s): answering for %d of %d addresses; live agents %v (as of %s)",
 		c.Net.LAN.Services, len(st.Answering), len(st.Wants), st.Live, st.Time.Format("15:04:05"))}
 	for _, a := range st.Answering {
 		lines = append(lines, "  "+a.String())
 	}
-	if st.Warning != "" {
-		lines = append(lines, "LAN Services: WARNING: "+st.Warning)
+	for _, w := range st.Warnings {
+		lines = append(lines, "LAN Services: WARNING: "+w)
 	}
 	return lines
 }

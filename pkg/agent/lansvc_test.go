@@ -1,9 +1,17 @@
 package agent
 
 import (
+	"encoding/json"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // IPVSWarning: only kube-ipvs0 present with arp_ignore other than 1 (or
@@ -40,6 +48,49 @@ func TestIPVSWarning(t *testing.T) {
 			}
 			if got := IPVSWarning(sys, proc); (got != "") != tc.warn {
 				t.Fatalf("IPVSWarning = %q; want a warning: %v", got, tc.warn)
+			}
+		})
+	}
+}
+
+// lanServicesStatus: what `villaged status` says from the status file a
+// running feature writes, one that is off writes, and none.
+func TestLANServicesStatusLines(t *testing.T) {
+	c := &Conf{Net: &netconf.NetConf{PluginConf: types.PluginConf{Name: "village"}, LAN: &netconf.LAN{Services: &netconf.Services{}}}}
+	for _, tc := range []struct {
+		name string
+		st   *LANServicesStatus // nil: no file
+		want []string           // the lines, each a prefix of the line at its index
+	}{
+		{"not running", nil, []string{"LAN Services ([]): not running"}},
+		{"off", &LANServicesStatus{Off: "members: gossip key: open /etc/village/gossip/key: no such file or directory"},
+			[]string{"LAN Services ([]): OFF: members: gossip key: open /etc/village/gossip/key: no such file or directory (as of "}},
+		{"in the clear", &LANServicesStatus{Answering: []netip.Addr{netip.MustParseAddr("192.168.50.240")}, Live: []string{"a", "b"}, Warnings: []string{GossipInTheClear}},
+			[]string{"LAN Services ([]): answering for 1 of 0 addresses; live agents [a b]", "  192.168.50.240", "LAN Services: WARNING: the agents' gossip (port 7947) is neither encrypted nor authenticated"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := t.TempDir()
+			if tc.st != nil {
+				b, err := json.Marshal(tc.st)
+				if err != nil {
+					t.Fatal(err)
+				}
+				path := nodelocal.LANServicesStatus(run, "village")
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := lanServicesStatus(c, run)
+			if len(got) != len(tc.want) {
+				t.Fatalf("lines %q, want %d", got, len(tc.want))
+			}
+			for i, w := range tc.want {
+				if !strings.HasPrefix(got[i], w) {
+					t.Errorf("line %d %q, want it to start with %q", i, got[i], w)
+				}
 			}
 		})
 	}

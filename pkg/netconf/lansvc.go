@@ -3,6 +3,7 @@ package netconf
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 
 	"github.com/village-cni/village/pkg/ipam/config"
 )
@@ -20,6 +21,14 @@ type Services struct {
 	// spec.loadBalancerClass is village.cni.io/lan; by default Services
 	// with no class are taken too.
 	RequireClass bool `json:"requireClass,omitempty"`
+	// GossipKeyFile is a file holding the agents' gossip key (the base64
+	// of 16, 24 or 32 random bytes; the shipped DaemonSet mounts the
+	// Secret village-gossip there). With it the gossip is encrypted and
+	// authenticated, and a host of the LAN without the key cannot join
+	// the election; without it any host on the LAN can, and the agent
+	// warns. A set but unreadable key leaves the feature off: asked to
+	// authenticate, the agent does not fall back to gossip in the clear.
+	GossipKeyFile string `json:"gossipKeyFile,omitempty"`
 
 	// Sets are Ranges as ipam/config parsed them (derived by Parse).
 	Sets []config.RangeSet `json:"-"`
@@ -52,6 +61,9 @@ func (c *LAN) parseServices() error {
 	}
 	if len(sets) == 0 {
 		return invalidLAN("\"services.ranges\" is empty")
+	}
+	if s.GossipKeyFile != "" && !filepath.IsAbs(s.GossipKeyFile) {
+		return invalidLAN("\"services.gossipKeyFile\" %q: want an absolute path", s.GossipKeyFile)
 	}
 	var lanSubnets []string
 	for _, set := range c.Sets {

@@ -9,7 +9,8 @@ import (
 )
 
 // macvlan.services: ranges in village-ipam's syntax inside the LAN
-// subnet, requireClass, and presence turning the feature on.
+// subnet, requireClass, gossipKeyFile, and presence turning the feature
+// on.
 func TestParseLANServices(t *testing.T) {
 	const pool = `"ipam":{"type":"village-ipam","ranges":[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.50.100","rangeEnd":"192.168.50.199"}],[{"subnet":"fd00:50::/64"}]]}`
 	for _, tc := range []struct {
@@ -17,6 +18,7 @@ func TestParseLANServices(t *testing.T) {
 		wantErr        string // "" : accepted
 		wantSets       int
 		requireClass   bool
+		keyFile        string
 	}{
 		{name: "absent", services: ``},
 		{name: "null", services: `"services":null,`},
@@ -31,6 +33,8 @@ func TestParseLANServices(t *testing.T) {
 		{name: "bad range (ipam/config's check)", services: `"services":{"ranges":[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.50.9","rangeEnd":"192.168.50.2"}]]},`, wantErr: "services"},
 		{name: "overlapping sets", services: `"services":{"ranges":[[{"subnet":"192.168.50.240/28"}],[{"subnet":"192.168.50.240/29"}]]},`, wantErr: "overlaps"},
 		{name: "not an object", services: `"services":[1],`, wantErr: "services"},
+		{name: "gossip key file", services: `"services":{"gossipKeyFile":"/etc/village/gossip/key","ranges":[[{"subnet":"192.168.50.240/28"}]]},`, wantSets: 1, keyFile: "/etc/village/gossip/key"},
+		{name: "relative gossip key file", services: `"services":{"gossipKeyFile":"gossip/key","ranges":[[{"subnet":"192.168.50.240/28"}]]},`, wantErr: "absolute path"},
 		{name: "requireClass not a bool", services: `"services":{"requireClass":"yes","ranges":[[{"subnet":"192.168.50.240/28"}]]},`, wantErr: "services"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,8 +54,8 @@ func TestParseLANServices(t *testing.T) {
 				}
 				return
 			}
-			if lan.Services == nil || len(lan.Services.Sets) != tc.wantSets || lan.Services.RequireClass != tc.requireClass {
-				t.Fatalf("Services = %+v; want %d sets, requireClass %v", lan.Services, tc.wantSets, tc.requireClass)
+			if lan.Services == nil || len(lan.Services.Sets) != tc.wantSets || lan.Services.RequireClass != tc.requireClass || lan.Services.GossipKeyFile != tc.keyFile {
+				t.Fatalf("Services = %+v; want %d sets, requireClass %v, gossipKeyFile %q", lan.Services, tc.wantSets, tc.requireClass, tc.keyFile)
 			}
 		})
 	}

@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -17,16 +19,18 @@ import (
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/agent"
 	"github.com/village-cni/village/pkg/kubenames"
 )
 
 // lanServicesBlock is a LAN (the nodes' lan0) whose pool is in the API
-// server's Leases, with "macvlan.services" on.
-func lanServicesBlock(storeKubeconfig string) string {
+// server's Leases, with "macvlan.services" on and the gossip key in
+// keyFile.
+func lanServicesBlock(storeKubeconfig, keyFile string) string {
 	return fmt.Sprintf(`"macvlan":{"master":"lan0",
 		"ipam":{"type":"village-ipam","ranges":[[{"subnet":"192.168.79.0/24","rangeStart":"192.168.79.100","rangeEnd":"192.168.79.150"}]],
 			"store":{"type":"kubernetes","kubeconfig":%q,"namespace":"default"}},
-		"services":{"ranges":[[{"subnet":"192.168.79.0/24","rangeStart":"192.168.79.240","rangeEnd":"192.168.79.250"}]]}},`, storeKubeconfig)
+		"services":{"gossipKeyFile":%q,"ranges":[[{"subnet":"192.168.79.0/24","rangeStart":"192.168.79.240","rangeEnd":"192.168.79.250"}]]}},`, storeKubeconfig, keyFile)
 }
 
 // TestLANServicesFailover: three node namespaces run the real `villaged
@@ -39,10 +43,14 @@ func lanServicesBlock(storeKubeconfig string) string {
 // The announcer's LAN link goes down: another node answers (the time is
 // logged), again exactly one MAC; it comes back: it answers again, alone.
 // Deleting the Service silences the address, and another Service can ask
-// for it.
+// for it. The agents gossip under a key (macvlan.services.gossipKeyFile);
+// an agent that cannot read it keeps the feature off rather than gossip
+// in the clear, and says so in `villaged status`.
 func TestLANServicesFailover(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "gossip-key")
+	must(t, os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString([]byte("home-lab-gossip-key-of-32-bytes!"))+"\n"), 0o600), "writing the gossip key")
 	lab := newKubeLabWith(t, "vxlan", func(conf string, kube *kubetest.Server) string {
-		return strings.Replace(conf, `"ipMasq":true,`, `"ipMasq":true,`+lanServicesBlock(kube.AdminKubeconfig), 1)
+		return strings.Replace(conf, `"ipMasq":true,`, `"ipMasq":true,`+lanServicesBlock(kube.AdminKubeconfig, keyFile), 1)
 	})
 	kube := lab.kube
 	client := testenv.NewNS(t)
@@ -114,6 +122,11 @@ func TestLANServicesFailover(t *testing.T) {
 		out, _ := holder.villaged(t, "status", "--conf", lab.conf, "--node-name", holder.name, "--run-dir", holder.runDir).CombinedOutput()
 		return strings.Contains(string(out), "answering for 1 of 1") && strings.Contains(string(out), "  "+vip), string(out)
 	})
+	for _, n := range lab.nodes {
+		if log := n.log.String(); !strings.Contains(log, "encrypted and authenticated") || strings.Contains(log, agent.GossipInTheClear) {
+			t.Fatalf("villaged on %s, with a gossip key: no \"encrypted and authenticated\", or the in-the-clear warning, in its log:\n%s", n.name, log)
+		}
+	}
 
 	// The announcer drops off the LAN.
 	testenv.MustIP(t, holder.NS, "link", "set", "lan0", "down")
@@ -220,4 +233,31 @@ func TestLANServicesFailover(t *testing.T) {
 		in := s.Status.LoadBalancer.Ingress
 		return len(in) == 1 && in[0].IP == vip, fmt.Sprintf("ingress %+v", in)
 	})
+	// The key file goes away (a Secret deleted) and an agent restarts: it
+	// keeps the feature off, says why, and does not answer; the others,
+	// which read the key at their start, still do.
+	must(t, os.Remove(keyFile), "removing the gossip key")
+	var restarted *agentNode
+	for _, n := range lab.nodes {
+		if n.name != announcer {
+			restarted = n
+		}
+	}
+	must(t, restarted.stop(t, syscall.SIGTERM), "stopping villaged on %s", restarted.name)
+	lab.start(restarted)
+	waitFor(t, 30*time.Second, "villaged status on "+restarted.name+" says LAN Services are off for want of the key", func() (bool, string) {
+		out, _ := restarted.villaged(t, "status", "--conf", lab.conf, "--node-name", restarted.name, "--run-dir", restarted.runDir).CombinedOutput()
+		return strings.Contains(string(out), "OFF: members: gossip key: ") && strings.Contains(string(out), keyFile), string(out)
+	})
+	waitFor(t, 30*time.Second, "a node other than "+restarted.name+" answers for "+vip, func() (bool, string) {
+		got, err := testenv.ARPAnswers(client, "eth0", ip, 200*time.Millisecond)
+		return err == nil && len(got) == 1 && got[0] != macs[restarted.name], fmt.Sprintf("%v %v", got, err)
+	})
+	for range 5 {
+		got, err := testenv.ARPAnswers(client, "eth0", ip, 200*time.Millisecond)
+		must(t, err, "asking for %s", vip)
+		if len(got) != 1 || got[0] == macs[restarted.name] {
+			t.Fatalf("%s answered by %v after %s restarted without its key, want one MAC, not %s", vip, got, restarted.name, macs[restarted.name])
+		}
+	}
 }

@@ -22,6 +22,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/owner":           {"FuzzTableNames"},
 	"./pkg/lansvc/elect":    {"FuzzOwnerIsEligibleAndLive"},
 	"./pkg/lansvc/announce": {"FuzzParseNDP"},
+	"./pkg/lansvc/members":  {"FuzzParseKey"},
 	"./pkg/agentsock":       {"FuzzHandle", "FuzzDecode"},
 	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
 	"./pkg/subnetfile":      {"FuzzRead"},

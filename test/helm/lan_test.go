@@ -1,6 +1,7 @@
 package helm
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -132,4 +133,82 @@ func env(c *corev1.Container, name string) string {
 		}
 	}
 	return ""
+}
+
+// TestLANServicesValues: lan.services.ranges turns Services on the LAN on
+// with a gossip key: the conflist's "macvlan.services" (accepted by
+// Village's own parser) names the key file the agent mounts from the
+// Secret village-gossip, which the chart makes with a random 32-byte key.
+// Without ranges there is neither the key nor the section.
+func TestLANServicesValues(t *testing.T) {
+	lan := map[string]any{"enabled": true, "subnet": "192.168.50.0/24", "rangeStart": "192.168.50.210",
+		"rangeEnd": "192.168.50.239", "gateway": "192.168.50.1"}
+	off := render(t, nil, map[string]any{"lan": lan})
+	if nc, _ := villageEntry(t, off); nc.LAN.Services != nil {
+		t.Fatalf("services on without lan.services.ranges: %+v", nc.LAN.Services)
+	}
+	if s := gossipSecret(off); s != nil {
+		t.Fatalf("a gossip Secret without lan.services.ranges: %v", s)
+	}
+
+	lan["services"] = map[string]any{"requireClass": true, "ranges": []any{
+		map[string]any{"rangeStart": "192.168.50.240", "rangeEnd": "192.168.50.245"},
+		map[string]any{"rangeStart": "192.168.50.250", "rangeEnd": "192.168.50.250"},
+	}}
+	docs := render(t, nil, map[string]any{"lan": lan})
+	nc, _ := villageEntry(t, docs)
+	svc := nc.LAN.Services
+	if svc == nil || !svc.RequireClass || len(svc.Sets) != 1 || len(svc.Sets[0]) != 2 || svc.GossipKeyFile != "/etc/village/gossip/key" {
+		t.Fatalf("macvlan.services %+v, want requireClass, one set of two ranges, the key file /etc/village/gossip/key", svc)
+	}
+	if r := svc.Sets[0][1]; r.String() != "192.168.50.250-192.168.50.250" || r.Subnet.String() != "192.168.50.0/24" {
+		t.Errorf("second range %v in %v, want 192.168.50.250-192.168.50.250 in lan.subnet", r, r.Subnet)
+	}
+	s := gossipSecret(docs)
+	if s == nil {
+		t.Fatal("no Secret village-gossip")
+	}
+	data, _ := s["data"].(map[string]any)
+	enc, _ := data["key"].(string)
+	text, err := base64.StdEncoding.DecodeString(enc)
+	if err != nil {
+		t.Fatalf("Secret village-gossip: data.key %q: %v", enc, err)
+	}
+	// The file holds the key as members.ParseKey reads it: base64 text.
+	if key, err := base64.StdEncoding.DecodeString(string(text)); err != nil || len(key) != 32 {
+		t.Fatalf("Secret village-gossip's key %q: %d bytes, %v; want the base64 of 32", text, len(key), err)
+	}
+	if again := gossipSecret(render(t, nil, map[string]any{"lan": lan})); again["data"].(map[string]any)["key"] == enc {
+		t.Error("two renders without a cluster made the same key: not random")
+	}
+	ds := daemonSet(t, docs)
+	agent := container(t, ds.Spec.Template.Spec.Containers, "agent")
+	var mounted bool
+	for _, m := range agent.VolumeMounts {
+		if m.MountPath == "/etc/village/gossip" {
+			for _, v := range ds.Spec.Template.Spec.Volumes {
+				if v.Name == m.Name && v.Secret != nil && v.Secret.SecretName == "village-gossip" {
+					mounted = m.ReadOnly
+				}
+			}
+		}
+	}
+	if !mounted {
+		t.Error("the agent does not mount Secret village-gossip read-only at /etc/village/gossip")
+	}
+
+	lan["addresses"] = "dhcp"
+	if _, err := renderErr(nil, map[string]any{"lan": lan}); err == nil || !strings.Contains(err.Error(), "lan.services needs lan.addresses pool") {
+		t.Errorf("lan.services with DHCP addresses: render error %v", err)
+	}
+}
+
+// gossipSecret is the rendered Secret village-gossip, or nil.
+func gossipSecret(docs []map[string]any) map[string]any {
+	for _, d := range docs {
+		if md, _ := d["metadata"].(map[string]any); d["kind"] == "Secret" && md["name"] == "village-gossip" {
+			return d
+		}
+	}
+	return nil
 }

@@ -26,7 +26,7 @@ import (
 // IPv4 addresses of the cluster's LAN around the LAN pods' pool (.100-.103)
 // and the nodes, ten IPv6 ones; requireClass, as beside MetalLB (which
 // gets metallbPool).
-var benchServices = fmt.Sprintf(`{ "requireClass": true, "ranges": [[{ "subnet": "%[1]s0/24", "rangeStart": "%[1]s20", "rangeEnd": "%[1]s99" }, { "subnet": "%[1]s0/24", "rangeStart": "%[1]s110", "rangeEnd": "%[1]s199" }], [{ "subnet": "%[2]s/64", "rangeStart": "%[3]s", "rangeEnd": "%[4]s" }]] }`,
+var benchServices = fmt.Sprintf(`{ "requireClass": true, "gossipKeyFile": "/etc/village/gossip/key", "ranges": [[{ "subnet": "%[1]s0/24", "rangeStart": "%[1]s20", "rangeEnd": "%[1]s99" }, { "subnet": "%[1]s0/24", "rangeStart": "%[1]s110", "rangeEnd": "%[1]s199" }], [{ "subnet": "%[2]s/64", "rangeStart": "%[3]s", "rangeEnd": "%[4]s" }]] }`,
 	kubecluster.LANPrefix, kubecluster.LANPrefix6, svcFirst6, svcLast6)
 
 // BenchmarkLANServicesKube measures Services on the LAN (issue 39) on a

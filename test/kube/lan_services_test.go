@@ -2,6 +2,8 @@ package kube_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -35,7 +38,7 @@ const (
 )
 
 // svcServices is "macvlan.services" of lanServices.
-var svcServices = fmt.Sprintf(`{ "ranges": [[{ "subnet": "%s0/24", "rangeStart": "%s", "rangeEnd": "%s" }], [{ "subnet": "%s/64", "rangeStart": "%s", "rangeEnd": "%s" }]] }`,
+var svcServices = fmt.Sprintf(`{ "gossipKeyFile": "/etc/village/gossip/key", "ranges": [[{ "subnet": "%s0/24", "rangeStart": "%s", "rangeEnd": "%s" }], [{ "subnet": "%s/64", "rangeStart": "%s", "rangeEnd": "%s" }]] }`,
 	kubecluster.LANPrefix, svcFirst, svcLast, kubecluster.LANPrefix6, svcFirst6, svcLast6)
 
 // installLANServicesConfig installs the home-lab LAN ConfigMap with
@@ -44,6 +47,20 @@ var svcServices = fmt.Sprintf(`{ "ranges": [[{ "subnet": "%s0/24", "rangeStart":
 // waits until every node's conflist has them.
 func installLANServicesConfig(t testing.TB, c *kubecluster.Cluster, services string) {
 	t.Helper()
+	// The gossip key, made as README "Services on the LAN" tells users
+	// to (the DaemonSet mounts the Secret at /etc/village/gossip); one per
+	// cluster, kept when a later test installs the config again.
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Client().CoreV1().Secrets(kubecluster.VillageNamespace).Create(context.Background(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "village-gossip"},
+		Data:       map[string][]byte{"key": []byte(base64.StdEncoding.EncodeToString(key) + "\n")},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("Secret village-gossip: %v", err)
+	}
 	services = `"services": ` + services + `,`
 	applyHomeLab(t, c, homeLab{
 		file: "configmap-lan.yaml",
@@ -67,6 +84,19 @@ func installLANServicesConfig(t testing.TB, c *kubecluster.Cluster, services str
 			return nil
 		},
 	})
+	// Every agent gossips under the key (the Secret is mounted).
+	if err := kubecluster.Poll(wait, func() error {
+		out, err := c.Kubectl("-n", kubecluster.VillageNamespace, "logs", "-l", "app.kubernetes.io/name=village", "-c", "agent", "--tail=-1")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if n := strings.Count(string(out), "encrypted and authenticated"); n != len(c.Nodes()) {
+			return fmt.Errorf("%d agents log LAN Services with encrypted and authenticated gossip, want %d", n, len(c.Nodes()))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // lbSpec is one LoadBalancer Service of lanServices.

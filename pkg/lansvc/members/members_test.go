@@ -17,6 +17,9 @@ type node struct {
 	m *members.Members
 }
 
+// testKey is the gossip key of the nodes lan makes.
+var testKey = []byte("0123456789abcdef")
+
 // lan makes n nodes on one LAN, each running the gossip.
 func lan(t *testing.T, n int) (*testenv.LAN, []*node) {
 	l := testenv.NewLAN(t)
@@ -26,24 +29,31 @@ func lan(t *testing.T, n int) (*testenv.LAN, []*node) {
 	}
 	var nodes []*node
 	for i := 1; i <= n; i++ {
-		nd := &node{name: fmt.Sprintf("node-%d", i), LANHost: l.Host("eth0", peers[i-1]+"/24")}
-		cfg := members.Config{
-			Name:  nd.name,
-			Addr:  netip.MustParseAddr(peers[i-1]),
-			Peers: peers,
-			Key:   []byte("0123456789abcdef"),
-			Dial:  testenv.DialerIn(nd.NS),
-		}
-		if err := testenv.InNS(nd.NS, func() (err error) {
-			nd.m, err = members.Start(cfg)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = nd.m.Close() })
-		nodes = append(nodes, nd)
+		nodes = append(nodes, join(t, l, fmt.Sprintf("node-%d", i), peers[i-1], peers, testKey))
 	}
 	return l, nodes
+}
+
+// join starts a node named name at addr on l, gossiping with peers under
+// key (none: unauthenticated).
+func join(t *testing.T, l *testenv.LAN, name, addr string, peers []string, key []byte) *node {
+	t.Helper()
+	nd := &node{name: name, LANHost: l.Host("eth0", addr+"/24")}
+	cfg := members.Config{
+		Name:  nd.name,
+		Addr:  netip.MustParseAddr(addr),
+		Peers: peers,
+		Key:   key,
+		Dial:  testenv.DialerIn(nd.NS),
+	}
+	if err := testenv.InNS(nd.NS, func() (err error) {
+		nd.m, err = members.Start(cfg)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nd.m.Close() })
+	return nd
 }
 
 func names(nodes []*node) []string {
@@ -110,5 +120,35 @@ func TestDropOffAndReturn(t *testing.T) {
 			return nil
 		})
 		nodes = append(rest, gone)
+	}
+}
+
+// TestKeyKeepsOthersOut: with a gossip key, a host of the LAN that gossips
+// without it, or with another key, never becomes a member (it could
+// otherwise win the election of an address and silence it), and sees no
+// member itself. A node with the key that joins after the intruders is
+// the control: once everyone sees it, the intruders had every chance to
+// join (they keep trying every rejoin period).
+func TestKeyKeepsOthersOut(t *testing.T) {
+	l, nodes := lan(t, 2)
+	all := names(nodes)
+	seeLive(t, "the keyed agents see each other", nodes, all)
+	peers := []string{"192.168.78.11", "192.168.78.12"}
+	intruders := []*node{
+		join(t, l, "aaa-no-key", "192.168.78.21", peers, nil),
+		join(t, l, "aaa-other-key", "192.168.78.22", peers, []byte("fedcba9876543210")),
+	}
+	late := join(t, l, "node-3", "192.168.78.13", peers, testKey)
+	members := append(nodes, late)
+	seeLive(t, "every keyed agent sees the late one", members, names(members))
+	for _, n := range members {
+		if got := n.m.Live(); !slices.Equal(got, names(members)) {
+			t.Errorf("%s sees %v, want only the keyed agents %v", n.name, got, names(members))
+		}
+	}
+	for _, in := range intruders {
+		if got := in.m.Live(); !slices.Equal(got, []string{in.name}) {
+			t.Errorf("intruder %s sees %v, want only itself", in.name, got)
+		}
 	}
 }

@@ -20,10 +20,18 @@ app.kubernetes.io/name: village
 {{- if not (has .Values.lan.pods (list "annotated" "all")) -}}
 {{- fail (printf "lan.pods %q: one of annotated, all" .Values.lan.pods) -}}
 {{- end -}}
+{{- if and .Values.lan.services.ranges (eq .Values.lan.addresses "dhcp") -}}
+{{- fail "lan.services needs lan.addresses pool: with dhcp the LAN's DHCP server owns the addresses" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{/* lan.addresses dhcp: villaged is the LAN pods' DHCP client. */}}
 {{- define "village.dhcp" -}}
 {{- if and .Values.lan.enabled (eq .Values.lan.addresses "dhcp") -}}true{{- end -}}
+{{- end -}}
+
+{{/* lan.services.ranges: Services on the LAN, and their gossip key. */}}
+{{- define "village.services" -}}
+{{- if and .Values.lan.enabled .Values.lan.services.ranges -}}true{{- end -}}
 {{- end -}}
