@@ -106,11 +106,11 @@ type Options struct {
 	// ClusterCIDR6 on the controller-manager's --cluster-cidr (a pod
 	// subnet per family in every Node's spec.podCIDRs), ServiceCIDR and
 	// ServiceCIDR6 as --service-cluster-ip-range, each kubelet's --node-ip
-	// its IP and IP6, kube-proxy's clusterCIDR both, and Village's
-	// conflist with both as clusterCIDR and a default route per family
-	// (its IPAM block still names no range: villaged publishes both of the
-	// Node's podCIDRs). The harness routes both families' pod subnets in
-	// the LAN namespace.
+	// its IP and IP6, kube-proxy's clusterCIDR both, and the DaemonSet's
+	// CLUSTER_CIDR both (the shipped ConfigMap is applied as it is: its
+	// IPAM block names no range, villaged publishes both of the Node's
+	// podCIDRs, and isDefaultGateway routes both families). The harness
+	// routes both families' pod subnets in the LAN namespace.
 	DualStack bool
 }
 

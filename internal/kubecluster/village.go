@@ -28,9 +28,9 @@ const (
 // container "install" gets BACKEND=<backend> (when set) and
 // CLUSTER_CIDR=Options.ClusterCIDRs() (`kubectl set env --local` over the
 // shipped daemonset.yaml, which changes those env values and nothing
-// else); with DualStack, the ConfigMap's template also routes ::/0 beside
-// 0.0.0.0/0 (dualStackRoutes). Every other file is applied as it is in
-// the tree.
+// else). Every other file is applied as it is in the tree: the shipped
+// ConfigMap's isDefaultGateway routes every family a pod has, so a
+// dual-stack cluster needs nothing else.
 func (c *Cluster) installVillage(t testing.TB) {
 	t.Helper()
 	src := filepath.Join(c.root, "deploy", "kubernetes")
@@ -47,7 +47,7 @@ func (c *Cluster) installVillage(t testing.TB) {
 			t.Fatalf("kubecluster: Options.Chart and Options.Release together: release %s is installed from its deploy/kubernetes", c.opts.Release.Tag)
 		}
 		if c.opts.DualStack {
-			t.Fatal("kubecluster: Options.Chart and Options.DualStack together: the chart's conflist routes IPv4 only")
+			t.Fatal("kubecluster: Options.Chart and Options.DualStack together: the harness gives the chart's podCIDR one range")
 		}
 		c.installVillageChart(t, dst)
 		return
@@ -81,11 +81,6 @@ func (c *Cluster) installVillage(t testing.TB) {
 				if _, v, _ := strings.Cut(e, "="); !strings.Contains(string(b), "value: "+v) {
 					t.Fatalf("kubecluster: kubectl set env did not set %s in the DaemonSet:\n%s", e, b)
 				}
-			}
-		}
-		if c.opts.DualStack && filepath.Base(f) == "configmap.yaml" {
-			if b, err = dualStackRoutes(b); err != nil {
-				t.Fatalf("kubecluster: %s: %v", f, err)
 			}
 		}
 		if err := os.WriteFile(filepath.Join(dst, filepath.Base(f)), b, 0o644); err != nil {
@@ -153,17 +148,4 @@ func (c *Cluster) WaitVillageReady(timeout time.Duration) error {
 		}
 		return nil
 	})
-}
-
-// ipv4DefaultRoute is the IPAM routes of the shipped ConfigMap's template.
-const ipv4DefaultRoute = `"routes": [{ "dst": "0.0.0.0/0" }]`
-
-// dualStackRoutes gives the shipped ConfigMap's template a default route
-// per family (the IPv4 one alone is shipped); an error when the template
-// no longer has the shipped routes.
-func dualStackRoutes(configMap []byte) ([]byte, error) {
-	if bytes.Count(configMap, []byte(ipv4DefaultRoute)) != 1 {
-		return nil, fmt.Errorf("the conflist template does not hold %s once: cannot add the IPv6 default route", ipv4DefaultRoute)
-	}
-	return bytes.Replace(configMap, []byte(ipv4DefaultRoute), []byte(`"routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]`), 1), nil
 }

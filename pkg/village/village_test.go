@@ -11,6 +11,8 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/village-cni/village/pkg/netconf"
 )
 
 func TestWithIPAMRewritesGCList(t *testing.T) {
@@ -100,5 +102,60 @@ func TestAddRefusesIfNameWithControlBytes(t *testing.T) {
 	var te *types.Error
 	if !errors.As(err, &te) || te.Code != types.ErrInvalidEnvironmentVariables || !strings.Contains(te.Msg, "CNI_IFNAME") {
 		t.Fatalf("Add = %v, want code %d naming CNI_IFNAME", err, types.ErrInvalidEnvironmentVariables)
+	}
+}
+
+// fillGateways: isDefaultGateway gives a default route through the
+// gateway per family the pod has an address of (the shipped ConfigMap
+// relies on it for dual stack), keeps a default route IPAM already gave,
+// and isGateway alone fills gateways but adds no route.
+func TestFillGateways(t *testing.T) {
+	addr := func(s string) *current.IPConfig {
+		ip, n, err := net.ParseCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.IP = ip
+		return &current.IPConfig{Address: *n}
+	}
+	for _, tc := range []struct {
+		name         string
+		gw, dflt     bool
+		ips          []string
+		routes       []string // dst via gw, from IPAM
+		wantGWs      []string
+		wantDefaults []string // "dst via gw"
+	}{
+		{"dual stack", true, true, []string{"10.244.1.5/24", "fd00:10:244:1::5/64"}, nil,
+			[]string{"10.244.1.1", "fd00:10:244:1::1"}, []string{"0.0.0.0/0 via 10.244.1.1", "::/0 via fd00:10:244:1::1"}},
+		{"IPv6 only", true, true, []string{"fd00::9/64"}, nil, []string{"fd00::1"}, []string{"::/0 via fd00::1"}},
+		{"IPAM's default kept", true, true, []string{"10.0.0.5/24"}, []string{"0.0.0.0/0 via 10.0.0.254"},
+			[]string{"10.0.0.1"}, []string{"0.0.0.0/0 via 10.0.0.254"}},
+		{"isGateway alone", true, false, []string{"10.0.0.5/24", "fd00::5/64"}, nil, []string{"10.0.0.1", "fd00::1"}, nil},
+		{"neither", false, false, []string{"10.0.0.5/24"}, nil, []string{"<nil>"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := &current.Result{}
+			for _, s := range tc.ips {
+				res.IPs = append(res.IPs, addr(s))
+			}
+			for _, r := range tc.routes {
+				dst, via, _ := strings.Cut(r, " via ")
+				_, n, _ := net.ParseCIDR(dst)
+				res.Routes = append(res.Routes, &types.Route{Dst: *n, GW: net.ParseIP(via)})
+			}
+			a := &adder{conf: &netconf.NetConf{IsGateway: tc.gw, IsDefaultGW: tc.dflt}, result: res}
+			a.fillGateways()
+			var gws, defaults []string
+			for _, ipc := range res.IPs {
+				gws = append(gws, ipc.Gateway.String())
+			}
+			for _, r := range res.Routes {
+				defaults = append(defaults, r.Dst.String()+" via "+r.GW.String())
+			}
+			if strings.Join(gws, ",") != strings.Join(tc.wantGWs, ",") || strings.Join(defaults, ",") != strings.Join(tc.wantDefaults, ",") {
+				t.Fatalf("gateways %v routes %v, want %v and %v", gws, defaults, tc.wantGWs, tc.wantDefaults)
+			}
+		})
 	}
 }

@@ -87,12 +87,10 @@ func replaceOnce(t *testing.T, text, old, new string) string {
 	return strings.Replace(text, old, new, 1)
 }
 
-// withIPAMDir sets dataDir in every village-ipam block of text (both
-// spellings the examples use).
+// withIPAMDir sets dataDir in every village-ipam block of text, whatever
+// follows its type.
 func withIPAMDir(text, dir string) string {
-	set := fmt.Sprintf(`"type": "village-ipam", "dataDir": %q`, dir)
-	text = strings.ReplaceAll(text, `"type": "village-ipam",`, set+",")
-	return strings.ReplaceAll(text, `{ "type": "village-ipam" }`, "{ "+set+" }")
+	return strings.ReplaceAll(text, `"type": "village-ipam"`, fmt.Sprintf(`"type": "village-ipam", "dataDir": %q`, dir))
 }
 
 // etcdAllocation returns the etcd store's allocation keys under /village
