@@ -65,15 +65,18 @@
 # pulled $VILLAGE_LANSVC_KILLS times (default 20) and replugged, a client
 # asking every 10 ms; p50/p99 of failover and return, with the load.
 #
-# The lansvc-kube section (only with -only lansvc-kube, ~15 minutes) is
+# The lansvc-kube section (only with -only lansvc-kube, 30-60 minutes) is
 # BenchmarkLANServicesKube in test/kube: a two-node internal/kubecluster
 # cluster with macvlan.services; Service creation to first answer, failover
 # p50/p99 over $VILLAGE_LANSVC_KILLS cable pulls (default 20), the same with
 # the API server SIGSTOPped, the agents' CPU/RSS/API requests per minute
-# with 5 and 100 LoadBalancer Services; then MetalLB L2 v0.16.2 (built by
+# with 5 and 100 LoadBalancer Services, what a LAN client sees of a kill
+# with Local and with Cluster ($VILLAGE_LANSVC_STALE_KILLS, default 5: the
+# endpoint staleness kube-proxy adds); then MetalLB L2 v0.16.2 (built by
 # scripts/metallb.sh, cached in /var/cache/village) in the same cluster:
-# its creation to first answer and failover, plain and frozen. Each FIGURE
-# with the load.
+# its creation to first answer, failover and split brains over the same
+# kills, then with the API server frozen ($VILLAGE_METALLB_FROZEN_KILLS,
+# default the same; 0 skips). Each FIGURE with the load.
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
@@ -131,7 +134,7 @@ fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "lansvc-kube" ]; then
   VILLAGE_METALLB_DIR="$(./scripts/metallb.sh)" \
   VILLAGE_KUBE_DIR="${VILLAGE_KUBE_DIR:-$(./scripts/kube.sh)}" VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref" \
-    flock /tmp/village-kube.lock go test -run '^$' -bench '^BenchmarkLANServicesKube$' -benchtime 1x -timeout 60m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL|_test.go:'
+    flock /tmp/village-kube.lock go test -run '^$' -bench '^BenchmarkLANServicesKube$' -benchtime 1x -timeout 120m -v ./test/kube | grep -E 'FIGURE|Benchmark|ok|FAIL|_test.go:'
   exit
 fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "netpol" ]; then

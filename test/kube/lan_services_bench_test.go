@@ -48,7 +48,9 @@ var benchServices = fmt.Sprintf(`{ "requireClass": true, "gossipKeyFile": "/etc/
 //     Service: HTTP every 200 ms until one answer, then until every answer
 //     ($VILLAGE_LANSVC_STALE_KILLS kills, default 5; serviceRecovery);
 //   - with $VILLAGE_METALLB_DIR (scripts/metallb.sh), MetalLB L2 side by
-//     side in the same cluster (metallbSideBySide).
+//     side in the same cluster (metallbSideBySide; with the API server
+//     frozen for $VILLAGE_METALLB_FROZEN_KILLS kills, default the same,
+//     0 skips).
 //
 // Every FIGURE line carries the load average.
 func BenchmarkLANServicesKube(b *testing.B) {
@@ -250,9 +252,20 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 	if len(seen) != 1 {
 		b.Logf("FIGURE metallb_answering_macs_before_kills %d for %s: %v (load %s)", len(seen), ip, whereMACs(c, slices.Collect(maps.Keys(seen))), loadavg())
 	}
+	frozenKills := kills
+	if v, err := strconv.Atoi(os.Getenv("VILLAGE_METALLB_FROZEN_KILLS")); err == nil && v >= 0 {
+		frozenKills = v
+	}
 	for _, frozen := range []bool{false, true} {
 		var ds, backs, splits []time.Duration
 		missed := 0
+		kills := kills
+		if frozen {
+			kills = frozenKills
+		}
+		if kills == 0 {
+			continue
+		}
 		for k := range kills {
 			s := settle(b, c, ip, 3, mlbSettle, false)
 			if s.mac == "" {
