@@ -84,14 +84,28 @@ func installLANServicesConfig(t testing.TB, c *kubecluster.Cluster, services str
 			return nil
 		},
 	})
-	// Every agent gossips under the key (the Secret is mounted).
+	// Every node's agent gossips under the key (the Secret is mounted).
 	if err := kubecluster.Poll(wait, func() error {
-		out, err := c.Kubectl("-n", kubecluster.VillageNamespace, "logs", "-l", "app.kubernetes.io/name=village", "-c", "agent", "--tail=-1")
+		ctx := context.Background()
+		pods, err := c.Client().CoreV1().Pods(kubecluster.VillageNamespace).List(ctx, metav1.ListOptions{LabelSelector: kubecluster.VillageSelector})
 		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
+			return err
 		}
-		if n := strings.Count(string(out), "encrypted and authenticated"); n != len(c.Nodes()) {
-			return fmt.Errorf("%d agents log LAN Services with encrypted and authenticated gossip, want %d", n, len(c.Nodes()))
+		keyed := map[string]bool{}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp != nil {
+				continue
+			}
+			log, err := c.Client().CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+			if err != nil {
+				return fmt.Errorf("logs of %s: %w", p.Name, err)
+			}
+			if strings.Contains(string(log), "encrypted and authenticated") {
+				keyed[p.Spec.NodeName] = true
+			}
+		}
+		if len(keyed) != len(c.Nodes()) {
+			return fmt.Errorf("agents on %v log LAN Services with encrypted and authenticated gossip, want all %d nodes", keyed, len(c.Nodes()))
 		}
 		return nil
 	}); err != nil {
