@@ -42,8 +42,9 @@ type shippedNet struct {
 	store func(t *testing.T, host ns.NetNS, text string) string
 	// lease: the example's subnet comes from villaged run.
 	lease bool
-	// want is the pod address range.
-	want string
+	// want is the pod address range; want6, when set, the IPv6 one
+	// (dual stack: a default route through the bridge for each family).
+	want, want6 string
 	// lanWant is set for the LAN example: the macvlan attachment's
 	// address range (on net1), allocated in etcd.
 	lanWant string
@@ -68,10 +69,15 @@ func etcdPaths(etcd **etcdtest.Server) func(t *testing.T, host ns.NetNS, text st
 // kube-controller-manager would give it) and puts the agent's kubeconfig
 // where the example names /etc/village/kubeconfig.
 func kubePaths(t *testing.T, host ns.NetNS, text string) string {
+	return kubePathsFor(t, host, text, "10.244.1.0/24")
+}
+
+// kubePathsFor is kubePaths with the Node's pod subnets given.
+func kubePathsFor(t *testing.T, host ns.NetNS, text string, podCIDRs ...string) string {
 	kube := kubetest.Start(t, kubetest.Options{NetNS: host, IP: shippedServiceIP})
 	applyRBAC(t, kube)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1"},
-		Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}}}
+		Spec: corev1.NodeSpec{PodCIDR: podCIDRs[0], PodCIDRs: podCIDRs}}
 	_, err := kube.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{})
 	must(t, err, "creating Node node1")
 	return replaceOnce(t, text, "/etc/village/kubeconfig", kube.AgentKubeconfig)
@@ -199,6 +205,18 @@ func (e shippedNet) addCheckDel(t *testing.T, n *Node, host ns.NetNS, conf strin
 		t.Fatalf("no gateway for %s: %s", pod.Address.String(), out)
 	}
 	must(t, testenv.Ping(p.NS, pod.Gateway.String(), 2), "pod %s -> its gateway %s", pod.Address.String(), pod.Gateway)
+	if e.want6 != "" {
+		pod6 := inRange(t, r, "eth0", e.want6)
+		if pod6.Gateway == nil {
+			t.Fatalf("no gateway for %s: %s", pod6.Address.String(), out)
+		}
+		must(t, testenv.Ping(p.NS, pod6.Gateway.String(), 2), "pod %s -> its gateway %s", pod6.Address.String(), pod6.Gateway)
+		for _, fam := range []struct{ flag, gw string }{{"-4", pod.Gateway.String()}, {"-6", pod6.Gateway.String()}} {
+			if got := testenv.MustIP(t, p.NS, fam.flag, "route", "show", "default"); !strings.Contains(got, "default via "+fam.gw+" dev eth0") {
+				t.Fatalf("pod's %s default route %q, want one via %s on eth0", fam.flag, got, fam.gw)
+			}
+		}
+	}
 	var lanIP string
 	if e.lanWant != "" {
 		l := inRange(t, r, "net1", e.lanWant)
@@ -274,7 +292,9 @@ func configMapTemplate(t *testing.T, dir string) string {
 // install on a node, and runs what it wrote through libcni 1.1.2. The
 // built-in one is a single-node bridge (10.244.1.0/24 by default); the
 // ConfigMap's takes the subnet from the Node's podCIDR through villaged run
-// against a kube-apiserver. Changed after rendering, paths only: the IPAM
+// against a kube-apiserver, once single-stack and once with a pod subnet
+// per family (CLUSTER_CIDR both, the ConfigMap as shipped: the pod must
+// get a default route per family). Changed after rendering, paths only: the IPAM
 // dataDir, the log file, and the ConfigMap's empty kubeconfig (in-cluster
 // in the DaemonSet) becomes the agent's kubeconfig file.
 func TestInstalledConfsUnderLibcni11(t *testing.T) {
@@ -295,5 +315,19 @@ func TestInstalledConfsUnderLibcni11(t *testing.T) {
 		conf := filepath.Join(n.Dir, "10-village.conflist")
 		must(t, os.WriteFile(conf, []byte(text), 0o600), "write %s", conf)
 		shippedNet{lease: true, want: "10.244.1.0/24"}.addCheckDel(t, n, host, conf, nil)
+	})
+	// Dual stack: the same ConfigMap, a Node with a pod subnet per family
+	// and CLUSTER_CIDR with both: nothing else to edit.
+	t.Run("configmap.yaml dual stack", func(t *testing.T) {
+		n, host := shippedNode(t)
+		t.Setenv("CLUSTER_CIDR", "10.244.0.0/16,fd00:10:244::/56")
+		text := installed(t, n, configMapTemplate(t, n.Dir))
+		text = withIPAMDir(text, filepath.Join(n.Dir, "ipam"))
+		text = replaceOnce(t, text, "/var/log/village/cni.log", filepath.Join(n.Dir, "cni.log"))
+		text = replaceOnce(t, text, `"kubeconfig": ""`, `"kubeconfig": "/etc/village/kubeconfig"`)
+		text = kubePathsFor(t, host, text, "10.244.1.0/24", "fd00:10:244:1::/64")
+		conf := filepath.Join(n.Dir, "10-village.conflist")
+		must(t, os.WriteFile(conf, []byte(text), 0o600), "write %s", conf)
+		shippedNet{lease: true, want: "10.244.1.0/24", want6: "fd00:10:244:1::/64"}.addCheckDel(t, n, host, conf, nil)
 	})
 }
