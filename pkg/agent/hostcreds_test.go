@@ -47,10 +47,13 @@ func TestHostCredsBoundToNode(t *testing.T) {
 		return true, out, nil
 	})
 	start := func(t *testing.T) (dir string, err error) {
+		// The directory first: cleanups run last-registered first, so the
+		// writer is stopped (it may be writing the kubeconfig after the
+		// token the test waited for) before the directory is removed.
+		dir = t.TempDir()
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		t.Cleanup(func() { cancel(); wg.Wait() })
-		dir = t.TempDir()
 		return dir, startHostCreds(ctx, &wg, c, rc, cs, dir, t.Logf)
 	}
 
