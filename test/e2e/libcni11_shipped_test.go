@@ -201,20 +201,25 @@ func (e shippedNet) addCheckDel(t *testing.T, n *Node, host ns.NetNS, conf strin
 	if leased != "" {
 		inRange(t, r, "eth0", leased) // the subnet villaged leased
 	}
-	if pod.Gateway == nil {
-		t.Fatalf("no gateway for %s: %s", pod.Address.String(), out)
-	}
-	must(t, testenv.Ping(p.NS, pod.Gateway.String(), 2), "pod %s -> its gateway %s", pod.Address.String(), pod.Gateway)
+	addrs := []*current.IPConfig{pod}
 	if e.want6 != "" {
-		pod6 := inRange(t, r, "eth0", e.want6)
-		if pod6.Gateway == nil {
-			t.Fatalf("no gateway for %s: %s", pod6.Address.String(), out)
+		addrs = append(addrs, inRange(t, r, "eth0", e.want6))
+	}
+	for _, a := range addrs {
+		if a.Gateway == nil {
+			t.Fatalf("no gateway for %s: %s", a.Address.String(), out)
 		}
-		must(t, testenv.Ping(p.NS, pod6.Gateway.String(), 2), "pod %s -> its gateway %s", pod6.Address.String(), pod6.Gateway)
-		for _, fam := range []struct{ flag, gw string }{{"-4", pod.Gateway.String()}, {"-6", pod6.Gateway.String()}} {
-			if got := testenv.MustIP(t, p.NS, fam.flag, "route", "show", "default"); !strings.Contains(got, "default via "+fam.gw+" dev eth0") {
-				t.Fatalf("pod's %s default route %q, want one via %s on eth0", fam.flag, got, fam.gw)
-			}
+		must(t, testenv.Ping(p.NS, a.Gateway.String(), 2), "pod %s -> its gateway %s", a.Address.String(), a.Gateway)
+		if e.want6 == "" {
+			continue
+		}
+		// Dual stack: a default route through the bridge per family.
+		fam := "-4"
+		if a.Address.IP.To4() == nil {
+			fam = "-6"
+		}
+		if got := testenv.MustIP(t, p.NS, fam, "route", "show", "default"); !strings.Contains(got, "default via "+a.Gateway.String()+" dev eth0") {
+			t.Fatalf("pod's %s default route %q, want one via %s on eth0", fam, got, a.Gateway)
 		}
 	}
 	var lanIP string
@@ -305,29 +310,30 @@ func TestInstalledConfsUnderLibcni11(t *testing.T) {
 		must(t, os.WriteFile(conf, []byte(text), 0o600), "write %s", conf)
 		shippedNet{want: "10.244.1.0/24"}.addCheckDel(t, n, host, conf, nil)
 	})
-	t.Run("configmap.yaml", func(t *testing.T) {
-		n, host := shippedNode(t)
-		text := installed(t, n, configMapTemplate(t, n.Dir))
-		text = withIPAMDir(text, filepath.Join(n.Dir, "ipam"))
-		text = replaceOnce(t, text, "/var/log/village/cni.log", filepath.Join(n.Dir, "cni.log"))
-		text = replaceOnce(t, text, `"kubeconfig": ""`, `"kubeconfig": "/etc/village/kubeconfig"`)
-		text = kubePaths(t, host, text)
-		conf := filepath.Join(n.Dir, "10-village.conflist")
-		must(t, os.WriteFile(conf, []byte(text), 0o600), "write %s", conf)
-		shippedNet{lease: true, want: "10.244.1.0/24"}.addCheckDel(t, n, host, conf, nil)
-	})
 	// Dual stack: the same ConfigMap, a Node with a pod subnet per family
 	// and CLUSTER_CIDR with both: nothing else to edit.
-	t.Run("configmap.yaml dual stack", func(t *testing.T) {
-		n, host := shippedNode(t)
-		t.Setenv("CLUSTER_CIDR", "10.244.0.0/16,fd00:10:244::/56")
-		text := installed(t, n, configMapTemplate(t, n.Dir))
-		text = withIPAMDir(text, filepath.Join(n.Dir, "ipam"))
-		text = replaceOnce(t, text, "/var/log/village/cni.log", filepath.Join(n.Dir, "cni.log"))
-		text = replaceOnce(t, text, `"kubeconfig": ""`, `"kubeconfig": "/etc/village/kubeconfig"`)
-		text = kubePathsFor(t, host, text, "10.244.1.0/24", "fd00:10:244:1::/64")
-		conf := filepath.Join(n.Dir, "10-village.conflist")
-		must(t, os.WriteFile(conf, []byte(text), 0o600), "write %s", conf)
-		shippedNet{lease: true, want: "10.244.1.0/24", want6: "fd00:10:244:1::/64"}.addCheckDel(t, n, host, conf, nil)
-	})
+	for _, tc := range []struct {
+		name, clusterCIDR string // clusterCIDR "": the template's default
+		podCIDRs          []string
+		net               shippedNet
+	}{
+		{"configmap.yaml", "", []string{"10.244.1.0/24"}, shippedNet{lease: true, want: "10.244.1.0/24"}},
+		{"configmap.yaml dual stack", "10.244.0.0/16,fd00:10:244::/56", []string{"10.244.1.0/24", "fd00:10:244:1::/64"},
+			shippedNet{lease: true, want: "10.244.1.0/24", want6: "fd00:10:244:1::/64"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, host := shippedNode(t)
+			if tc.clusterCIDR != "" {
+				t.Setenv("CLUSTER_CIDR", tc.clusterCIDR)
+			}
+			text := installed(t, n, configMapTemplate(t, n.Dir))
+			text = withIPAMDir(text, filepath.Join(n.Dir, "ipam"))
+			text = replaceOnce(t, text, "/var/log/village/cni.log", filepath.Join(n.Dir, "cni.log"))
+			text = replaceOnce(t, text, `"kubeconfig": ""`, `"kubeconfig": "/etc/village/kubeconfig"`)
+			text = kubePathsFor(t, host, text, tc.podCIDRs...)
+			conf := filepath.Join(n.Dir, "10-village.conflist")
+			must(t, os.WriteFile(conf, []byte(text), 0o600), "write %s", conf)
+			tc.net.addCheckDel(t, n, host, conf, nil)
+		})
+	}
 }
