@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -52,10 +51,7 @@ func BenchmarkKubeletPodStart(b *testing.B) {
 		}
 		refDir = filepath.Join(root, "bin", "ref")
 	}
-	rounds := 2
-	if v, err := strconv.Atoi(os.Getenv("VILLAGE_KUBELET_BENCH_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
+	rounds := envCount("VILLAGE_KUBELET_BENCH_ROUNDS", 2, 1)
 	serial, burst := 30, 110
 	for range b.N {
 		for r := range rounds {

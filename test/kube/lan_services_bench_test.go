@@ -65,14 +65,8 @@ func BenchmarkLANServicesKube(b *testing.B) {
 		f.create(pod)
 	}
 	f.running("web-1", "web-2")
-	kills := 20
-	if v, err := strconv.Atoi(os.Getenv("VILLAGE_LANSVC_KILLS")); err == nil && v > 0 {
-		kills = v
-	}
-	staleKills := 5
-	if v, err := strconv.Atoi(os.Getenv("VILLAGE_LANSVC_STALE_KILLS")); err == nil && v > 0 {
-		staleKills = v
-	}
+	kills := envCount("VILLAGE_LANSVC_KILLS", 20, 1)
+	staleKills := envCount("VILLAGE_LANSVC_STALE_KILLS", 5, 1)
 	for range b.N {
 		var first []time.Duration
 		var ip string
@@ -252,10 +246,8 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 	if len(seen) != 1 {
 		b.Logf("FIGURE metallb_answering_macs_before_kills %d for %s: %v (load %s)", len(seen), ip, whereMACs(c, slices.Collect(maps.Keys(seen))), loadavg())
 	}
-	frozenKills := kills
-	if v, err := strconv.Atoi(os.Getenv("VILLAGE_METALLB_FROZEN_KILLS")); err == nil && v >= 0 {
-		frozenKills = v
-	}
+	frozenKills := envCount("VILLAGE_METALLB_FROZEN_KILLS", kills, 0)
+	macs := nodesByMAC(b, c)
 	for _, frozen := range []bool{false, true} {
 		var ds, backs, splits []time.Duration
 		missed := 0
@@ -273,12 +265,7 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 					k+1, frozen, ip, mlbSettle, s.seen, spread(ds), missed, loadavg())
 				return
 			}
-			var from *kubecluster.Node
-			for _, n := range c.Nodes() {
-				if lanMAC(b, n) == s.mac {
-					from = n
-				}
-			}
+			from := macs[s.mac]
 			if from == nil {
 				b.Fatalf("MetalLB: %s answered by %s, no node's LAN MAC", ip, s.mac)
 			}
@@ -324,6 +311,25 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 // times that is a failure to heal, reported.
 const mlbSettle = 3 * time.Minute
 
+// nodesByMAC maps each node's LAN interface MAC to the node.
+func nodesByMAC(b *testing.B, c *kubecluster.Cluster) map[string]*kubecluster.Node {
+	b.Helper()
+	macs := map[string]*kubecluster.Node{}
+	for _, n := range c.Nodes() {
+		macs[lanMAC(b, n)] = n
+	}
+	return macs
+}
+
+// envCount is the count in the environment variable name when it is a
+// number no smaller than least, else def.
+func envCount(name string, def, least int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= least {
+		return v
+	}
+	return def
+}
+
 // whereMACs names the node and interface of each MAC.
 func whereMACs(c *kubecluster.Cluster, macs []string) []string {
 	var where []string
@@ -363,10 +369,7 @@ const (
 func serviceRecovery(b *testing.B, c *kubecluster.Cluster, f *fixture, svc, ip string, kills int) recovery {
 	b.Helper()
 	var r recovery
-	macs := map[string]*kubecluster.Node{}
-	for _, n := range c.Nodes() {
-		macs[lanMAC(b, n)] = n
-	}
+	macs := nodesByMAC(b, c)
 	get := lanHTTPWithin(c, ip, probeConnect, time.Second)
 	for k := range kills {
 		for _, n := range c.Nodes() {
@@ -454,10 +457,7 @@ func readyEndpoints(c *kubecluster.Cluster, ns, svc string, want int) error {
 // and how many kills saw no takeover within noTakeover.
 func failoverLoop(b *testing.B, c *kubecluster.Cluster, ip string, kills int, frozen bool) (failovers, returns []time.Duration, missed int) {
 	b.Helper()
-	macs := map[string]*kubecluster.Node{}
-	for _, n := range c.Nodes() {
-		macs[lanMAC(b, n)] = n
-	}
+	macs := nodesByMAC(b, c)
 	var ds []time.Duration
 	for k := range kills {
 		mac := oneMAC(b, c, ip, "", 3)
