@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,15 @@ func RequireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test needs root (it makes network namespaces); run the README's test command as root")
 	}
+}
+
+// EnvCount is the count a benchmark reads from the environment variable
+// name: its value when that is a number no smaller than least, else def.
+func EnvCount(name string, def, least int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= least {
+		return v
+	}
+	return def
 }
 
 // ModuleRoot returns the directory holding the project's go.mod.

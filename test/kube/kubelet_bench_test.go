@@ -51,7 +51,7 @@ func BenchmarkKubeletPodStart(b *testing.B) {
 		}
 		refDir = filepath.Join(root, "bin", "ref")
 	}
-	rounds := envCount("VILLAGE_KUBELET_BENCH_ROUNDS", 2, 1)
+	rounds := testenv.EnvCount("VILLAGE_KUBELET_BENCH_ROUNDS", 2, 1)
 	serial, burst := 30, 110
 	for range b.N {
 		for r := range rounds {

@@ -65,8 +65,8 @@ func BenchmarkLANServicesKube(b *testing.B) {
 		f.create(pod)
 	}
 	f.running("web-1", "web-2")
-	kills := envCount("VILLAGE_LANSVC_KILLS", 20, 1)
-	staleKills := envCount("VILLAGE_LANSVC_STALE_KILLS", 5, 1)
+	kills := testenv.EnvCount("VILLAGE_LANSVC_KILLS", 20, 1)
+	staleKills := testenv.EnvCount("VILLAGE_LANSVC_STALE_KILLS", 5, 1)
 	for range b.N {
 		var first []time.Duration
 		var ip string
@@ -246,7 +246,7 @@ spec: {ipAddressPools: [lan], interfaces: [eth0]}
 	if len(seen) != 1 {
 		b.Logf("FIGURE metallb_answering_macs_before_kills %d for %s: %v (load %s)", len(seen), ip, whereMACs(c, slices.Collect(maps.Keys(seen))), loadavg())
 	}
-	frozenKills := envCount("VILLAGE_METALLB_FROZEN_KILLS", kills, 0)
+	frozenKills := testenv.EnvCount("VILLAGE_METALLB_FROZEN_KILLS", kills, 0)
 	macs := nodesByMAC(b, c)
 	for _, frozen := range []bool{false, true} {
 		var ds, backs, splits []time.Duration
@@ -319,15 +319,6 @@ func nodesByMAC(b *testing.B, c *kubecluster.Cluster) map[string]*kubecluster.No
 		macs[lanMAC(b, n)] = n
 	}
 	return macs
-}
-
-// envCount is the count in the environment variable name when it is a
-// number no smaller than least, else def.
-func envCount(name string, def, least int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= least {
-		return v
-	}
-	return def
 }
 
 // whereMACs names the node and interface of each MAC.

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -89,10 +88,7 @@ func load() string {
 // Reports p50 and p99 of both, with the load average; any moment of two
 // holders fails it.
 func BenchmarkFailover(b *testing.B) {
-	kills := 20
-	if v, err := strconv.Atoi(os.Getenv("VILLAGE_LANSVC_KILLS")); err == nil && v > 0 {
-		kills = v
-	}
+	kills := testenv.EnvCount("VILLAGE_LANSVC_KILLS", 20, 1)
 	c := newCluster(b, 3)
 	c.want(vip4)
 	all := c.names()
