@@ -27,6 +27,12 @@ VERSION="${KUBE_VERSION:-v1.37.2}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.14.7}"
 CACHE="${VILLAGE_CACHE:-/var/cache/village}"
 OUT="$CACHE/kubernetes-$VERSION"
+# One build at a time: a second caller waits for the first and then finds
+# everything built (several test runs on one machine share the cache).
+if [ -z "${VILLAGE_KUBE_SH_LOCKED:-}" ]; then
+  mkdir -p "$CACHE"
+  exec env VILLAGE_KUBE_SH_LOCKED=1 flock "$CACHE/.kube.sh.lock" "$0" "$@"
+fi
 
 all=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl e2e.test agnhost coredns ginkgo)
 want=("$@")
