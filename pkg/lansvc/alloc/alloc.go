@@ -121,7 +121,10 @@ type Request struct {
 
 // Ensure makes the owner hold one address per family of r, and only
 // those, and returns them sorted. On a refusal for one family the others
-// are still held and returned with the error.
+// are still held and returned with the error. An address the owner holds
+// is released only when Ensure knows it is no longer the owner's (its
+// family dropped, another address given or requested outside the
+// ranges); a store error keeps it.
 func (a *Allocator) Ensure(ctx context.Context, r Request) ([]netip.Addr, error) {
 	fams := r.Families
 	if len(fams) == 0 {
@@ -135,10 +138,18 @@ func (a *Allocator) Ensure(ctx context.Context, r Request) ([]netip.Addr, error)
 	}
 	var got []netip.Addr
 	var errs []error
+	// unsure: families whose address Ensure could not settle, for any
+	// reason but a definite "not this one" (Outside). The owner keeps
+	// what it holds of them: a store that fails for a moment (a timeout,
+	// a lost leader) must never cost a Service its address.
+	unsure := map[int]bool{}
 	for _, fam := range slices.Compact(slices.Sorted(slices.Values(fams))) {
 		ip, err := a.ensureFamily(ctx, r, fam, held)
 		if err != nil {
 			errs = append(errs, err)
+			if !IsKind(err, Outside) {
+				unsure[fam] = true
+			}
 			continue
 		}
 		got = append(got, ip)
@@ -146,7 +157,7 @@ func (a *Allocator) Ensure(ctx context.Context, r Request) ([]netip.Addr, error)
 	// Addresses of the owner no longer wanted (a family dropped, another
 	// address requested).
 	for _, h := range held {
-		if !slices.Contains(got, h) && !a.pendingFamily(h, got, errs) {
+		if !slices.Contains(got, h) && !unsure[family(h)] {
 			if _, err := a.Store.Release(ctx, h, r.Owner); err != nil {
 				errs = append(errs, fmt.Errorf("releasing %s of %s: %w", h, r.Owner, err))
 			}
@@ -197,18 +208,6 @@ func (a *Allocator) Holds(held []netip.Addr, r Request) bool {
 	return true
 }
 
-// pendingFamily: an address of a family whose request was refused is
-// kept, so a refusal never loses what the owner had.
-func (a *Allocator) pendingFamily(h netip.Addr, got []netip.Addr, errs []error) bool {
-	for _, err := range errs {
-		var e *Error
-		if errors.As(err, &e) && e.Family == family(h) && e.Kind != Outside {
-			return true
-		}
-	}
-	return false
-}
-
 func family(a netip.Addr) int {
 	if a.Is4() {
 		return 4
@@ -249,8 +248,13 @@ func (a *Allocator) ensureFamily(ctx context.Context, r Request, fam int, held [
 			return netip.Addr{}, fmt.Errorf("claiming %s for %s: %w", want, r.Owner, err)
 		}
 		if !ok {
-			// Another agent may have claimed it for the same owner.
-			if mine, err := a.Store.ListByOwner(ctx, r.Owner); err == nil && slices.Contains(mine, want) {
+			// Another agent may have claimed it for the same owner; a
+			// store that cannot say is an error, not a refusal.
+			mine, err := a.Store.ListByOwner(ctx, r.Owner)
+			if err != nil {
+				return netip.Addr{}, fmt.Errorf("listing the LAN addresses of %s: %w", r.Owner, err)
+			}
+			if slices.Contains(mine, want) {
 				return want, nil
 			}
 			return netip.Addr{}, &Error{Kind: Taken, Family: fam, Addr: want}
