@@ -3,8 +3,8 @@ package alloc_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/village-cni/village/pkg/ipam/store"
@@ -85,14 +85,8 @@ func TestEnsureKeepsOnStoreError(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, h := range held {
-				ok := false
-				for _, n := range now {
-					ok = ok || n == h
-				}
-				if !ok || fmt.Sprint(now) != fmt.Sprint(held) {
-					t.Fatalf("after a transient store error the owner holds %v, had %v: %s released", now, held, h)
-				}
+			if !slices.Equal(now, held) {
+				t.Fatalf("after a transient store error the owner holds %v, had %v", now, held)
 			}
 		})
 	}
