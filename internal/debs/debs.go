@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 )
 
 // CacheDir holds the downloaded .debs and the unpacked roots
@@ -96,13 +97,42 @@ func versions(pkgs []string) (map[string]string, error) {
 			return nil, fmt.Errorf("dpkg --add-architecture %s: %w: %s", arch, err, out)
 		}
 	}
-	if out, err := exec.Command("apt-get", "update", "-qq").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("apt-get update: %w: %s", err, out)
-	}
+	updateErr := update()
 	if vs, err = candidates(pkgs); err == nil && len(missing(vs)) > 0 {
 		err = fmt.Errorf("apt knows no package %s", strings.Join(missing(vs), " "))
+		if updateErr != nil {
+			err = fmt.Errorf("%w (%w)", err, updateErr)
+		}
 	}
 	return vs, err
+}
+
+// updateTries and updatePause bound update's retries: a Debian mirror in the
+// middle of a sync serves an index whose size does not match its Release
+// file for a few minutes, and apt-get update then fails for that one index.
+var (
+	updateTries = 4
+	updatePause = 30 * time.Second
+)
+
+// update runs apt-get update until it succeeds or updateTries have failed,
+// pausing between tries. Its error alone does not fail the caller: apt keeps
+// the indexes it did fetch (and the old ones of those it did not), so the
+// caller asks apt for its candidates anyway and fails only on a package apt
+// still does not know, naming the update's error with it.
+func update() error {
+	var err error
+	for try := 1; try <= updateTries; try++ {
+		out, uerr := exec.Command("apt-get", "update", "-qq").CombinedOutput()
+		if uerr == nil {
+			return nil
+		}
+		err = fmt.Errorf("apt-get update (try %d of %d): %w: %s", try, updateTries, uerr, out)
+		if try < updateTries {
+			time.Sleep(updatePause)
+		}
+	}
+	return err
 }
 
 // Fetch returns the cached .debs of the packages ("name" of arch, or
