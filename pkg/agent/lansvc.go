@@ -73,6 +73,7 @@ func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
 	wg.Go(func() {
 		var ifname string
 		var addr netip.Addr
+		var own []netip.Addr
 		var st store.Store
 		if retry(ctx, a.opts, "LAN Services: finding the LAN interface, its address and the LAN pool's store", func() error {
 			master, err := macvlan.ResolveMaster(lan.Master)
@@ -80,7 +81,7 @@ func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
 				return err
 			}
 			ifname = master.Attrs().Name
-			if addr, err = lanAddress(ifname, lan.Sets); err != nil {
+			if addr, own, err = lanAddress(ifname, lan.Sets); err != nil {
 				return err
 			}
 			st, err = a.openLANStore()
@@ -88,13 +89,13 @@ func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
 		}) != nil {
 			return // stopped while waiting
 		}
-		a.runLANServices(ctx, side, ifname, addr, st)
+		a.runLANServices(ctx, side, ifname, addr, own, st)
 	})
 }
 
 // runLANServices runs members, the speaker and the controller until ctx
 // is done, then closes them and st.
-func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname string, addr netip.Addr, st store.Store) {
+func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname string, addr netip.Addr, own []netip.Addr, st store.Store) {
 	c, logf := a.c, a.opts.logf
 	svc := c.Net.LAN.Services
 	defer st.Close()
@@ -115,6 +116,10 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	off := func(err error) {
 		logf("LAN Services: %v: OFF", err)
 		ls.offStatus(ctx, a.opts.RunDir, c.Net.Name, err)
+	}
+	if err := ownAddrInRanges(ifname, own, svc); err != nil {
+		off(err)
+		return
 	}
 	key, err := gossipKey(svc)
 	if err != nil {
@@ -194,38 +199,51 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 }
 
 // lanAddress is the LAN interface's own address: the first one inside a
-// LAN subnet, else its first global unicast one.
-func lanAddress(ifname string, sets []ipamconfig.RangeSet) (netip.Addr, error) {
+// LAN subnet, else its first global unicast one. own are all its global
+// unicast addresses.
+func lanAddress(ifname string, sets []ipamconfig.RangeSet) (addr netip.Addr, own []netip.Addr, err error) {
 	ifi, err := net.InterfaceByName(ifname)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("LAN interface %s: %w", ifname, err)
+		return netip.Addr{}, nil, fmt.Errorf("LAN interface %s: %w", ifname, err)
 	}
 	as, err := ifi.Addrs()
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("LAN interface %s: %w", ifname, err)
+		return netip.Addr{}, nil, fmt.Errorf("LAN interface %s: %w", ifname, err)
 	}
-	var first netip.Addr
 	for _, a := range as {
-		p, err := netip.ParsePrefix(a.String())
-		if err != nil || !p.Addr().IsGlobalUnicast() {
-			continue
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().IsGlobalUnicast() {
+			own = append(own, p.Addr().Unmap())
 		}
-		ip := p.Addr().Unmap()
+	}
+	for _, ip := range own {
 		for _, set := range sets {
 			for _, r := range set {
 				if r.Subnet.Contains(ip) {
-					return ip, nil
+					return ip, own, nil
 				}
 			}
 		}
-		if !first.IsValid() {
-			first = ip
+	}
+	if len(own) == 0 {
+		return netip.Addr{}, nil, fmt.Errorf("LAN interface %s has no global address to gossip from", ifname)
+	}
+	return own[0], own, nil
+}
+
+// ownAddrInRanges refuses Service ranges that could hand out one of the
+// node's own LAN addresses (own): a Service given it would take the
+// node's traffic on the LAN, and the speaker would answer for it.
+func ownAddrInRanges(ifname string, own []netip.Addr, svc *netconf.Services) error {
+	for _, ip := range own {
+		for _, set := range svc.Sets {
+			for _, r := range set {
+				if r.Allocatable(ip) {
+					return fmt.Errorf("\"macvlan.services.ranges\": %s holds this node's own address %s (on %s): take it out of the range", r, ip, ifname)
+				}
+			}
 		}
 	}
-	if !first.IsValid() {
-		return first, fmt.Errorf("LAN interface %s has no global address to gossip from", ifname)
-	}
-	return first, nil
+	return nil
 }
 
 // openLANStore opens the LAN pool's store, as its IPAM plugin does.

@@ -95,3 +95,31 @@ func TestLANServicesStatusLines(t *testing.T) {
 		})
 	}
 }
+
+// ownAddrInRanges: a Service range that could hand out the node's own LAN
+// address is refused, naming it; one beside it is not.
+func TestOwnAddrInRanges(t *testing.T) {
+	lan, err := netconf.ParseLAN(json.RawMessage(`{"master":"eth0","services":{"ranges":[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.50.240","rangeEnd":"192.168.50.250"}],[{"subnet":"fd00:50::/64","rangeStart":"fd00:50::10","rangeEnd":"fd00:50::20"}]]},` +
+		`"ipam":{"type":"village-ipam","store":{"type":"kubernetes"},"ranges":[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.50.100","rangeEnd":"192.168.50.199"}],[{"subnet":"fd00:50::/64"}]]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, own, wantErr string
+	}{
+		{"beside the range", "192.168.50.11", ""},
+		{"inside the IPv4 range", "192.168.50.245", "holds this node's own address 192.168.50.245"},
+		{"inside the IPv6 range", "fd00:50::15", "holds this node's own address fd00:50::15"},
+		{"the range's last address", "192.168.50.250", "holds this node's own address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ownAddrInRanges("eth0", []netip.Addr{netip.MustParseAddr("fd00:50::1"), netip.MustParseAddr(tc.own)}, lan.Services)
+			if tc.wantErr == "" && err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("ownAddrInRanges = %v; want an error with %q", err, tc.wantErr)
+			}
+		})
+	}
+}

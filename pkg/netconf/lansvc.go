@@ -3,7 +3,10 @@ package netconf
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/village-cni/village/pkg/ipam/config"
 )
@@ -76,6 +79,9 @@ func (c *LAN) parseServices() error {
 			if !c.inLANSubnet(r) {
 				return invalidLAN("\"services.ranges\": %s is not inside the LAN subnet (%v)", r, lanSubnets)
 			}
+			if gw, ok := c.gatewayIn(r); ok {
+				return invalidLAN("\"services.ranges\": %s holds the LAN gateway %s: a Service given it would take the router's address (every LAN host's traffic); start the range after it", r, gw)
+			}
 		}
 	}
 	s.Sets = sets
@@ -93,6 +99,32 @@ func (c *LAN) inLANSubnet(r config.Range) bool {
 		}
 	}
 	return false
+}
+
+// gatewayIn returns the LAN gateway (a LAN range's "gateway", by default
+// its subnet's first address) that Service range r could hand out, if any.
+func (c *LAN) gatewayIn(r config.Range) (netip.Addr, bool) {
+	for _, set := range c.Sets {
+		for _, l := range set {
+			if l.Gateway.IsValid() && r.Allocatable(l.Gateway) {
+				return l.Gateway, true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// checkServicesStore refuses "services" whose LAN pool lives in the disk
+// store while the nodes share a registry: every node would allocate
+// Service addresses from its own disk, alone, and two nodes would hand out
+// the same address. registry is the backend's registry type ("" without
+// one), store the LAN pool's store type (ipam/config's Store*).
+func checkServicesStore(registry, store string) *types.Error {
+	if registry != RegistryKubernetes || store != config.StoreDisk {
+		return nil
+	}
+	return invalidLAN("\"services\" with the LAN pool's store of type %q under the %q registry: each node would allocate Service addresses alone from its own disk, and two nodes would give out the same address; use \"store\": {\"type\": %q} (or %q)",
+		store, registry, config.StoreKubernetes, config.StoreEtcd)
 }
 
 // String names the Service ranges in messages.

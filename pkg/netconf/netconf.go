@@ -238,6 +238,15 @@ func (c *NetConf) validate(envArgs string) *types.Error {
 		if err := ValidatePluginType(lan.IPAMType); err != nil {
 			return Error("invalid \"macvlan.ipam.type\": %v", err)
 		}
+		if lan.Services != nil && overlay.Registry != nil {
+			// A store block ipam/config refuses is the IPAM plugin's to
+			// report, on the pod's ADD.
+			if st, err := ipamconfig.ParseStore(lan.IPAM); err == nil {
+				if err := checkServicesStore(overlay.Registry.Type, st.Type); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	return c.parseMAC(envArgs)
 }

@@ -2,9 +2,11 @@ package deploy
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -46,11 +48,11 @@ func compilePolicy(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy) compi
 // decide is the policy's answer to one request: denied (with the failing
 // expressions) or allowed; an expression that errs denies, as
 // failurePolicy Fail makes it.
-func (p compiledPolicy) decide(t *testing.T, va *admission.VersionedAttributes, res schema.GroupVersionResource) (allowed bool, why []string) {
+func (p compiledPolicy) decide(t *testing.T, va *admission.VersionedAttributes, res schema.GroupVersionResource, ns *corev1.Namespace) (allowed bool, why []string) {
 	t.Helper()
 	req := cel.CreateAdmissionRequest(va.Attributes, metav1.GroupVersionResource(res), metav1.GroupVersionKind(va.VersionedKind))
 	eval := func(c cel.ConditionEvaluator) []cel.EvaluationResult {
-		rs, _, err := c.ForInput(context.Background(), va, req, cel.OptionalVariableBindings{}, nil, 1e7)
+		rs, _, err := c.ForInput(context.Background(), va, req, cel.OptionalVariableBindings{}, ns, 1e7)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,6 +163,10 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 	sas := schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}
 	services := schema.GroupVersionResource{Version: "v1", Resource: "services"}
 	announcer := map[string]any{"annotations": map[string]any{"village.cni.io/lan-announcer": "n1"}}
+	lanClass := map[string]any{"spec": map[string]any{"type": "LoadBalancer", "loadBalancerClass": "village.cni.io/lan", "ports": []any{map[string]any{"port": int64(80)}}}}
+	otherClass := map[string]any{"spec": map[string]any{"type": "LoadBalancer", "loadBalancerClass": "example.com/other-lb", "ports": []any{map[string]any{"port": int64(80)}}}}
+	externalIPs := map[string]any{"spec": map[string]any{"type": "LoadBalancer", "externalIPs": []any{"8.8.8.8"}, "ports": []any{map[string]any{"port": int64(80)}}}}
+	const closedNS = "Service of a namespace not allowed,"
 	conditions := map[string]any{"status": map[string]any{"loadBalancer": map[string]any{"ingress": []any{map[string]any{"ip": "192.0.2.9"}}}, "conditions": []any{map[string]any{"type": "x", "status": "True"}}}}
 	for _, tc := range []struct {
 		name, policy string
@@ -201,6 +207,15 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		{"Service, label", "village-agent", lb("", map[string]any{"labels": map[string]any{"a": "b"}}), lb(""), services, "", admission.Update, agent, false},
 		{"Service, delete", "village-agent", nil, lb(""), services, "", admission.Delete, agent, false},
 		{"Service, token naming no node", "village-agent", lb("192.0.2.9"), lb(""), services, "status", admission.Update, unbound, false},
+		{"Service of class village.cni.io/lan, LAN address", "village-agent", lb("192.0.2.9", lanClass), lb("", lanClass), services, "status", admission.Update, agent, true},
+		{"Service of another class, ingress 8.8.8.8", "village-agent", lb("8.8.8.8", otherClass), lb("", otherClass), services, "status", admission.Update, agent, false},
+		{"Service of another class, announcer annotation", "village-agent", lb("", otherClass, announcer), lb("", otherClass), services, "", admission.Update, agent, false},
+		{closedNS + " ingress 8.8.8.8", "village-agent", lb("8.8.8.8"), lb(""), services, "status", admission.Update, agent, false},
+		{closedNS + " announcer annotation", "village-agent", lb("", announcer), lb(""), services, "", admission.Update, agent, false},
+		{closedNS + " LAN address removed", "village-agent", lb(""), lb("192.0.2.9"), services, "status", admission.Update, agent, true},
+		{closedNS + " announcer removed", "village-agent", lb("192.0.2.9"), lb("192.0.2.9", announcer), services, "", admission.Update, agent, true},
+		{"Service, spec.externalIPs 8.8.8.8", "village-agent", lb("", externalIPs), lb(""), services, "", admission.Update, agent, false},
+		{"Service, spec.externalIPs through services/status", "village-agent", lb("", externalIPs), lb(""), services, "status", admission.Update, agent, false},
 		{"a kubelet is not the agent", "village-agent", node("n2", ann2), node("n2", ann), nodes, "status", admission.Update, kubelet, true},
 		{"pool Lease created", "village-ipam", lease("village-ipam-0123-192.0.2.5"), nil, leases, "", admission.Create, ipam, true},
 		{"pool Lease updated", "village-ipam", lease("village-ipam-0123-last-0"), lease("village-ipam-0123-last-0"), leases, "", admission.Update, ipam, true},
@@ -233,7 +248,13 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 				va.VersionedOldObject = admission.NewLazyObject(tc.old)
 			}
 			va.Attributes = admission.NewAttributesRecord(nil, nil, va.VersionedKind, "ns", name, tc.res, tc.sub, tc.op, nil, false, tc.u)
-			allowed, why := p.decide(t, va, tc.res)
+			// The namespace as the API server hands it to the policy
+			// (namespaceObject).
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns", Labels: map[string]string{"village.cni.io/lan": "allowed"}}}
+			if strings.HasPrefix(tc.name, closedNS) { // not labelled village.cni.io/lan=allowed
+				ns.Labels = map[string]string{"kubernetes.io/metadata.name": "ns"}
+			}
+			allowed, why := p.decide(t, va, tc.res, ns)
 			if allowed != tc.allow {
 				t.Errorf("%s: allowed %v, want %v (failed: %q)", tc.policy, allowed, tc.allow, why)
 			}

@@ -23,6 +23,7 @@ import (
 	"github.com/village-cni/village/internal/kubecluster"
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/kubenames"
+	"github.com/village-cni/village/test/attack"
 )
 
 // The LAN Service ranges of lanServices (issue 39): ten addresses of
@@ -480,6 +481,15 @@ func lanServices(t *testing.T, c *kubecluster.Cluster) {
 			t.Fatalf("LAN client -> http://%s: %q, want web-N seeing the client's own address %s", webIP, got, kubecluster.LANClientIP)
 		}
 		f.serviceEvent(t, "web", corev1.EventTypeNormal, kubenames.ReasonLANAssigned, webIP)
+	})
+	// A stolen node token against the Services (test/attack): another
+	// class's or namespace's status, externalIPs, the spec.
+	t.Run("NodeTokenAttacks", func(t *testing.T) {
+		p, ok := villagePods(t, c)[n1.Name]
+		if !ok {
+			t.Fatalf("no Village pod on %s", n1.Name)
+		}
+		attack.NodeTokenServices(t, c, agentClient(t, c, n1, &p), f.ns)
 	})
 	t.Run("OneMACIsTheAnnouncer", func(t *testing.T) {
 		a := f.announcerNode(t, "web", "")

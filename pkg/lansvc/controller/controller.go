@@ -48,6 +48,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ktypes "k8s.io/apimachinery/pkg/types"
@@ -298,12 +299,7 @@ func (c *Controller) clearFormer(ctx context.Context, live []string) {
 			elect.Writer(ownerKey(alloc.ServiceOwner(svc.Namespace, svc.Name)), live) != c.cfg.Node {
 			continue
 		}
-		var keep []corev1.LoadBalancerIngress
-		for _, in := range svc.Status.LoadBalancer.Ingress {
-			if ip, err := netip.ParseAddr(in.IP); err != nil || !c.cfg.Alloc.InRanges(ip) {
-				keep = append(keep, in) // not Village's
-			}
-		}
+		keep := c.foreign(svc)
 		if len(keep) != len(svc.Status.LoadBalancer.Ingress) {
 			c.updateStatus(ctx, svc, keep)
 		}
@@ -517,18 +513,42 @@ func join(ips []netip.Addr) string {
 	return strings.Join(s, ",")
 }
 
-// setStatus makes svc's status.loadBalancer.ingress say ips (ipMode VIP),
-// and reports whether it changed it.
-func (c *Controller) setStatus(ctx context.Context, svc *corev1.Service, ips []netip.Addr) bool {
-	var want []corev1.LoadBalancerIngress
-	vip := corev1.LoadBalancerIPModeVIP
-	for _, ip := range ips {
-		want = append(want, corev1.LoadBalancerIngress{IP: ip.String(), IPMode: &vip})
+// foreign is svc's ingress entries that are not Village's: a hostname, or
+// an address outside its ranges (another load balancer's, or a user's).
+// Village never adds, changes or removes them, so it fights no other
+// writer of the status.
+func (c *Controller) foreign(svc *corev1.Service) []corev1.LoadBalancerIngress {
+	var keep []corev1.LoadBalancerIngress
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		if ip, err := netip.ParseAddr(in.IP); in.Hostname != "" || err != nil || !c.cfg.Alloc.InRanges(ip) {
+			keep = append(keep, in)
+		}
 	}
-	if sameIngress(svc.Status.LoadBalancer.Ingress, want) {
+	return keep
+}
+
+// setStatus makes Village's part of svc's status.loadBalancer.ingress say
+// ips (ipMode VIP), after the foreign entries, which stay as they are, and
+// reports whether it changed it.
+func (c *Controller) setStatus(ctx context.Context, svc *corev1.Service, ips []netip.Addr) bool {
+	keep := c.foreign(svc)
+	vip := corev1.LoadBalancerIPModeVIP
+	var ours []corev1.LoadBalancerIngress
+	for _, ip := range ips {
+		ours = append(ours, corev1.LoadBalancerIngress{IP: ip.String(), IPMode: &vip})
+	}
+	// Village's entries as they stand: what is not foreign (in order, so
+	// a foreign entry written between them moves nothing).
+	var have []corev1.LoadBalancerIngress
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		if !slices.ContainsFunc(keep, func(k corev1.LoadBalancerIngress) bool { return equality.Semantic.DeepEqual(k, in) }) {
+			have = append(have, in)
+		}
+	}
+	if sameIngress(have, ours) {
 		return false
 	}
-	return c.updateStatus(ctx, svc, want)
+	return c.updateStatus(ctx, svc, append(keep, ours...))
 }
 
 // updateStatus writes ingress as svc's status.loadBalancer.ingress, with
@@ -550,15 +570,7 @@ func (c *Controller) updateStatus(ctx context.Context, svc *corev1.Service, want
 }
 
 func sameIngress(a, b []corev1.LoadBalancerIngress) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i].IP != b[i].IP || a[i].Hostname != "" || a[i].IPMode == nil || b[i].IPMode == nil || *a[i].IPMode != *b[i].IPMode || len(a[i].Ports) != 0 {
-			return false
-		}
-	}
-	return true
+	return equality.Semantic.DeepEqual(a, b)
 }
 
 // eligible lists the nodes that may answer for svc.

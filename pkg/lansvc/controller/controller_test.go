@@ -349,3 +349,53 @@ func within(t *testing.T, what string, cond func() bool) {
 		return errors.New("not yet")
 	})
 }
+
+// foreignIngress puts addr in ns/name's status, as another load balancer
+// (MetalLB, ServiceLB, a cloud's) would.
+func (e *env) foreignIngress(ns, name, addr string) {
+	e.t.Helper()
+	s, err := e.cs.CoreV1().Services(ns).Get(e.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	vip := corev1.LoadBalancerIPModeVIP
+	s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: addr, IPMode: &vip})
+	if _, err := e.cs.CoreV1().Services(ns).UpdateStatus(e.ctx, s, metav1.UpdateOptions{FieldManager: "other-lb"}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// Village adds and removes only addresses of its own ranges: another load
+// balancer's address in a Service's status stays there across passes, in
+// an allowed namespace (beside Village's) and in one Village does not
+// serve (requireClass false: a classless Service there is another load
+// balancer's; no write war).
+func TestControllerKeepsForeignIngress(t *testing.T) {
+	e := start(t, `[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.50.240","rangeEnd":"192.168.50.244"}]]`, false)
+	e.ns("home", true)
+	e.ns("closed", false)
+	e.ns("later", true)
+	e.node("n1", true, nil)
+	e.svc("closed", "metallb")
+	e.foreignIngress("closed", "metallb", "203.0.113.8")
+	e.event("closed", "metallb", kubenames.ReasonLANForbidden)
+	e.svc("home", "web")
+	e.wantIngress("home", "web", "[192.168.50.240]")
+	e.foreignIngress("home", "web", "203.0.113.7")
+	e.wantIngress("home", "web", "[192.168.50.240 203.0.113.7]")
+	// Passes after both: a new Service's address is a later pass's work.
+	for _, name := range []string{"a", "b"} {
+		e.svc("later", name)
+		within(t, "later/"+name+" gets an address", func() bool { return e.ingress("later", name) != "[]" })
+		if got := e.ingress("home", "web"); got != "[192.168.50.240 203.0.113.7]" {
+			t.Fatalf("home/web's ingress %s: another load balancer's 203.0.113.7 or Village's 192.168.50.240 went", got)
+		}
+		if got := e.ingress("closed", "metallb"); got != "[203.0.113.8]" {
+			t.Fatalf("closed/metallb's ingress %s: Village changed the status of a Service it does not serve", got)
+		}
+	}
+	// Deleting it releases Village's address only.
+	if err := e.cs.CoreV1().Services("home").Delete(e.ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
