@@ -88,6 +88,14 @@ func (c *Conf) netfilter(cidrs []*net.IPNet) masq.Spec { return c.Net.Netfilter(
 // Registry is the backend's registry section, nil without one.
 func (c *Conf) Registry() *netconf.Registry { return c.Backend.Registry }
 
+// usesAPI says whether `villaged run` talks to the Kubernetes API (its
+// Kubernetes side, kube.go): the kubernetes registry, a LAN section (LAN
+// pods, Services, the pool's host credentials) or NetworkPolicy.
+func (c *Conf) usesAPI() bool {
+	r := c.Registry()
+	return (r != nil && r.Type == netconf.RegistryKubernetes) || c.Net.LAN != nil || c.Net.NetworkPolicy
+}
+
 // Load reads opts.ConfFile and resolves the node name and file paths.
 func Load(opts Options) (*Conf, error) {
 	entry, err := readVillageEntry(opts.ConfFile)

@@ -75,12 +75,18 @@ func (h *health) get() error {
 // serves and, once the loop runs, the loop came round within liveBound
 // (its heartbeat); a node that waits for its subnet or a failing reconcile
 // is not a reason to restart it, a stuck loop is. Readiness: this node can
-// network pods: the subnet is held, the loop's last reconcile succeeded and
-// the conflist is in place.
+// network pods: its API writes are proved confined (confine.go, when it
+// uses the API), the subnet is held, the loop's last reconcile succeeded
+// and the conflist is in place.
 func (a *agent) probes() metrics.Probes {
 	return metrics.Probes{
 		Live: a.health.alive,
 		Ready: func() error {
+			if a.confine != nil {
+				if err := a.confine.get(); err != nil {
+					return err
+				}
+			}
 			if err := a.health.get(); err != nil {
 				return err
 			}

@@ -52,6 +52,14 @@ func startHostCreds(ctx context.Context, wg *sync.WaitGroup, c *Conf, rc *rest.C
 	dir := nodelocal.HostCredsDir(runDir)
 	ns := inClusterNamespace()
 	wg.Go(func() {
+		// A token outlives nothing it was minted for: gone with the agent
+		// (SIGTERM, uninstall), so no credential is left on the host for
+		// a node whose agent is not running. A new agent writes anew.
+		defer func() {
+			if err := os.RemoveAll(dir); err != nil {
+				logf("removing the host credentials %s: %v", dir, err)
+			}
+		}()
 		for {
 			next := hostCredsRetry
 			if err := writeHostCreds(ctx, cs, ns, c.Node, dir, rc.Host, ca); err != nil {

@@ -46,6 +46,7 @@ func TestHostCredsBoundToNode(t *testing.T) {
 		out.Status.Token = "minted"
 		return true, out, nil
 	})
+	var stop func() // the last start's: stops its writer and waits
 	start := func(t *testing.T) (dir string, err error) {
 		// The directory first: cleanups run last-registered first, so the
 		// writer is stopped (it may be writing the kubeconfig after the
@@ -53,7 +54,8 @@ func TestHostCredsBoundToNode(t *testing.T) {
 		dir = t.TempDir()
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
-		t.Cleanup(func() { cancel(); wg.Wait() })
+		stop = func() { cancel(); wg.Wait() }
+		t.Cleanup(stop)
 		return dir, startHostCreds(ctx, &wg, c, rc, cs, dir, t.Logf)
 	}
 
@@ -111,6 +113,16 @@ func TestHostCredsBoundToNode(t *testing.T) {
 		}
 		if tr.Spec.ExpirationSeconds == nil || *tr.Spec.ExpirationSeconds != 3600 {
 			t.Errorf("token life %v, want 3600 s", tr.Spec.ExpirationSeconds)
+		}
+		// The agent stops (SIGTERM cancels run's context): the token and
+		// the kubeconfig naming it are gone from the host.
+		mu.Unlock()
+		stop()
+		mu.Lock()
+		for _, f := range []string{token, nodelocal.HostKubeconfig(dir)} {
+			if _, err := os.Stat(f); !os.IsNotExist(err) {
+				t.Errorf("%s after the agent stopped: %v, want it removed", f, err)
+			}
 		}
 	})
 }

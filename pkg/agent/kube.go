@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +32,9 @@ import (
 type kubeAPI struct {
 	rc *rest.Config // the LAN pods' host credentials name its server and CA
 	cs kubernetes.Interface
+	// conf is the agent's confinement (confine.go): every write through
+	// cs waits for it to be proved (writeGate).
+	conf *confinement
 }
 
 // newKubeAPI builds the client (no request is made).
@@ -44,11 +48,14 @@ func (c *Conf) newKubeAPI() (*kubeAPI, error) {
 		return nil, err
 	}
 	rc.UserAgent = kubenames.Agent
-	cs, err := kubernetes.NewForConfig(rc)
+	conf := newConfinement()
+	gated := rest.CopyConfig(rc)
+	gated.Wrap(func(rt http.RoundTripper) http.RoundTripper { return writeGate{next: rt, conf: conf} })
+	cs, err := kubernetes.NewForConfig(gated)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes API %s: %w", rc.Host, err)
 	}
-	return &kubeAPI{rc: rc, cs: cs}, nil
+	return &kubeAPI{rc: rc, cs: cs, conf: conf}, nil
 }
 
 // kubeSide is the agent's Kubernetes side in `villaged run`, made once

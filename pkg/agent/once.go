@@ -136,6 +136,9 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 	if err != nil {
 		return false, err
 	}
+	var confined bool
+	st.confine, confined = confinementStatus(opts.RunDir, v.c.Net.Name, v.c.usesAPI()) // confine.go
+	st.clean = st.clean && confined
 	st.lan = append(lanStatus(ctx, v.c, opts.RunDir), lanServicesStatus(v.c, opts.RunDir)...)
 	var policyOK bool
 	st.policy, policyOK = policyStatus(v.c, opts.RunDir) // netpol.go
@@ -149,6 +152,7 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 type status struct {
 	header, node string
 	registry     []string // lines about the registration (nil without one)
+	confine      []string // the API confinement (confine.go; nil without the API)
 	peers        []overlay.Node
 	byPeer       map[string][]string // what is wrong per peer
 	okState      string              // a peer's state when nothing is wrong
@@ -246,6 +250,9 @@ func (st *status) print(w io.Writer) {
 	fmt.Fprintln(w, st.header)
 	fmt.Fprintln(w, st.node)
 	for _, line := range st.registry {
+		fmt.Fprintln(w, line)
+	}
+	for _, line := range st.confine {
 		fmt.Fprintln(w, line)
 	}
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)

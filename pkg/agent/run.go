@@ -53,6 +53,20 @@ func Run(ctx context.Context, opts Options) error {
 	mctx, mcancel := context.WithCancel(ctx)
 	var mwg sync.WaitGroup
 	defer func() { mcancel(); mwg.Wait() }()
+	// API confinement (confine.go) before anything can write: the probe
+	// runs for the process's life, and readiness waits for its proof.
+	if c.usesAPI() {
+		if side, err := n.kubeSide(); err == nil {
+			a.confine = side.conf
+			mwg.Go(func() {
+				keepConfinement(mctx, side.cs, c.Node, side.conf, func(err error) {
+					if werr := writeConfinementStatus(opts.RunDir, c.Net.Name, err); werr != nil {
+						opts.logf("recording the API confinement: %v", werr)
+					}
+				}, opts.logf)
+			})
+		}
+	}
 	if opts.MetricsAddr != "" {
 		a.m = metrics.New()
 		mwg.Go(func() {
@@ -170,7 +184,10 @@ type agent struct {
 	haveView bool                    // a registry list has arrived (or the peers are static)
 	m        *metrics.Metrics        // nil: metrics off (its methods do nothing)
 	health   *health
-	reclaim  *reclaimer // nil: no registry, or reclaiming is off
+	// confine is the API confinement proof (confine.go); nil when the
+	// agent does not use the Kubernetes API. Set before the probes serve.
+	confine *confinement
+	reclaim *reclaimer // nil: no registry, or reclaiming is off
 	// lease is this node's own etcd registration as keep sees it (nil:
 	// no etcd registry); held are the peers whose removal it put in
 	// doubt, kept in view (outage.go).

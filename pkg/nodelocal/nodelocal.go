@@ -58,6 +58,9 @@ const (
 	// agent's restarts on this boot so that it answers and fails over
 	// while the control plane is down.
 	LANServicesKeptName = "lan-services-kept.json"
+	// ConfinementStatusName is the agent's API confinement verdict
+	// (pkg/agent confine.go), read by `villaged status`.
+	ConfinementStatusName = "confinement.json"
 	// AgentSocketName is the agent's socket.
 	AgentSocketName = "agent.sock"
 	// SpoofDirName holds macspoofchk's per-port MAC records.
@@ -117,6 +120,11 @@ func PolicyStatus(runDir, network string) string {
 // LANServicesStatus is network's LAN Services status file.
 func LANServicesStatus(runDir, network string) string {
 	return filepath.Join(NetworkDir(runDir, network), LANServicesStatusName)
+}
+
+// ConfinementStatus is network's agent's API confinement verdict file.
+func ConfinementStatus(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), ConfinementStatusName)
 }
 
 // LANServicesKept is network's kept LAN Services state.

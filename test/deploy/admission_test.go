@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -21,6 +22,10 @@ import (
 // server's admission plugin compiles it (k8s.io/apiserver's own code).
 type compiledPolicy struct {
 	match, validate cel.ConditionEvaluator
+	// messages are the validations' messageExpressions, in their order
+	// (nil where a validation has none), evaluated when it denies: a
+	// messageExpression that does not compile or errs is a bug too.
+	messages []cel.ConditionEvaluator
 }
 
 func compilePolicy(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy) compiledPolicy {
@@ -42,7 +47,15 @@ func compilePolicy(t *testing.T, p *admissionv1.ValidatingAdmissionPolicy) compi
 	for _, m := range p.Spec.MatchConditions {
 		ms = append(ms, &validating.ValidationCondition{Expression: m.Expression})
 	}
-	return compiledPolicy{match: c.CompileCondition(ms, opt, environment.StoredExpressions), validate: c.CompileCondition(vs, opt, environment.StoredExpressions)}
+	cp := compiledPolicy{match: c.CompileCondition(ms, opt, environment.StoredExpressions), validate: c.CompileCondition(vs, opt, environment.StoredExpressions)}
+	for _, v := range p.Spec.Validations {
+		var m cel.ConditionEvaluator
+		if v.MessageExpression != "" {
+			m = c.CompileCondition([]cel.ExpressionAccessor{&validating.MessageExpressionCondition{MessageExpression: v.MessageExpression}}, opt, environment.StoredExpressions)
+		}
+		cp.messages = append(cp.messages, m)
+	}
+	return cp
 }
 
 // decide is the policy's answer to one request: denied (with the failing
@@ -67,12 +80,21 @@ func (p compiledPolicy) decide(t *testing.T, va *admission.VersionedAttributes, 
 		}
 	}
 	allowed = true
-	for _, r := range eval(p.validate) {
+	for i, r := range eval(p.validate) {
 		switch {
 		case r.Error != nil:
 			allowed, why = false, append(why, "error: "+r.Error.Error())
 		case r.EvalResult.Value() != true:
 			allowed, why = false, append(why, r.ExpressionAccessor.GetExpression())
+			if p.messages[i] == nil {
+				continue
+			}
+			for _, m := range eval(p.messages[i]) {
+				if m.Error != nil {
+					t.Fatalf("messageExpression of %q: %v", r.ExpressionAccessor.GetExpression(), m.Error)
+				}
+				why = append(why, fmt.Sprint(m.EvalResult.Value()))
+			}
 		}
 	}
 	return allowed, why
@@ -138,10 +160,31 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		return obj("v1", "Service", "web", f)
 	}
 	lease := func(name string) *unstructured.Unstructured { return obj("coordination.k8s.io/v1", "Lease", name, nil) }
-	token := func(boundTo string, life int64) *unstructured.Unstructured {
-		spec := map[string]any{"expirationSeconds": life}
+	// addrLease is an address's Lease as pkg/ipam/store/kube writes it,
+	// naming holder as its node; marker a "last reserved" marker.
+	addrLease := func(name, holder string) *unstructured.Unstructured {
+		return obj("coordination.k8s.io/v1", "Lease", name, map[string]any{
+			"labels":      map[string]any{"village.cni.io/ipam-kind": "address"},
+			"annotations": map[string]any{"village.cni.io/ipam-node": holder},
+			"spec":        map[string]any{"holderIdentity": holder}})
+	}
+	marker := func(name string) *unstructured.Unstructured {
+		return obj("coordination.k8s.io/v1", "Lease", name, map[string]any{
+			"labels": map[string]any{"village.cni.io/ipam-kind": "last"}, "spec": map[string]any{"holderIdentity": "192.0.2.5"}})
+	}
+	// token is a TokenRequest bound to boundTo's object named name (the
+	// API server has filled in its audiences, defaulted or asked for).
+	token := func(boundTo, name string, life int64, audiences ...string) *unstructured.Unstructured {
+		if len(audiences) == 0 {
+			audiences = []string{"https://kubernetes.default.svc"}
+		}
+		auds := make([]any, len(audiences))
+		for i, a := range audiences {
+			auds[i] = a
+		}
+		spec := map[string]any{"expirationSeconds": life, "audiences": auds}
 		if boundTo != "" {
-			spec["boundObjectRef"] = map[string]any{"kind": boundTo, "apiVersion": "v1", "name": "x", "uid": "u"}
+			spec["boundObjectRef"] = map[string]any{"kind": boundTo, "apiVersion": "v1", "name": name, "uid": "u"}
 		}
 		return obj("authentication.k8s.io/v1", "TokenRequest", "village-ipam", map[string]any{"spec": spec})
 	}
@@ -154,6 +197,7 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 	agent := &user.DefaultInfo{Name: agentUser, Extra: onNode1}
 	unbound := &user.DefaultInfo{Name: agentUser}
 	ipam := &user.DefaultInfo{Name: ipamUser, Extra: onNode1}
+	ipamUnbound := &user.DefaultInfo{Name: ipamUser}
 	kubelet := &user.DefaultInfo{Name: "system:node:n2"}
 	ann := map[string]any{"village.cni.io/underlay-ip": "10.1.1.1", "example.com/x": "1"}
 	ann2 := map[string]any{"village.cni.io/underlay-ip": "10.1.1.2", "example.com/x": "1"}
@@ -217,17 +261,29 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		{"Service, spec.externalIPs 8.8.8.8", "village-agent", lb("", externalIPs), lb(""), services, "", admission.Update, agent, false},
 		{"Service, spec.externalIPs through services/status", "village-agent", lb("", externalIPs), lb(""), services, "status", admission.Update, agent, false},
 		{"a kubelet is not the agent", "village-agent", node("n2", ann2), node("n2", ann), nodes, "status", admission.Update, kubelet, true},
-		{"pool Lease created", "village-ipam", lease("village-ipam-0123-192.0.2.5"), nil, leases, "", admission.Create, ipam, true},
-		{"pool Lease updated", "village-ipam", lease("village-ipam-0123-last-0"), lease("village-ipam-0123-last-0"), leases, "", admission.Update, ipam, true},
-		{"pool Lease deleted", "village-ipam", nil, lease("village-ipam-0123-192.0.2.5"), leases, "", admission.Delete, ipam, true},
+		{"pool Lease created", "village-ipam", addrLease("village-ipam-0123-192.0.2.5", "n1"), nil, leases, "", admission.Create, ipam, true},
+		{"pool Lease naming another node created", "village-ipam", addrLease("village-ipam-0123-192.0.2.5", "n2"), nil, leases, "", admission.Create, ipam, false},
+		{"pool Lease naming no node created", "village-ipam", lease("village-ipam-0123-192.0.2.5"), nil, leases, "", admission.Create, ipam, false},
+		{"pool Lease created by a token naming no node", "village-ipam", addrLease("village-ipam-0123-192.0.2.5", "n1"), nil, leases, "", admission.Create, ipamUnbound, false},
+		{"another node's pool Lease taken over", "village-ipam", addrLease("village-ipam-0123-192.0.2.5", "n1"), addrLease("village-ipam-0123-192.0.2.5", "n2"), leases, "", admission.Update, ipam, false},
+		{"an address Lease disguised as a marker", "village-ipam", marker("village-ipam-0123-192.0.2.5"), nil, leases, "", admission.Create, ipam, false},
+		{"marker created", "village-ipam", marker("village-ipam-0123-last-0"), nil, leases, "", admission.Create, ipam, true},
+		{"marker updated", "village-ipam", marker("village-ipam-0123-last-0"), marker("village-ipam-0123-last-0"), leases, "", admission.Update, ipam, true},
+		{"pool Lease deleted", "village-ipam", nil, addrLease("village-ipam-0123-192.0.2.5", "n1"), leases, "", admission.Delete, ipam, true},
+		{"another node's pool Lease deleted (GC of a deleted Node)", "village-ipam", nil, addrLease("village-ipam-0123-192.0.2.5", "n2"), leases, "", admission.Delete, ipam, true},
 		{"kube-scheduler Lease created", "village-ipam", lease("kube-scheduler"), nil, leases, "", admission.Create, ipam, false},
 		{"kube-controller-manager Lease updated", "village-ipam", lease("kube-controller-manager"), lease("kube-controller-manager"), leases, "", admission.Update, ipam, false},
 		{"kube-controller-manager Lease deleted", "village-ipam", nil, lease("kube-controller-manager"), leases, "", admission.Delete, ipam, false},
-		{"token bound to a Pod, an hour", "village-token", token("Pod", 3600), nil, sas, "token", admission.Create, agent, true},
-		{"token bound to a Node, an hour", "village-token", token("Node", 3600), nil, sas, "token", admission.Create, agent, true},
-		{"token bound to a Secret", "village-token", token("Secret", 3600), nil, sas, "token", admission.Create, agent, false},
-		{"token bound to nothing", "village-token", token("", 3600), nil, sas, "token", admission.Create, agent, false},
-		{"token for a day", "village-token", token("Node", 86400), nil, sas, "token", admission.Create, agent, false},
+		{"token bound to its own Node, an hour", "village-token", token("Node", "n1", 3600), nil, sas, "token", admission.Create, agent, true},
+		{"token bound to its own Node, k3s's audiences", "village-token", token("Node", "n1", 3600, "https://kubernetes.default.svc.cluster.local", "k3s"), nil, sas, "token", admission.Create, agent, true},
+		{"token bound to another Node", "village-token", token("Node", "n2", 3600), nil, sas, "token", admission.Create, agent, false},
+		{"token bound to its own Node by a token naming no node", "village-token", token("Node", "n1", 3600), nil, sas, "token", admission.Create, unbound, false},
+		{"token for a custom audience", "village-token", token("Node", "n1", 3600, "vault"), nil, sas, "token", admission.Create, agent, false},
+		{"token for the API server and a custom audience", "village-token", token("Node", "n1", 3600, "https://kubernetes.default.svc", "vault"), nil, sas, "token", admission.Create, agent, false},
+		{"token bound to a Pod", "village-token", token("Pod", "n1", 3600), nil, sas, "token", admission.Create, agent, false},
+		{"token bound to a Secret", "village-token", token("Secret", "n1", 3600), nil, sas, "token", admission.Create, agent, false},
+		{"token bound to nothing", "village-token", token("", "", 3600), nil, sas, "token", admission.Create, agent, false},
+		{"token for a day", "village-token", token("Node", "n1", 86400), nil, sas, "token", admission.Create, agent, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, ok := policies[tc.policy]

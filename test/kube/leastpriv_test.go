@@ -183,7 +183,12 @@ func checkLeastPrivilege(t *testing.T, c *kubecluster.Cluster) {
 		// What the token is for: a Lease of the pool, written and removed.
 		name := kubestore.LeasePrefix + "leastpriv-test"
 		leases := ipam.CoordinationV1().Leases("kube-system")
-		if _, err := leases.Create(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		// An address's Lease names its node (holder, annotation), as
+		// pkg/ipam/store/kube writes it: admission.yaml's village-ipam
+		// wants the node of the token (bound to node-1's Node).
+		own := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{kubenames.LabelIPAMKind: "address"},
+			Annotations: map[string]string{kubenames.AnnotationIPAMNode: n1.Name}}, Spec: coordv1.LeaseSpec{HolderIdentity: ptr(n1.Name)}}
+		if _, err := leases.Create(ctx, own, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("village-ipam creating its own Lease %s: %v", name, err)
 		}
 		if err := leases.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
