@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/village-cni/village/internal/kubecluster"
+	"github.com/village-cni/village/test/attack"
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/test/attack"
@@ -595,6 +596,11 @@ func lanServices(t *testing.T, c *kubecluster.Cluster) {
 		if err != nil || len(svc.Status.LoadBalancer.Ingress) != 0 {
 			t.Fatalf("Service of a forbidden namespace: ingress %v (%v), want none", svc.Status.LoadBalancer.Ingress, err)
 		}
+	})
+	// A user with one namespace given the LAN aims every key it controls
+	// at addresses Village must never take (test/attack).
+	t.Run("AttackNamespaceUser", func(t *testing.T) {
+		attack.NamespaceUserOnTheLAN(t, c, attack.LANAttack{Held: f.ingress(t, "share-a", 1)[0], HeldShare: "home", Node: n1.Name})
 	})
 	// takeOver takes from off the LAN while mac answers for svcAsked, and
 	// returns the other node, which must have taken it over, and how long
