@@ -21,7 +21,7 @@ import (
 // rest of that policy still applies; a rule it cannot read matches
 // nothing, so an error never opens traffic).
 func Compile(in Input) *table.Ruleset {
-	c := &compiler{in: in, rs: &table.Ruleset{Network: in.Network, Sets: map[string]table.Set{}}, seen: map[table.Problem]bool{}}
+	c := &compiler{in: in, rs: &table.Ruleset{Network: in.Network, Bridge: in.Bridge, Sets: map[string]table.Set{}}, seen: map[table.Problem]bool{}}
 	c.index()
 	for _, p := range c.pods {
 		if !in.Local[p.Key()] || p.HostNetwork || len(p.IPs) == 0 {

@@ -10,8 +10,9 @@
 //	  map egress4 / egress6            pod address : jump egress.<ns>.<pod>
 //	  set s4-<hash> / s6-<hash>        peers of one rule (pods' addresses, ipBlocks less their excepts), intervals
 //	  chain forward  type filter hook forward priority filter; policy accept
-//	    ct state established,related accept
 //	    icmpv6 type nd-router-solicit..nd-redirect accept      (neighbour discovery keeps working)
+//	    iifname <bridge> ip6 saddr fe80::/10 drop, … daddr …   (link-local: no set holds it)
+//	    ct state established,related accept
 //	    ip saddr vmap @egress4, ip6 saddr vmap @egress6
 //	    ip daddr vmap @ingress4, ip6 daddr vmap @ingress6
 //	  chain ingress.<ns>.<pod>
@@ -21,6 +22,7 @@
 //	  set pending4 / pending6          addresses of new pods whose rules are not compiled yet
 //	  chain forward  type filter hook forward priority filter - 5; policy accept
 //	    icmpv6 type nd-router-solicit..nd-redirect accept
+//	    iifname <bridge> ip6 saddr fe80::/10 drop, … daddr …
 //	    ip saddr @pending4 drop, ip daddr @pending4 drop        (and ip6)
 //
 // # No window at a pod's start

@@ -36,7 +36,9 @@ type NamedPort struct {
 
 // Input is everything one network's compile reads.
 type Input struct {
-	Network  string
+	Network string
+	// Bridge is the network's bridge (table.Ruleset.Bridge).
+	Bridge   string
 	Policies []*networkingv1.NetworkPolicy
 	// Pods are all the cluster's pods (peers are selected among them).
 	Pods []*Pod

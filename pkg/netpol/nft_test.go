@@ -200,3 +200,46 @@ func TestPending(t *testing.T) {
 type corev1Protocol = corev1.Protocol
 
 func intOrString(v int32) intstr.IntOrString { return intstr.FromInt32(v) }
+
+// TestLinkLocalRules: both forward chains (policy and pending) drop the
+// bridge's IPv6 link-local traffic, source and destination, after the
+// neighbour-discovery accept; the policy chain before its
+// established accept. Golden text as nft prints the kernel's rules.
+func TestLinkLocalRules(t *testing.T) {
+	l := newLab(t)
+	in := l.input()
+	in.Bridge = "br0"
+	l.apply(t, in)
+	want := []string{
+		// ip6 saddr fe80::/10, ip6 daddr fe80::/10 (nft prints the raw
+		// payload of a two-byte load)
+		`iifname "br0" meta nfproto ipv6 @nh,64,16 & 0xffc0 == 0xfe80 counter packets 0 bytes 0 drop`,
+		`iifname "br0" meta nfproto ipv6 @nh,192,16 & 0xffc0 == 0xfe80 counter packets 0 bytes 0 drop`,
+	}
+	for _, tbl := range []string{table.PolicyTable("t"), table.PendingTable("t")} {
+		out := nft(t, l.Node, "list", "chain", "inet", tbl, "forward")
+		var lines []string
+		for _, ln := range strings.Split(out, "\n") {
+			lines = append(lines, strings.TrimSpace(ln))
+		}
+		at := map[string]int{}
+		for i, ln := range lines {
+			at[ln] = i
+		}
+		nd := -1
+		for i, ln := range lines {
+			if ln == "icmpv6 type 133-137 accept" {
+				nd = i
+			}
+		}
+		for _, w := range want {
+			i, ok := at[w]
+			if !ok || i < nd || nd < 0 {
+				t.Errorf("table %s: want %q after the neighbour-discovery accept:\n%s", tbl, w, out)
+			}
+			if ct, ok := at["ct state established,related accept"]; ok && ct < i {
+				t.Errorf("table %s: the established accept comes before %q:\n%s", tbl, w, out)
+			}
+		}
+	}
+}

@@ -23,7 +23,7 @@ func (a *adder) markPolicyPending() error {
 		}
 	}
 	if a.conf.NetworkPolicy {
-		if marked, err := table.MarkUntilReady("", a.conf.Name, ips); err != nil || marked {
+		if marked, err := table.MarkUntilReady("", a.conf.Name, a.conf.Bridge, ips); err != nil || marked {
 			return err
 		}
 	}

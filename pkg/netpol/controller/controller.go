@@ -41,7 +41,9 @@ const (
 // Config says which network and node the controller works for.
 type Config struct {
 	Network string
-	Node    string
+	// Bridge is the network's bridge (table.Ruleset.Bridge).
+	Bridge string
+	Node   string
 	// Pods (every pod of the cluster, with SlimPod as their transform),
 	// Namespaces and Policies are the agent's shared informers, which the
 	// agent starts.
@@ -180,7 +182,7 @@ type ctl struct {
 
 // input reads the caches.
 func (c *ctl) input() netpol.Input {
-	in := netpol.Input{Network: c.cfg.Network, Namespaces: map[string]map[string]string{}, Local: map[string]bool{}}
+	in := netpol.Input{Network: c.cfg.Network, Bridge: c.cfg.Bridge, Namespaces: map[string]map[string]string{}, Local: map[string]bool{}}
 	for _, o := range c.pols.List() {
 		in.Policies = append(in.Policies, o.(*networkingv1.NetworkPolicy))
 	}

@@ -38,6 +38,9 @@ func (p Proto) String() string {
 // Ruleset is the compiled table of one network.
 type Ruleset struct {
 	Network string
+	// Bridge is the network's bridge: the pods' link-local traffic
+	// bridged there is dropped (linkLocal); "" drops it on every bridge.
+	Bridge string
 	// Pods are this node's pods isolated in at least one direction,
 	// sorted by key.
 	Pods []PodRules

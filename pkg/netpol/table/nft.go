@@ -166,6 +166,44 @@ func neighbourDiscovery() []expr.Any {
 		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{133}, ToData: []byte{137}})
 }
 
+// linkLocal is the bridge's IPv6 link-local unicast traffic, one rule
+// per address (source, destination) with the packet's address in
+// fe80::/10 and, when bridge is set, iifname bridge (bridged frames reach
+// the forward hook with the bridge as their input; routing never forwards
+// link-local, so only frames between two ports of one bridge get here).
+// Every pod has an fe80:: address on eth0 that no set holds (the policy
+// and pending chains decide by the pod's listed addresses), and a pod
+// with NET_ADMIN can add any other: dropped by scope, a pod cannot be
+// reached past its rules at a link-local address whatever it is. Neighbour
+// discovery, accepted before, keeps working.
+func linkLocal(bridge string) [][]expr.Any {
+	var out [][]expr.Any
+	for _, src := range []bool{true, false} {
+		var e []expr.Any
+		if bridge != "" {
+			e = append(e, &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)})
+		}
+		e = append(e, nfproto(true)...)
+		p := addr(true, src)
+		p.Len = 2
+		e = append(e, p,
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 2, Mask: []byte{0xff, 0xc0}, Xor: []byte{0, 0}},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0xfe, 0x80}},
+			&expr.Counter{}, verdict(expr.VerdictDrop))
+		out = append(out, e)
+	}
+	return out
+}
+
+// ifname is name as the kernel compares interface names: NUL-padded to
+// IFNAMSIZ.
+func ifname(name string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return b
+}
+
 // build queues the policy table of rs on c (after deleting what is there).
 func build(c *nftables.Conn, rs *Ruleset) error {
 	t := inet(PolicyTable(rs.Network))
@@ -205,8 +243,11 @@ func build(c *nftables.Conn, rs *Ruleset) error {
 		}
 	}
 	fw := c.AddChain(forwardChain(t, nftables.ChainPriorityFilter))
-	c.AddRule(rule(t, fw, ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)}))
 	c.AddRule(rule(t, fw, neighbourDiscovery(), []expr.Any{verdict(expr.VerdictAccept)}))
+	for _, ll := range linkLocal(rs.Bridge) {
+		c.AddRule(rule(t, fw, ll))
+	}
+	c.AddRule(rule(t, fw, ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)}))
 	for _, dir := range []string{"egress", "ingress"} {
 		for _, v6 := range []bool{false, true} {
 			m := maps[dir+map[bool]string{false: "4", true: "6"}[v6]]
@@ -311,7 +352,7 @@ func pendingSets(network string) (*nftables.Table, [2]*nftables.Set) {
 // ensurePending queues the pending table (kept when present: AddTable,
 // AddSet and AddChain without a delete do not touch what exists) and its
 // chain's rules, replaced.
-func ensurePending(c *nftables.Conn, network string) error {
+func ensurePending(c *nftables.Conn, network, bridge string) error {
 	t, sets := pendingSets(network)
 	c.AddTable(t)
 	for _, s := range sets {
@@ -323,6 +364,9 @@ func ensurePending(c *nftables.Conn, network string) error {
 	fw := c.AddChain(forwardChain(t, prio))
 	c.FlushChain(fw)
 	c.AddRule(rule(t, fw, neighbourDiscovery(), []expr.Any{verdict(expr.VerdictAccept)}))
+	for _, ll := range linkLocal(bridge) {
+		c.AddRule(rule(t, fw, ll))
+	}
 	for i, s := range sets {
 		for _, src := range []bool{true, false} {
 			c.AddRule(rule(t, fw, nfproto(i == 1), []expr.Any{addr(i == 1, src), inSet(s), &expr.Counter{}, verdict(expr.VerdictDrop)}))
@@ -361,7 +405,7 @@ func install(rs *Ruleset, rewrite bool, queue func(*nftables.Conn) error) error 
 		return err
 	}
 	if rewrite || !there {
-		if err := ensurePending(c, rs.Network); err != nil {
+		if err := ensurePending(c, rs.Network, rs.Bridge); err != nil {
 			return fmt.Errorf("pending table of network %q: %w", rs.Network, err)
 		}
 	}

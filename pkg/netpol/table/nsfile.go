@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -126,31 +127,55 @@ func IsReady(path string) (bool, error) {
 	return false, nil
 }
 
-// HoldReady creates the ready file at path and holds its exclusive lock
-// until the returned file is closed (or the process ends). The controller
-// calls it once its first compile is in the kernel.
+// HoldReady creates the ready file at path (root-only, 0600; an existing
+// file's mode is put back) and holds its exclusive lock until the returned
+// file is closed (or the process ends). The controller calls it once its
+// first compile is in the kernel. The lock is taken without waiting: a
+// plugin holds its shared lock for a moment only, so a lock held for
+// longer than a few tries is someone else's, reported as an error rather
+// than hanging the controller.
 func HoldReady(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("failed to make %s: %w", filepath.Dir(path), err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("failed to create %s: %w", path, err)
 	}
-	// Blocking: a plugin holds its shared lock for a moment only.
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+	if err := f.Chmod(0o600); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("failed to lock %s: %w", path, err)
+		return nil, fmt.Errorf("failed to make %s root-only: %w", path, err)
 	}
-	return f, nil
+	for try := 0; ; try++ {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || try == readyTries {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("failed to lock %s: another process holds its lock: %w", path, err)
+			}
+			return nil, fmt.Errorf("failed to lock %s: %w", path, err)
+		}
+		time.Sleep(readyRetry)
+	}
 }
+
+// readyTries and readyRetry bound HoldReady's wait for a plugin's shared
+// lock (held for one stat and flock): about a second in all.
+const (
+	readyTries = 50
+	readyRetry = 20 * time.Millisecond
+)
 
 // MarkUntilReady is what ADD does first for a pod with addresses ips on a
 // network with "networkPolicy": true: while no controller holds the ready
 // file, the addresses are marked pending, the pending table made when it
 // is missing (after a reboot the kernel has none). It reports whether it
-// marked; when it did not, MarkNewPod decides.
-func MarkUntilReady(runDir, network string, ips []netip.Addr) (bool, error) {
+// marked; when it did not, MarkNewPod decides. bridge is the network's
+// bridge (Ruleset.Bridge).
+func MarkUntilReady(runDir, network, bridge string, ips []netip.Addr) (bool, error) {
 	if len(ips) == 0 {
 		return false, nil
 	}
@@ -165,7 +190,7 @@ func MarkUntilReady(runDir, network string, ips []netip.Addr) (bool, error) {
 	if ok, err := tableExists(c, PendingTable(network)); err != nil {
 		return false, err
 	} else if !ok {
-		if err := ensurePending(c, network); err != nil {
+		if err := ensurePending(c, network, bridge); err != nil {
 			return false, fmt.Errorf("pending table of network %q: %w", network, err)
 		}
 	}

@@ -22,7 +22,7 @@ import (
 // transaction), and the pending marks of the addresses rs compiled go in
 // it, as with Apply. The pending table is left as it is (made if missing).
 func Update(old, rs *Ruleset) error {
-	if old == nil || old.Network != rs.Network {
+	if old == nil || old.Network != rs.Network || old.Bridge != rs.Bridge {
 		return Apply(rs)
 	}
 	return install(rs, false, func(c *nftables.Conn) error { return queueChanges(c, old, rs) })
