@@ -50,9 +50,18 @@
 // agent's own writes are the plan, so they start nothing. Kernel events
 // are coalesced for a short moment, then trigger one pass.
 //
+// The network's own nftables tables (the masquerade tables, and with
+// networkPolicy the policy and pending tables) are followed through the
+// kernel's nf_tables notifications (nftables.go, pkg/nftwatch): a change
+// to one runs the very repair the tick runs (masq.Keep; the policy
+// controller's repair), which writes nothing when the kernel holds what
+// it wants.
+//
 // Every Period (10 s by default) the tick checks the underlay address, the
 // host shim's routes, the host veths' MACs and, when ipMasq is on, the
-// netfilter rules (netfilter sends no events Village listens to). The full
+// netfilter rules (the rules Keep puts in other tables' chains send no
+// notification Village follows); the policy controller's repair runs on
+// the same period. The full
 // pass, a Set that reads every route, neighbour and FDB entry back, runs
 // on every tick only while the kernel watch is not whole (a subscription
 // failed, or ended on a full socket buffer and notifications may be lost;

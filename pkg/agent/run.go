@@ -142,6 +142,8 @@ func Run(ctx context.Context, opts Options) error {
 	kernel := make(chan struct{}, 1)
 	a.watch = newKernelWatch(a.r, kernel, opts.logf)
 	wg.Go(func() { a.watch.run(ctx) })
+	a.nft = a.newNftWatch() // nftables.go
+	a.nft.run(ctx, &wg)
 	a.startPolicy(ctx, &wg) // netpol.go
 
 	var feed *registry.Feed
@@ -195,6 +197,7 @@ type agent struct {
 	held   map[string]overlay.Node
 	onTick func() // a test's stand-in for the periodic work (nil: the work)
 	watch  *kernelWatch
+	nft    *nftWatch
 	// lan answers the LAN questions (lanside.go); nil without a LAN
 	// section. The NetworkPolicy controller asks it which pods have one.
 	lan *lanpods.Controller
@@ -250,6 +253,8 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			settled = nil
 			a.checkSelf(records)
 			a.pass(ctx, "kernel change", true)
+		case <-a.nft.masqChanged():
+			a.repairMasq()
 		case <-tick.C:
 			if a.onTick != nil {
 				a.onTick()
@@ -416,8 +421,9 @@ func (a *agent) checkSelf(records chan registry.Node) {
 
 // repairMasq keeps the network's netfilter rules (masquerade, forward
 // accept, every pod's macspoofchk rule) through masq.Keep, as the plugin's
-// ADD does: netfilter sends no events Village listens to, so this runs on
-// every tick, and costs one fingerprint read when nothing changed. Rules
+// ADD does: on every tick and on every nftables notification about the
+// network's masquerade tables (nftables.go), and costs one fingerprint
+// read when nothing changed. Rules
 // installed where none were recorded (before the first ADD) are not drift;
 // rules gone behind Village's back are, and count in the drift metrics.
 func (a *agent) repairMasq() {

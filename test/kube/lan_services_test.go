@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/village-cni/village/internal/kubecluster"
-	"github.com/village-cni/village/test/attack"
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/test/attack"

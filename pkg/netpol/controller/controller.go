@@ -71,6 +71,11 @@ type Config struct {
 	// InNS runs its argument in the node's network namespace (nil: the
 	// calling thread's, which is the node's for villaged).
 	InNS func(func() error) error
+	// Kick receives when the kernel says the policy or pending table
+	// changed (villaged: pkg/nftwatch; nil: never): the controller repairs
+	// at once, as on its Repair tick, which writes nothing when the kernel
+	// holds what it compiled.
+	Kick <-chan struct{}
 }
 
 // StatusName is the status file under <run dir>/<network>/.
@@ -162,6 +167,8 @@ func Run(ctx context.Context, cfg Config) error {
 			settled = nil
 			c.sync("change")
 		case <-repair.C:
+			c.repair()
+		case <-cfg.Kick:
 			c.repair()
 		}
 	}
@@ -274,16 +281,23 @@ func (c *ctl) sync(why string) {
 func countLocal(in netpol.Input) int { return len(in.Local) }
 
 // repair compares the kernel with the last compile and applies again when
-// they differ (a flushed table, a hand edit) or the last apply failed.
+// they differ (a flushed table, a hand edit) or the last apply failed. A
+// missing pending table means new pods would go unmarked: the ready file
+// is let go first (ADD marks every new pod pending again, making the
+// table itself if need be) and taken again once the whole apply, which
+// makes the pending table, is in the kernel.
 func (c *ctl) repair() {
 	if c.failed || c.last == nil {
 		c.sync("retry")
 		return
 	}
 	var have table.Summary
-	var ok bool
+	var ok, pending bool
 	err := c.cfg.InNS(func() (err error) {
-		have, ok, err = table.Observe(c.cfg.Network)
+		if have, ok, err = table.Observe(c.cfg.Network); err != nil {
+			return err
+		}
+		pending, err = table.PendingPresent(c.cfg.Network)
 		return err
 	})
 	if err != nil {
@@ -293,6 +307,10 @@ func (c *ctl) repair() {
 	diff := "table missing"
 	if ok {
 		diff = table.Diff(table.Summarize(c.last), have)
+	}
+	if !pending {
+		c.release()
+		diff = strings.TrimPrefix(diff+"; pending table missing (not ready until it is back)", "; ")
 	}
 	if diff == "" {
 		return

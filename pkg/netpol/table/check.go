@@ -107,3 +107,12 @@ func Diff(want, have Summary) string {
 	}
 	return strings.Join(out, "; ")
 }
+
+// PendingPresent says whether network's pending table is in the kernel.
+func PendingPresent(network string) (bool, error) {
+	c, err := open()
+	if err != nil {
+		return false, fmt.Errorf("failed to open nftables: %w", err)
+	}
+	return tableExists(c, PendingTable(network))
+}

@@ -1,0 +1,59 @@
+package agent
+
+import (
+	"context"
+	"sync"
+
+	"github.com/village-cni/village/pkg/masq"
+	"github.com/village-cni/village/pkg/netpol/table"
+	"github.com/village-cni/village/pkg/nftwatch"
+)
+
+// nftWatch follows the node's nf_tables notifications (pkg/nftwatch) for
+// the network's own tables, so one that a firewall reload or `nft flush
+// ruleset` removed is put back within milliseconds rather than at the next
+// tick:
+//
+//   - the masquerade tables (inet and bridge, masq.Table): masq receives,
+//     and the loop runs repairMasq, the tick's own masq.Keep;
+//   - with networkPolicy on, the policy table (any change) and the pending
+//     table (any change but its elements: ADD adds the marks, the
+//     controller removes them): policy receives, the controller's Kick,
+//     and the controller runs its repair (pkg/netpol/controller).
+//
+// Both repairs compare the kernel with what they want and write nothing
+// when they are equal, so the notifications of the agent's own writes cost
+// one read each and start nothing more. Each channel holds one signal, so
+// a table flushed over and over costs one repair in flight and one queued.
+type nftWatch struct {
+	w      *nftwatch.Watcher
+	masq   <-chan struct{}
+	policy <-chan struct{} // nil without networkPolicy
+}
+
+func (a *agent) newNftWatch() *nftWatch {
+	name := a.c.Net.Name
+	w := nftwatch.New(nftwatch.Options{Logf: a.opts.logf})
+	n := &nftWatch{w: w, masq: w.Register(nftwatch.Tables(masq.Table(name)))}
+	if a.c.Net.NetworkPolicy {
+		policy, pending := table.PolicyTable(name), table.PendingTable(name)
+		n.policy = w.Register(func(c nftwatch.Change) bool {
+			return c.Table == policy || (c.Table == pending && c.Object != nftwatch.Element)
+		})
+	}
+	return n
+}
+
+// run follows the notifications in wg until ctx is done.
+func (n *nftWatch) run(ctx context.Context, wg *sync.WaitGroup) {
+	wg.Go(func() { n.w.Run(ctx) })
+}
+
+// masqChanged is the masquerade tables' channel (nil, which never
+// receives, without a watcher).
+func (n *nftWatch) masqChanged() <-chan struct{} {
+	if n == nil {
+		return nil
+	}
+	return n.masq
+}
