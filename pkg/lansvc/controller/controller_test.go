@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
@@ -351,17 +352,23 @@ func within(t *testing.T, what string, cond func() bool) {
 }
 
 // foreignIngress puts addr in ns/name's status, as another load balancer
-// (MetalLB, ServiceLB, a cloud's) would.
+// (MetalLB, ServiceLB, a cloud's) would: read, add, write, and again from
+// the read when Village's controller wrote the Service in between (a
+// conflict, which every client of the API retries).
 func (e *env) foreignIngress(ns, name, addr string) {
 	e.t.Helper()
-	s, err := e.cs.CoreV1().Services(ns).Get(e.ctx, name, metav1.GetOptions{})
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := e.cs.CoreV1().Services(ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		vip := corev1.LoadBalancerIPModeVIP
+		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: addr, IPMode: &vip})
+		_, err = e.cs.CoreV1().Services(ns).UpdateStatus(e.ctx, s, metav1.UpdateOptions{FieldManager: "other-lb"})
+		return err
+	})
 	if err != nil {
-		e.t.Fatal(err)
-	}
-	vip := corev1.LoadBalancerIPModeVIP
-	s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: addr, IPMode: &vip})
-	if _, err := e.cs.CoreV1().Services(ns).UpdateStatus(e.ctx, s, metav1.UpdateOptions{FieldManager: "other-lb"}); err != nil {
-		e.t.Fatal(err)
+		e.t.Fatalf("%s/%s: adding another load balancer's %s: %v", ns, name, addr, err)
 	}
 }
 
