@@ -185,7 +185,7 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 	event := func(ns, kind, apiVersion, involvedNS, name, component, host string) *unstructured.Unstructured {
 		u := obj("v1", "Event", "e1", map[string]any{
 			"involvedObject": map[string]any{"kind": kind, "apiVersion": apiVersion, "namespace": involvedNS, "name": name, "uid": "u"},
-			"reason": "LANAddressTaken", "message": "m", "type": "Warning", "count": int64(1),
+			"reason":         "LANAddressTaken", "message": "m", "type": "Warning", "count": int64(1),
 			"source": map[string]any{"component": component, "host": host}, "reportingComponent": component, "reportingInstance": host})
 		u.SetNamespace(ns)
 		if involvedNS == "" {
@@ -193,7 +193,9 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		}
 		return u
 	}
-	podEvent := func(host string) *unstructured.Unstructured { return event("ns", "Pod", "v1", "ns", "p", "villaged", host) }
+	podEvent := func(host string) *unstructured.Unstructured {
+		return event("ns", "Pod", "v1", "ns", "p", "villaged", host)
+	}
 	withField := func(u *unstructured.Unstructured, value any, path ...string) *unstructured.Unstructured {
 		u = u.DeepCopy()
 		if err := unstructured.SetNestedField(u.Object, value, path...); err != nil {

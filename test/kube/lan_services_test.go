@@ -541,13 +541,18 @@ func lanServices(t *testing.T, c *kubecluster.Cluster) {
 		f.serviceEvent(t, "web", corev1.EventTypeNormal, kubenames.ReasonLANAssigned, webIP)
 	})
 	// A stolen node token against the Services (test/attack): another
-	// class's or namespace's status, externalIPs, the spec.
+	// class's or namespace's status, externalIPs, the spec; then every
+	// other write beyond its node's own (nodetoken.go): Nodes, pods,
+	// addresses outside the Service ranges, Leases, Events, Secrets, tokens.
 	t.Run("NodeTokenAttacks", func(t *testing.T) {
 		p, ok := villagePods(t, c)[n1.Name]
 		if !ok {
 			t.Fatalf("no Village pod on %s", n1.Name)
 		}
-		attack.NodeTokenServices(t, c, agentClient(t, c, n1, &p), f.ns)
+		agent := agentClient(t, c, n1, &p)
+		attack.NodeTokenServices(t, c, agent, f.ns)
+		attack.NodeTokenWrites(t, c, agent, attack.NodeTokenTargets{Node: n1.Name, OtherNode: n2.Name,
+			AllowedNS: f.ns, OtherPod: "web-2", Router: kubecluster.LANIP})
 	})
 	t.Run("OneMACIsTheAnnouncer", func(t *testing.T) {
 		a := f.announcerNode(t, "web", "")
