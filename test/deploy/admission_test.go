@@ -184,9 +184,15 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 	// as client-go's recorder writes them).
 	event := func(ns, kind, apiVersion, involvedNS, name, component, host string) *unstructured.Unstructured {
 		u := obj("v1", "Event", "e1", map[string]any{
-			"involvedObject": map[string]any{"kind": kind, "apiVersion": apiVersion, "namespace": involvedNS, "name": name, "uid": "u"},
-			"reason":         "LANAddressTaken", "message": "m", "type": "Warning", "count": int64(1),
-			"source": map[string]any{"component": component, "host": host}, "reportingComponent": component, "reportingInstance": host})
+			"involvedObject":     map[string]any{"kind": kind, "apiVersion": apiVersion, "namespace": involvedNS, "name": name, "uid": "u"},
+			"reason":             "LANAddressTaken",
+			"message":            "m",
+			"type":               "Warning",
+			"count":              int64(1),
+			"source":             map[string]any{"component": component, "host": host},
+			"reportingComponent": component,
+			"reportingInstance":  host,
+		})
 		u.SetNamespace(ns)
 		if involvedNS == "" {
 			unstructured.RemoveNestedField(u.Object, "involvedObject", "namespace")
