@@ -100,9 +100,10 @@ func (p compiledPolicy) decide(t *testing.T, va *admission.VersionedAttributes, 
 	return allowed, why
 }
 
-// TestAdmissionPolicyDecisions: admission.yaml's policies, compiled and
-// evaluated by the API server's own CEL admission code, allow what the
-// agent and the LAN pool store do and deny what they must not. (An empty
+// TestAdmissionPolicyDecisions: admission.yaml's policies and the home-lab
+// example's village-lan-services, compiled and evaluated by the API
+// server's own CEL admission code, allow what the agent and the LAN pool
+// store do and deny what they must not. (An empty
 // field of the request, no subResource or no extra, is absent to CEL: the
 // policies must say has(), which this test caught.) test/kube's
 // LeastPrivilege asks a real API server.
@@ -112,6 +113,12 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 	for _, p := range o.policies {
 		policies[p.Name] = compilePolicy(t, p)
 	}
+	// village-lan-services of the home-lab example, with an IPv6 range
+	// beside its IPv4 one (as "services.ranges" may have), across a
+	// 16-bit boundary.
+	lanSvc := lanServicesPolicy(t)
+	setRanges(t, lanSvc, "[['192.168.50.240', '192.168.50.250'], ['fd00:50::fff0', 'fd00:50::1:f']]")
+	policies[lanSvc.Name] = compilePolicy(t, lanSvc)
 	obj := func(apiVersion, kind, name string, fields map[string]any) *unstructured.Unstructured {
 		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": apiVersion, "kind": kind, "metadata": map[string]any{"name": name, "namespace": "ns"}}}
 		for k, v := range fields {
@@ -158,6 +165,49 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 			}
 		}
 		return obj("v1", "Service", "web", f)
+	}
+	// lbIngress is a Service whose status holds these ingress entries
+	// (an IP, or "hostname:" and a name).
+	lbIngress := func(entries ...string) *unstructured.Unstructured {
+		in := []any{}
+		for _, e := range entries {
+			if h, ok := strings.CutPrefix(e, "hostname:"); ok {
+				in = append(in, map[string]any{"hostname": h})
+				continue
+			}
+			in = append(in, map[string]any{"ip": e, "ipMode": "VIP"})
+		}
+		return lb("", map[string]any{"status": map[string]any{"loadBalancer": map[string]any{"ingress": in}}})
+	}
+	// event is a core Event in namespace ns about kind/involvedNS/name,
+	// reported as component from host (source and reporting instance,
+	// as client-go's recorder writes them).
+	event := func(ns, kind, apiVersion, involvedNS, name, component, host string) *unstructured.Unstructured {
+		u := obj("v1", "Event", "e1", map[string]any{
+			"involvedObject":     map[string]any{"kind": kind, "apiVersion": apiVersion, "namespace": involvedNS, "name": name, "uid": "u"},
+			"reason":             "LANAddressTaken",
+			"message":            "m",
+			"type":               "Warning",
+			"count":              int64(1),
+			"source":             map[string]any{"component": component, "host": host},
+			"reportingComponent": component,
+			"reportingInstance":  host,
+		})
+		u.SetNamespace(ns)
+		if involvedNS == "" {
+			unstructured.RemoveNestedField(u.Object, "involvedObject", "namespace")
+		}
+		return u
+	}
+	podEvent := func(host string) *unstructured.Unstructured {
+		return event("ns", "Pod", "v1", "ns", "p", "villaged", host)
+	}
+	withField := func(u *unstructured.Unstructured, value any, path ...string) *unstructured.Unstructured {
+		u = u.DeepCopy()
+		if err := unstructured.SetNestedField(u.Object, value, path...); err != nil {
+			t.Fatal(err)
+		}
+		return u
 	}
 	lease := func(name string) *unstructured.Unstructured { return obj("coordination.k8s.io/v1", "Lease", name, nil) }
 	// addrLease is an address's Lease as pkg/ipam/store/kube writes it,
@@ -206,6 +256,8 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 	leases := schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
 	sas := schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}
 	services := schema.GroupVersionResource{Version: "v1", Resource: "services"}
+	events := schema.GroupVersionResource{Version: "v1", Resource: "events"}
+	eventsV1 := schema.GroupVersionResource{Group: "events.k8s.io", Version: "v1", Resource: "events"}
 	announcer := map[string]any{"annotations": map[string]any{"village.cni.io/lan-announcer": "n1"}}
 	lanClass := map[string]any{"spec": map[string]any{"type": "LoadBalancer", "loadBalancerClass": "village.cni.io/lan", "ports": []any{map[string]any{"port": int64(80)}}}}
 	otherClass := map[string]any{"spec": map[string]any{"type": "LoadBalancer", "loadBalancerClass": "example.com/other-lb", "ports": []any{map[string]any{"port": int64(80)}}}}
@@ -260,6 +312,47 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		{closedNS + " announcer removed", "village-agent", lb("192.0.2.9"), lb("192.0.2.9", announcer), services, "", admission.Update, agent, true},
 		{"Service, spec.externalIPs 8.8.8.8", "village-agent", lb("", externalIPs), lb(""), services, "", admission.Update, agent, false},
 		{"Service, spec.externalIPs through services/status", "village-agent", lb("", externalIPs), lb(""), services, "status", admission.Update, agent, false},
+		{"LAN Service range: its first address", "village-lan-services", lbIngress("192.168.50.240"), lbIngress(), services, "status", admission.Update, agent, true},
+		{"LAN Service range: an address inside", "village-lan-services", lbIngress("192.168.50.245"), lbIngress(), services, "status", admission.Update, agent, true},
+		{"LAN Service range: its last address", "village-lan-services", lbIngress("192.168.50.250"), lbIngress(), services, "status", admission.Update, agent, true},
+		{"LAN Service range: IPv6 across a 16-bit boundary", "village-lan-services", lbIngress("fd00:50::fff7", "fd00:50::1:0", "fd00:50::1:f"), lbIngress(), services, "status", admission.Update, agent, true},
+		{"LAN Service range: both families", "village-lan-services", lbIngress("192.168.50.241", "fd00:50::fff0"), lbIngress(), services, "status", admission.Update, agent, true},
+		{"LAN Service range: another load balancer's address kept", "village-lan-services", lbIngress("203.0.113.7", "192.168.50.241"), lbIngress("203.0.113.7"), services, "status", admission.Update, agent, true},
+		{"LAN Service range: address removed", "village-lan-services", lbIngress(), lbIngress("192.168.50.241"), services, "status", admission.Update, agent, true},
+		{"LAN Service range: annotation only", "village-lan-services", lbIngress("192.168.50.241"), lbIngress("192.168.50.241"), services, "", admission.Update, agent, true},
+		{"LAN Service range: 8.8.8.8", "village-lan-services", lbIngress("8.8.8.8"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: the router 192.168.50.1", "village-lan-services", lbIngress("192.168.50.1"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: one below", "village-lan-services", lbIngress("192.168.50.239"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: one above", "village-lan-services", lbIngress("192.168.50.251"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: same host part, other subnet", "village-lan-services", lbIngress("192.168.51.245"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: IPv6 one below", "village-lan-services", lbIngress("fd00:50::ffef"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: IPv6 one above", "village-lan-services", lbIngress("fd00:50::1:10"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: IPv6 of another prefix", "village-lan-services", lbIngress("fd01:50::fff7"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: IPv4-mapped IPv6 of an address inside", "village-lan-services", lbIngress("::ffff:192.168.50.245"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: one inside, 8.8.8.8 added beside", "village-lan-services", lbIngress("192.168.50.241", "8.8.8.8"), lbIngress("192.168.50.241"), services, "status", admission.Update, agent, false},
+		{"LAN Service range: a hostname", "village-lan-services", lbIngress("hostname:evil.example.com"), lbIngress(), services, "status", admission.Update, agent, false},
+		{"LAN Service range: through the main resource", "village-lan-services", lbIngress("8.8.8.8"), lbIngress(), services, "", admission.Update, agent, false},
+		{"LAN Service range: not the agent", "village-lan-services", lbIngress("8.8.8.8"), lbIngress(), services, "status", admission.Update, kubelet, true},
+		{"Event about a pod of its namespace", "village-events", podEvent("n1"), nil, events, "", admission.Create, agent, true},
+		{"Event about a Service", "village-events", event("ns", "Service", "v1", "ns", "web", "villaged", "n1"), nil, events, "", admission.Create, agent, true},
+		{"Event about a NetworkPolicy", "village-events", event("ns", "NetworkPolicy", "networking.k8s.io/v1", "ns", "np", "villaged", "n1"), nil, events, "", admission.Create, agent, true},
+		{"Event about its own Node in default", "village-events", event("default", "Node", "", "", "n1", "villaged", "n1"), nil, events, "", admission.Create, agent, true},
+		{"Event patched (count) by its reporter", "village-events", withField(podEvent("n1"), int64(2), "count"), podEvent("n1"), events, "", admission.Update, agent, true},
+		{"Event about a pod of another namespace", "village-events", event("ns", "Pod", "v1", "kube-system", "p", "villaged", "n1"), nil, events, "", admission.Create, agent, false},
+		{"Event about a Secret", "village-events", event("ns", "Secret", "v1", "ns", "s", "villaged", "n1"), nil, events, "", admission.Create, agent, false},
+		{"Event about a Deployment", "village-events", event("ns", "Deployment", "apps/v1", "ns", "d", "villaged", "n1"), nil, events, "", admission.Create, agent, false},
+		{"Event about a Pod of another API group", "village-events", event("ns", "Pod", "example.com/v1", "ns", "p", "villaged", "n1"), nil, events, "", admission.Create, agent, false},
+		{"Event about another Node", "village-events", event("default", "Node", "", "", "n2", "villaged", "n1"), nil, events, "", admission.Create, agent, false},
+		{"Event about its own Node outside default", "village-events", event("ns", "Node", "", "", "n1", "villaged", "n1"), nil, events, "", admission.Create, agent, false},
+		{"Event reported from another node", "village-events", podEvent("n2"), nil, events, "", admission.Create, agent, false},
+		{"Event with another reporting instance", "village-events", withField(podEvent("n1"), "n2", "reportingInstance"), nil, events, "", admission.Create, agent, false},
+		{"Event posing as the kubelet", "village-events", event("ns", "Pod", "v1", "ns", "p", "kubelet", "n1"), nil, events, "", admission.Create, agent, false},
+		{"Event by a token naming no node", "village-events", podEvent("n1"), nil, events, "", admission.Create, unbound, false},
+		{"Event of another reporter patched", "village-events", withField(podEvent("n1"), "m2", "message"), event("ns", "Pod", "v1", "ns", "p", "kubelet", "n2"), events, "", admission.Update, agent, false},
+		{"Event patched to another object", "village-events", withField(podEvent("n1"), "q", "involvedObject", "name"), podEvent("n1"), events, "", admission.Update, agent, false},
+		{"Event deleted", "village-events", nil, podEvent("n1"), events, "", admission.Delete, agent, false},
+		{"Event through events.k8s.io", "village-events", podEvent("n1"), nil, eventsV1, "", admission.Create, agent, false},
+		{"a kubelet's Event is not the agent's", "village-events", event("ns", "Pod", "v1", "ns", "p", "kubelet", "n2"), nil, events, "", admission.Create, kubelet, true},
 		{"a kubelet is not the agent", "village-agent", node("n2", ann2), node("n2", ann), nodes, "status", admission.Update, kubelet, true},
 		{"pool Lease created", "village-ipam", addrLease("village-ipam-0123-192.0.2.5", "n1"), nil, leases, "", admission.Create, ipam, true},
 		{"pool Lease naming another node created", "village-ipam", addrLease("village-ipam-0123-192.0.2.5", "n2"), nil, leases, "", admission.Create, ipam, false},
@@ -303,16 +396,25 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 			if tc.old != nil {
 				va.VersionedOldObject = admission.NewLazyObject(tc.old)
 			}
-			va.Attributes = admission.NewAttributesRecord(nil, nil, va.VersionedKind, "ns", name, tc.res, tc.sub, tc.op, nil, false, tc.u)
+			namespace := "ns"
+			for _, u := range []*unstructured.Unstructured{tc.old, tc.obj} {
+				if u != nil {
+					namespace = u.GetNamespace()
+				}
+			}
+			va.Attributes = admission.NewAttributesRecord(nil, nil, va.VersionedKind, namespace, name, tc.res, tc.sub, tc.op, nil, false, tc.u)
 			// The namespace as the API server hands it to the policy
 			// (namespaceObject).
-			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns", Labels: map[string]string{"village.cni.io/lan": "allowed"}}}
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace, Labels: map[string]string{"village.cni.io/lan": "allowed"}}}
 			if strings.HasPrefix(tc.name, closedNS) { // not labelled village.cni.io/lan=allowed
-				ns.Labels = map[string]string{"kubernetes.io/metadata.name": "ns"}
+				ns.Labels = map[string]string{"kubernetes.io/metadata.name": namespace}
 			}
 			allowed, why := p.decide(t, va, tc.res, ns)
 			if allowed != tc.allow {
 				t.Errorf("%s: allowed %v, want %v (failed: %q)", tc.policy, allowed, tc.allow, why)
+			}
+			if !allowed {
+				t.Logf("denied: %q", why)
 			}
 		})
 	}

@@ -329,26 +329,31 @@ func TestDaemonSet(t *testing.T) {
 	}
 }
 
+// ruleStrings is each rule of rs as "[groups] [resources] [names]
+// [sorted verbs]"; a rule granting non-resource URLs is an error.
+func ruleStrings(t *testing.T, rs []rbacv1.PolicyRule) []string {
+	t.Helper()
+	var out []string
+	for _, r := range rs {
+		if len(r.NonResourceURLs) != 0 {
+			t.Errorf("rule %+v grants non-resource URLs", r)
+		}
+		out = append(out, fmt.Sprintf("%v %v %v %v", r.APIGroups, r.Resources, r.ResourceNames, slices.Sorted(slices.Values(r.Verbs))))
+	}
+	return out
+}
+
 // TestRBAC: the ClusterRoles and Roles grant exactly what villaged and the
-// host-side village-ipam-kube use, bound to their ServiceAccounts.
+// host-side village-ipam-kube use, bound to their ServiceAccounts. No
+// Service nor EndpointSlice: only LAN Services need them, and
+// examples/homelab/lan-services.yaml grants them (TestLANServicesExample).
 func TestRBAC(t *testing.T) {
 	o := load(t)
-	rules := func(rs []rbacv1.PolicyRule) []string {
-		var out []string
-		for _, r := range rs {
-			if len(r.NonResourceURLs) != 0 {
-				t.Errorf("rule %+v grants non-resource URLs", r)
-			}
-			out = append(out, fmt.Sprintf("%v %v %v %v", r.APIGroups, r.Resources, r.ResourceNames, slices.Sorted(slices.Values(r.Verbs))))
-		}
-		return out
-	}
+	rules := func(rs []rbacv1.PolicyRule) []string { return ruleStrings(t, rs) }
 	want := map[string][]string{
 		"ClusterRole village": {"[] [nodes] [] [get list watch]", "[] [nodes/status] [] [patch]", "[] [pods] [] [get list patch watch]",
 			"[] [namespaces] [] [get list watch]", "[networking.k8s.io] [networkpolicies] [] [list watch]",
-			"[] [services] [] [get list patch watch]", "[] [services/status] [] [patch update]",
-			"[discovery.k8s.io] [endpointslices] [] [list watch]",
-			"[ events.k8s.io] [events] [] [create patch]"},
+			"[] [events] [] [create patch]"},
 		"ClusterRole village-ipam": {"[] [nodes] [] [get]"},
 		"Role village":             {"[] [serviceaccounts/token] [village-ipam] [create]"},
 		"Role village-ipam":        {"[coordination.k8s.io] [leases] [] [create delete get list update]"},
@@ -403,7 +408,8 @@ func TestRBAC(t *testing.T) {
 // each matching exactly the identity it confines: the agent (village) to its
 // own Node, its node's Pods and Village's annotations, keyed on the
 // node-name claim of its Pod-bound token; its TokenRequests to bound ones;
-// the host-side pool store (village-ipam) to the store's own Leases.
+// its Events to those its recorder writes (village-events); the host-side
+// pool store (village-ipam) to the store's own Leases.
 // test/kube's LeastPrivilege proves they refuse what they must, on a real
 // API server.
 func TestAdmissionPolicies(t *testing.T) {
@@ -414,23 +420,29 @@ func TestAdmissionPolicies(t *testing.T) {
 	agent, ipam := o.serviceAccounts[0], o.serviceAccounts[1]
 	want := []struct {
 		name, user string
-		group      string
+		groups     []string
 		resources  []string
 		ops        []admissionv1.OperationType
 		mentions   []string
 	}{
-		{"village-agent", user(agent), "", []string{"nodes", "nodes/*", "pods", "pods/*", "services", "services/*"},
+		{"village-agent", user(agent), []string{""}, []string{"nodes", "nodes/*", "pods", "pods/*", "services", "services/*"},
 			[]admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete, admissionv1.Connect},
 			[]string{"'authentication.kubernetes.io/node-name'", "oldObject.metadata.name == variables.node",
 				"oldObject.spec.?nodeName.orValue('') == variables.node", "object.spec == oldObject.spec",
 				"k.startsWith('" + kubenames.Prefix + "')"}},
-		{"village-token", user(agent), "", []string{"serviceaccounts/token"},
+		{"village-token", user(agent), []string{""}, []string{"serviceaccounts/token"},
 			[]admissionv1.OperationType{admissionv1.Create},
 			[]string{"boundObjectRef.kind.orValue('') == 'Node'", "boundObjectRef.name.orValue('') == variables.node",
 				"all(a, a in variables.audiences)", "expirationSeconds.orValue(3600) <= 3600"}},
-		{"village-ipam", user(ipam), "coordination.k8s.io", []string{"leases"},
+		{"village-ipam", user(ipam), []string{"coordination.k8s.io"}, []string{"leases"},
 			[]admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
 			[]string{"request.name.startsWith('" + kubestore.LeasePrefix + "')"}},
+		{"village-events", user(agent), []string{"", "events.k8s.io"}, []string{"events"},
+			[]admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
+			[]string{"request.resource.group == ''", "object.?source.?host.orValue('') == variables.node",
+				"object.?source.?component.orValue('') == '" + kubenames.Agent + "'", "object.?reportingComponent.orValue('') == '" + kubenames.Agent + "'",
+				"object.?reportingInstance.orValue('') == variables.node", "object.involvedObject.?namespace.orValue('') == request.namespace",
+				"'Pod': 'v1', 'Service': 'v1', 'Node': 'v1', 'NetworkPolicy': 'networking.k8s.io/v1'"}},
 	}
 	if len(o.policies) != len(want) || len(o.policyBindings) != len(want) {
 		t.Fatalf("%d ValidatingAdmissionPolicies and %d bindings, want %d of each", len(o.policies), len(o.policyBindings), len(want))
@@ -453,9 +465,9 @@ func TestAdmissionPolicies(t *testing.T) {
 			t.Fatalf("policy %s: matchConstraints %+v, want one rule and no selector", w.name, mc)
 		}
 		r := mc.ResourceRules[0]
-		if !slices.Equal(r.APIGroups, []string{w.group}) || !slices.Equal(r.Resources, w.resources) ||
+		if !slices.Equal(r.APIGroups, w.groups) || !slices.Equal(r.Resources, w.resources) ||
 			!slices.Equal(r.Operations, w.ops) || !slices.Equal(r.APIVersions, []string{"*"}) {
-			t.Errorf("policy %s: rule %+v, want group %q resources %v operations %v, every version", w.name, r, w.group, w.resources, w.ops)
+			t.Errorf("policy %s: rule %+v, want groups %q resources %v operations %v, every version", w.name, r, w.groups, w.resources, w.ops)
 		}
 		var all strings.Builder
 		for _, v := range p.Validations {

@@ -3,11 +3,15 @@ package helm
 import (
 	"encoding/base64"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/village-cni/village/pkg/install"
 	"github.com/village-cni/village/pkg/netconf"
@@ -150,6 +154,11 @@ func TestLANServicesValues(t *testing.T) {
 	if s := gossipSecret(off); s != nil {
 		t.Fatalf("a gossip Secret without lan.services.ranges: %v", s)
 	}
+	for _, k := range lanServicesKeys {
+		if d := find(off, k); d != nil {
+			t.Errorf("%s rendered without lan.services.ranges: the agent gets Services rights only with LAN Services", k)
+		}
+	}
 
 	lan["services"] = map[string]any{"requireClass": true, "ranges": []any{
 		map[string]any{"rangeStart": "192.168.50.240", "rangeEnd": "192.168.50.245"},
@@ -164,6 +173,7 @@ func TestLANServicesValues(t *testing.T) {
 	if r := svc.Sets[0][1]; r.String() != "192.168.50.250-192.168.50.250" || r.Subnet.String() != "192.168.50.0/24" {
 		t.Errorf("second range %v in %v, want 192.168.50.250-192.168.50.250 in lan.subnet", r, r.Subnet)
 	}
+	checkLANServicesObjects(t, docs, "[['192.168.50.240', '192.168.50.245'], ['192.168.50.250', '192.168.50.250']]")
 	s := gossipSecret(docs)
 	if s == nil {
 		t.Fatal("no Secret village-gossip")
@@ -197,9 +207,75 @@ func TestLANServicesValues(t *testing.T) {
 		t.Error("the agent does not mount Secret village-gossip read-only at /etc/village/gossip")
 	}
 
+	// A range is addresses and nothing else: it is written into the
+	// admission policy's CEL.
+	lan["services"] = map[string]any{"ranges": []any{map[string]any{"rangeStart": "192.168.50.240", "rangeEnd": "192.168.50.245'] + ['8.8.8.8"}}}
+	if _, err := renderErr(nil, map[string]any{"lan": lan}); err == nil || !strings.Contains(err.Error(), "is not a range of IP addresses") {
+		t.Errorf("lan.services.ranges with CEL in rangeEnd: render error %v", err)
+	}
 	lan["addresses"] = "dhcp"
 	if _, err := renderErr(nil, map[string]any{"lan": lan}); err == nil || !strings.Contains(err.Error(), "lan.services needs lan.addresses pool") {
 		t.Errorf("lan.services with DHCP addresses: render error %v", err)
+	}
+}
+
+// lanServicesKeys are the objects of deploy/kubernetes/examples/homelab/
+// lan-services.yaml, which the chart renders only with LAN Services.
+var lanServicesKeys = []string{
+	"ClusterRole <nil>/village-lan-services", "ClusterRoleBinding <nil>/village-lan-services",
+	"ValidatingAdmissionPolicy <nil>/village-lan-services", "ValidatingAdmissionPolicyBinding <nil>/village-lan-services",
+}
+
+// find is the rendered object of key k (as key names it), or nil.
+func find(docs []map[string]any, k string) map[string]any {
+	for _, d := range docs {
+		if key(d) == k {
+			return d
+		}
+	}
+	return nil
+}
+
+// checkLANServicesObjects: the chart renders the home-lab example's
+// lan-services.yaml (the agent's Services grant and the policy keeping its
+// ingress addresses in the LAN Service ranges) with the policy's variable
+// ranges the CEL list ranges made of lan.services.ranges, and nothing else
+// changed.
+func checkLANServicesObjects(t *testing.T, docs []map[string]any, ranges string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "kubernetes", "examples", "homelab", "lan-services.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	example, err := decodeDocs("lan-services.yaml", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(example) != len(lanServicesKeys) {
+		t.Fatalf("lan-services.yaml holds %d objects, want %v", len(example), lanServicesKeys)
+	}
+	for _, want := range example {
+		got := find(docs, key(want))
+		if got == nil {
+			t.Errorf("the chart with lan.services.ranges does not render %s of lan-services.yaml", key(want))
+			continue
+		}
+		if want["kind"] == "ValidatingAdmissionPolicy" {
+			vars, _ := got["spec"].(map[string]any)["variables"].([]any)
+			for _, v := range vars {
+				if v := v.(map[string]any); v["name"] == "ranges" {
+					if v["expression"] != ranges {
+						t.Errorf("%s: ranges %v, want %s (lan.services.ranges)", key(got), v["expression"], ranges)
+					}
+					v["expression"] = "[['192.168.50.240', '192.168.50.250']]" // the example's
+				}
+			}
+		}
+		if !reflect.DeepEqual(got, want) {
+			gy, _ := yaml.Marshal(got)
+			wy, _ := yaml.Marshal(want)
+			t.Errorf("%s: the chart renders\n%s\nlan-services.yaml has\n%s", key(want), gy, wy)
+		}
 	}
 }
 

@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -45,7 +47,9 @@ var svcServices = fmt.Sprintf(`{ "gossipKeyFile": "/etc/village/gossip/key", "ra
 // installLANServicesConfig installs the home-lab LAN ConfigMap with
 // "macvlan.services" (the JSON object services) and an IPv6 set in the LAN
 // pool beside the IPv4 one (a Service range must lie in a LAN subnet), and
-// waits until every node's conflist has them.
+// the example's lan-services.yaml for those ranges (without it the agent
+// has no right to a Service), and waits until every node's conflist has
+// them.
 func installLANServicesConfig(t testing.TB, c *kubecluster.Cluster, services string) {
 	t.Helper()
 	// The gossip key, made as README "Services on the LAN" tells users
@@ -62,6 +66,7 @@ func installLANServicesConfig(t testing.TB, c *kubecluster.Cluster, services str
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("Secret village-gossip: %v", err)
 	}
+	applyLANServicesGrant(t, c, services)
 	services = `"services": ` + services + `,`
 	applyHomeLab(t, c, homeLab{
 		file: "configmap-lan.yaml",
@@ -111,6 +116,48 @@ func installLANServicesConfig(t testing.TB, c *kubecluster.Cluster, services str
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// applyLANServicesGrant applies the home-lab example's lan-services.yaml
+// (the agent's Services grant, and the admission policy keeping the
+// addresses it writes in the LAN Service ranges) with the ranges of
+// services, a "macvlan.services" JSON object, in place of the example's.
+func applyLANServicesGrant(t testing.TB, c *kubecluster.Cluster, services string) {
+	t.Helper()
+	var conf struct {
+		Ranges [][]struct {
+			RangeStart string `json:"rangeStart"`
+			RangeEnd   string `json:"rangeEnd"`
+		} `json:"ranges"`
+	}
+	if err := json.Unmarshal([]byte(services), &conf); err != nil {
+		t.Fatalf("macvlan.services %s: %v", services, err)
+	}
+	var pairs []string
+	for _, set := range conf.Ranges {
+		for _, r := range set {
+			pairs = append(pairs, "['"+r.RangeStart+"', '"+r.RangeEnd+"']")
+		}
+	}
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "examples", "homelab", "lan-services.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const example = `"[['192.168.50.240', '192.168.50.250']]"`
+	if !strings.Contains(string(b), example) {
+		t.Fatalf("lan-services.yaml has no ranges %s", example)
+	}
+	f := filepath.Join(t.TempDir(), "lan-services.yaml")
+	if err := os.WriteFile(f, []byte(strings.Replace(string(b), example, `"[`+strings.Join(pairs, ", ")+`]"`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Kubectl("apply", "-f", f); err != nil {
+		t.Fatalf("kubectl apply -f lan-services.yaml: %v\n%s", err, out)
 	}
 }
 
@@ -494,13 +541,18 @@ func lanServices(t *testing.T, c *kubecluster.Cluster) {
 		f.serviceEvent(t, "web", corev1.EventTypeNormal, kubenames.ReasonLANAssigned, webIP)
 	})
 	// A stolen node token against the Services (test/attack): another
-	// class's or namespace's status, externalIPs, the spec.
+	// class's or namespace's status, externalIPs, the spec; then every
+	// other write beyond its node's own (nodetoken.go): Nodes, pods,
+	// addresses outside the Service ranges, Leases, Events, Secrets, tokens.
 	t.Run("NodeTokenAttacks", func(t *testing.T) {
 		p, ok := villagePods(t, c)[n1.Name]
 		if !ok {
 			t.Fatalf("no Village pod on %s", n1.Name)
 		}
-		attack.NodeTokenServices(t, c, agentClient(t, c, n1, &p), f.ns)
+		agent := agentClient(t, c, n1, &p)
+		attack.NodeTokenServices(t, c, agent, f.ns)
+		attack.NodeTokenWrites(t, c, agent, attack.NodeTokenTargets{Node: n1.Name, OtherNode: n2.Name,
+			AllowedNS: f.ns, OtherPod: "web-2", Router: kubecluster.LANIP})
 	})
 	t.Run("OneMACIsTheAnnouncer", func(t *testing.T) {
 		a := f.announcerNode(t, "web", "")

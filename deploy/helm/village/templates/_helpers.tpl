@@ -23,6 +23,13 @@ app.kubernetes.io/name: village
 {{- if and .Values.lan.services.ranges (eq .Values.lan.addresses "dhcp") -}}
 {{- fail "lan.services needs lan.addresses pool: with dhcp the LAN's DHCP server owns the addresses" -}}
 {{- end -}}
+{{- /* The ranges go into lan-services.yaml's admission policy (CEL) too:
+  addresses, nothing else. */ -}}
+{{- range .Values.lan.services.ranges -}}
+{{- if and .rangeStart .rangeEnd (not (and (regexMatch "^[0-9A-Fa-f:.]+$" (toString .rangeStart)) (regexMatch "^[0-9A-Fa-f:.]+$" (toString .rangeEnd)))) -}}
+{{- fail (printf "lan.services.ranges: %v-%v is not a range of IP addresses" .rangeStart .rangeEnd) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
