@@ -243,3 +243,36 @@ func TestLinkLocalRules(t *testing.T) {
 		}
 	}
 }
+
+// TestMarkNewPodTableGone: the namespaces file lists the pod's namespace
+// (a controller compiled here) but the pending table is gone (`nft flush
+// ruleset` under the running controller, before its repair). With the
+// network enforcing NetworkPolicy, ADD's MarkNewPod makes the table and
+// marks the pod, which is then unreachable; without, a missing table
+// means no controller and nothing is marked.
+func TestMarkNewPodTableGone(t *testing.T) {
+	l := newLab(t)
+	run := t.TempDir()
+	if err := table.WriteNamespaces(table.NamespacesPath(run, "t"), []string{"ns"}); err != nil {
+		t.Fatal(err)
+	}
+	b := []netip.Addr{netip.MustParseAddr(l.V4["b"]), netip.MustParseAddr(l.V6["b"])}
+	mark := func(enforcing bool) (marked bool, err error) {
+		err = testenv.InNS(l.Node, func() (err error) {
+			marked, err = table.MarkNewPod(run, "t", "br0", "ns", b, enforcing)
+			return err
+		})
+		return marked, err
+	}
+	if marked, err := mark(false); err != nil || marked {
+		t.Fatalf("without enforcing and no table: marked %v, %v; want nothing marked", marked, err)
+	}
+	l.reach(t, "a", "b", 80, true) // the positive control: no table, no rule
+	marked, err := mark(true)
+	if err != nil || !marked {
+		t.Fatalf("enforcing with the table gone: marked %v, %v; want marked", marked, err)
+	}
+	t.Cleanup(func() { _ = testenv.InNS(l.Node, func() error { return table.Remove("t") }) })
+	l.reach(t, "a", "b", 80, false)
+	l.reach(t, "a", "c", 80, true)
+}

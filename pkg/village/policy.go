@@ -27,6 +27,6 @@ func (a *adder) markPolicyPending() error {
 			return err
 		}
 	}
-	_, err := table.MarkNewPod("", a.conf.Name, a.conf.Pod.Namespace, ips)
+	_, err := table.MarkNewPod("", a.conf.Name, a.conf.Bridge, a.conf.Pod.Namespace, ips, a.conf.NetworkPolicy)
 	return err
 }

@@ -2,8 +2,10 @@ package attack_test
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,8 +47,39 @@ func TestNetpolLinkLocal(t *testing.T) {
 		})
 	}
 
+	applyDenyAndPending(t, l)
+
+	// positive controls in the same run
+	// (link-local is dropped between every two pods of the bridge, so the
+	// control answers there only before the policy, checked above)
+	for _, dst := range []string{l.V4["control"], l.V6["control"]} {
+		if err := dial(l.Pods["attacker"], dst, testenv.DialBound); err != nil {
+			t.Errorf("control: attacker -> control %s: %v", dst, err)
+		}
+	}
+	if err := dial(l.Node, l.V4["deny"], testenv.DialBound); err != nil {
+		t.Errorf("control: node -> deny %s: %v (node traffic is allowed)", l.V4["deny"], err)
+	}
+	// the attacks
+	for _, victim := range []string{"deny", "pend"} {
+		for _, dst := range []string{l.V4[victim], l.V6[victim], ll[victim]} {
+			attack(t, l.Pods["attacker"], "attacker", victim, dst)
+		}
+	}
+}
+
+// applyDenyAndPending installs, in the lab's node, the rules
+// netpol.Compile makes for every pod of the lab but "pend" (labelled
+// app=<name>, in namespace ns) with policy deny selecting app=deny
+// (deny-all ingress), and marks pod "pend" pending as ADD does: the
+// controller's own path (table.Apply, table.MarkPending).
+func applyDenyAndPending(t *testing.T, l *testenv.PodLab) {
+	t.Helper()
 	in := netpol.Input{Network: "t", Bridge: "br0", Local: map[string]bool{}, Namespaces: map[string]map[string]string{"ns": {}}}
-	for _, name := range []string{"attacker", "deny", "control"} { // pend not seen yet
+	for _, name := range slices.Sorted(maps.Keys(l.Pods)) {
+		if name == "pend" { // not seen yet
+			continue
+		}
 		p := &netpol.Pod{Namespace: "ns", Name: name, Labels: map[string]string{"app": name},
 			IPs: []netip.Addr{netip.MustParseAddr(l.V4[name]), netip.MustParseAddr(l.V6[name])}}
 		in.Pods = append(in.Pods, p)
@@ -65,31 +98,6 @@ func TestNetpolLinkLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = testenv.InNS(l.Node, func() error { return table.Remove("t") }) })
-
-	// positive controls in the same run
-	// (link-local is dropped between every two pods of the bridge, so the
-	// control answers there only before the policy, checked above)
-	for _, dst := range []string{l.V4["control"], l.V6["control"]} {
-		if err := dial(l.Pods["attacker"], dst, testenv.DialBound); err != nil {
-			t.Errorf("control: attacker -> control %s: %v", dst, err)
-		}
-	}
-	if err := dial(l.Node, l.V4["deny"], testenv.DialBound); err != nil {
-		t.Errorf("control: node -> deny %s: %v (node traffic is allowed)", l.V4["deny"], err)
-	}
-	// the attacks
-	for _, victim := range []string{"deny", "pend"} {
-		for _, dst := range []string{l.V4[victim], l.V6[victim], ll[victim]} {
-			if err := dial(l.Pods["attacker"], dst, testenv.DialBound); err == nil {
-				t.Errorf("ATTACK: attacker -> %s pod at %s: TCP connection answered", victim, dst)
-			} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
-				t.Errorf("attacker -> %s pod at %s: want no answer, got %v", victim, dst, err)
-			}
-			if err := testenv.Ping(l.Pods["attacker"], dst, 2); err == nil {
-				t.Errorf("ATTACK: attacker -> %s pod at %s: ping answered", victim, dst)
-			}
-		}
-	}
 }
 
 // linkLocalOf is pod name's fe80:: address as a neighbour derives it: the
@@ -117,4 +125,69 @@ func linkLocalOf(t *testing.T, l *testenv.PodLab, name string) string {
 
 func dial(n ns.NetNS, addr string, bound time.Duration) error {
 	return testenv.Dial(n, addr, 80, bound)
+}
+
+// TestNetpolRoutedPeers attacks the same deny-all and pending pods over
+// the routed path: from a peer whose traffic the node forwards from
+// another interface, as it forwards a pod's of another node (out of the
+// VXLAN device or a host-gw route) or a LAN host's. Each attack, TCP and
+// ping over IPv4 and IPv6, must go unanswered (a link-local address is
+// not routed: a peer off the bridge cannot even name the pod's); in the
+// same run the peer reaches the unselected control pod at both addresses
+// and port, and the node reaches both victims (node traffic is allowed,
+// pending included).
+func TestNetpolRoutedPeers(t *testing.T) {
+	testenv.RequireRoot(t)
+	l := testenv.NewPodLab(t)
+	for i, name := range []string{"deny", "pend", "control"} {
+		l.AddPod(name, i+2, true)
+	}
+	peer := routedPeer(t, l, 7)
+	applyDenyAndPending(t, l)
+
+	for _, dst := range []string{l.V4["control"], l.V6["control"]} {
+		if err := dial(peer, dst, testenv.DialBound); err != nil {
+			t.Errorf("control: routed peer -> control %s: %v", dst, err)
+		}
+	}
+	for _, victim := range []string{"deny", "pend"} {
+		for _, dst := range []string{l.V4[victim], l.V6[victim]} {
+			if err := dial(l.Node, dst, testenv.DialBound); err != nil {
+				t.Errorf("control: node -> %s %s: %v (node traffic is allowed)", victim, dst, err)
+			}
+			attack(t, peer, "routed peer", victim, dst)
+		}
+	}
+}
+
+// routedPeer is a namespace linked to the lab's node by a veth of its
+// own, 10.9.n.2/24 and fd09:n::2/64 with the node at .1/::1 as its
+// gateway: its packets to the pods are routed by the node, not bridged.
+func routedPeer(t *testing.T, l *testenv.PodLab, n int) ns.NetNS {
+	p := testenv.NewNS(t)
+	host := fmt.Sprintf("rt%d", n)
+	testenv.MustIP(t, l.Node, "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", p.Path())
+	testenv.MustIP(t, l.Node, "addr", "add", fmt.Sprintf("10.9.%d.1/24", n), "dev", host)
+	testenv.MustIP(t, l.Node, "addr", "add", fmt.Sprintf("fd09:%d::1/64", n), "dev", host, "nodad")
+	testenv.MustIP(t, l.Node, "link", "set", host, "up")
+	testenv.MustIP(t, p, "addr", "add", fmt.Sprintf("10.9.%d.2/24", n), "dev", "eth0")
+	testenv.MustIP(t, p, "addr", "add", fmt.Sprintf("fd09:%d::2/64", n), "dev", "eth0", "nodad")
+	testenv.MustIP(t, p, "link", "set", "eth0", "up")
+	testenv.MustIP(t, p, "route", "add", "default", "via", fmt.Sprintf("10.9.%d.1", n))
+	testenv.MustIP(t, p, "-6", "route", "add", "default", "via", fmt.Sprintf("fd09:%d::1", n))
+	return p
+}
+
+// attack connects and pings from src to dst, victim's address: both
+// must go unanswered (a refusal would say the packet got through).
+func attack(t *testing.T, src ns.NetNS, from, victim, dst string) {
+	t.Helper()
+	if err := dial(src, dst, testenv.DialBound); err == nil {
+		t.Errorf("ATTACK: %s -> %s pod at %s: TCP connection answered", from, victim, dst)
+	} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Errorf("%s -> %s pod at %s: want no answer, got %v", from, victim, dst, err)
+	}
+	if err := testenv.Ping(src, dst, 2); err == nil {
+		t.Errorf("ATTACK: %s -> %s pod at %s: ping answered", from, victim, dst)
+	}
 }

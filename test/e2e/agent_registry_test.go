@@ -116,6 +116,8 @@ type agentLab struct {
 	conf  string // the one conflist every node uses
 	list  *libcni.NetworkConfigList
 	nodes []*agentNode
+	// period is the agents' --period ("": villaged's default).
+	period string
 }
 
 // agentConflist is the lab's conflist; extra[0] is added to the registry
@@ -192,7 +194,11 @@ func (lab *agentLab) start(n *agentNode) {
 	if n.cmd != nil {
 		t.Fatalf("villaged already runs on %s", n.name)
 	}
-	cmd := n.villaged(t, "run", "--conf", lab.conf, "--node-name", n.name, "--run-dir", n.runDir)
+	args := []string{"run", "--conf", lab.conf, "--node-name", n.name, "--run-dir", n.runDir}
+	if lab.period != "" {
+		args = append(args, "--period", lab.period)
+	}
+	cmd := n.villaged(t, args...)
 	cmd.Stdout, cmd.Stderr = n.log, n.log
 	must(t, cmd.Start(), "starting villaged on %s", n.name)
 	n.cmd, n.exited = cmd, make(chan error, 1)

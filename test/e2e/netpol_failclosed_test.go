@@ -5,13 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -78,7 +75,11 @@ func TestPolicyPendingBeforeFirstCompile(t *testing.T) {
 // the pod: no connection is ever answered. A control pod of a namespace
 // without a policy, added while the agent is away, is pending too and
 // answers once the agent is back.
-func (l *npLab) failClosed(n *agentNode, far *npPod) {
+//
+// The prober's control is ctl's port 80 (a pod no policy selects, which
+// far reaches throughout): each window the test waits for has a control
+// answer, so a prober that reaches nothing cannot pass.
+func (l *npLab) failClosed(n *agentNode, far, ctl *npPod) {
 	t := l.t
 	for _, ns := range []string{"late", "free"} {
 		l.namespace(ns)
@@ -99,26 +100,26 @@ func (l *npLab) failClosed(n *agentNode, far *npPod) {
 		}
 		name := fmt.Sprintf("late%d", round)
 		p := l.podIn(n, "late", name)
-		ctl := l.podIn(n, "free", fmt.Sprintf("ctl%d", round))
-		pr := startProber(far.pod.NS, p.ip)
-		l.publishIn(n, "free", ctl)
+		free := l.podIn(n, "free", fmt.Sprintf("ctl%d", round))
+		pr := startProber(far.pod.NS, p.ip, target{ctl.ip, 80})
+		l.publishIn(n, "free", free)
 		pr.waitTries(t, 10) // the window the agent's absence opened before
-		if err := dialFrom(far.pod.NS, ctl.ip, 80); err == nil || !isTimeout(err) {
-			t.Fatalf("round %d: far -> control pod %s while the agent is away: %v, want pending", round, ctl.ip, err)
+		if err := dialFrom(far.pod.NS, free.ip, 80); err == nil || !isTimeout(err) {
+			t.Fatalf("round %d: far -> pod %s of a namespace without policy while the agent is away: %v, want pending", round, free.ip, err)
 		}
 		l.start(n)
 		l.publishIn(n, "late", p)
-		waitFor(t, 60*time.Second, "the control pod answers once the agent compiled it", func() (bool, string) {
-			err := dialFrom(far.pod.NS, ctl.ip, 80)
+		waitFor(t, 60*time.Second, "the free pod answers once the agent compiled it", func() (bool, string) {
+			err := dialFrom(far.pod.NS, free.ip, 80)
 			return err == nil, fmt.Sprint(err, "\n", n.log.String())
 		})
 		l.statusLine(n, "kernel matches")
 		pr.waitTries(t, 10)
 		tries, got := pr.stop()
 		if got != 0 {
-			t.Fatalf("round %d (reboot %v): %d of %d connections reached %s, which deny-late selects", round, reboot, got, tries, p.ip)
+			t.Fatalf("round %d (reboot %v): %d of %d connections reached %s, which deny-late selects (%s)", round, reboot, got, tries, p.ip, pr)
 		}
-		t.Logf("round %d (reboot %v): %d connections to the new pod while the agent was away and came back, none answered", round, reboot, tries)
+		t.Logf("round %d (reboot %v): new pod while the agent was away and came back: %s", round, reboot, pr)
 	}
 }
 
@@ -146,46 +147,4 @@ func (l *npLab) policyIn(ns, name string, spec networkingv1.NetworkPolicySpec) {
 	_, err := l.kube.Client.NetworkingV1().NetworkPolicies(ns).Create(l.ctx,
 		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec}, metav1.CreateOptions{})
 	must(l.t, err, "creating NetworkPolicy %s/%s", ns, name)
-}
-
-// prober connects from one namespace to ip:80 in a loop until stopped,
-// counting the tries and the answers.
-type prober struct {
-	tries, got atomic.Int64
-	done       chan struct{}
-	wg         sync.WaitGroup
-}
-
-func startProber(from ns.NetNS, ip string) *prober {
-	p := &prober{done: make(chan struct{})}
-	p.wg.Go(func() {
-		for {
-			select {
-			case <-p.done:
-				return
-			default:
-			}
-			err := testenv.Dial(from, ip, 80, 300*time.Millisecond)
-			p.tries.Add(1)
-			if err == nil {
-				p.got.Add(1)
-			}
-		}
-	})
-	return p
-}
-
-// waitTries waits for n more tries from now.
-func (p *prober) waitTries(t *testing.T, n int64) {
-	t.Helper()
-	from := p.tries.Load()
-	waitFor(t, 60*time.Second, fmt.Sprintf("%d more probes", n), func() (bool, string) {
-		return p.tries.Load() >= from+n, fmt.Sprint(p.tries.Load())
-	})
-}
-
-func (p *prober) stop() (tries, got int64) {
-	close(p.done)
-	p.wg.Wait()
-	return p.tries.Load(), p.got.Load()
 }

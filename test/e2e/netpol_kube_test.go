@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -91,7 +90,7 @@ func TestNetworkPolicyAgents(t *testing.T) {
 	np.reach(local, web, 8080, false)
 
 	// no window: a new pod a deny policy selects is never reachable
-	np.newPodNeverReachable(n1, far)
+	np.newPodNeverReachable(n1, far, target{web.ip, 8080}) // far-to-web allows 8080
 	// ... and a new pod of that namespace nothing selects is reachable
 	// once its agent has seen it
 	np.newPodReachable(n1, far)
@@ -106,20 +105,18 @@ func TestNetworkPolicyAgents(t *testing.T) {
 	np.reach(far, web, 80, true)
 	np.reach(local, web, 8080, true)
 
-	// a hand-flushed table is put back by the periodic check
+	// deleted and flushed tables are put back by the agent's nf_tables
+	// notifications (node1's agent restarted with --period 1h), and a pod added between a flush
+	// and the repair is pending (netpol_flush_test.go)
 	np.policy("deny-web", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
 		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}})
 	np.waitPolicies(n1, 2)
 	np.reach(far, web, 80, false)
-	inNS(t, n1.NS, "nft", "delete", "table", "inet", table.PolicyTable("agt"))
-	waitFor(t, 60*time.Second, "the deleted policy table is back", func() (bool, string) {
-		return dialFrom(far.pod.NS, web.ip, 80) != nil, n1.log.String()
-	})
-	np.statusLine(n1, "kernel matches")
+	np.flushRuleset(n1, far, web, local)
 
 	// fail closed while the agent is away or after a reboot
 	// (netpol_failclosed_test.go)
-	np.failClosed(n1, far)
+	np.failClosed(n1, far, local)
 	// villaged's metrics endpoint exposes the policy compiles
 	np.metrics(n1)
 	// a policy part that is not enforced is said on the policy
@@ -367,39 +364,19 @@ func (l *npLab) waitPolicies(n *agentNode, policies int) {
 	l.statusLine(n, fmt.Sprintf("network policy: %d policies,", policies))
 }
 
-// newPodNeverReachable: while a loop connects from far to the address the
-// new pod gets (asked for with CNI_ARGS IP=), the pod is added (its
+// newPodNeverReachable: while a prober connects from far to the address
+// the new pod gets (asked for with CNI_ARGS IP=), the pod is added (its
 // servers listen from the start) and only later published; deny-new
-// selects it. No connection of the loop ever gets through, before or after the agent
-// compiled it.
-func (l *npLab) newPodNeverReachable(n *agentNode, far *npPod) {
+// selects it. No probe ever gets through (an answer or a refusal), before
+// or after the agent compiled it, while the prober's control (ctl, a
+// target far is allowed to reach) answers in every window waited for.
+func (l *npLab) newPodNeverReachable(n *agentNode, far *npPod, ctl target) {
 	t := l.t
 	l.policy("deny-new", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "new"}},
 		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}})
 	l.waitPolicies(n, 3)
 	ip := strings.TrimSuffix(n.subnet(t), "0/24") + "200"
-	var tries, after, got atomic.Int64
-	var added atomic.Bool
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			err := testenv.Dial(far.pod.NS, ip, 80, 300*time.Millisecond)
-			tries.Add(1)
-			if added.Load() {
-				after.Add(1)
-			}
-			if err == nil {
-				got.Add(1)
-			}
-		}
-	}()
+	pr := startProber(far.pod.NS, ip, ctl)
 	p := n.NewPod()
 	for _, port := range []int{80, 8080} {
 		testenv.ServeTCP(t, p.NS, fmt.Sprintf("[::]:%d", port), "ok")
@@ -407,23 +384,16 @@ func (l *npLab) newPodNeverReachable(n *agentNode, far *npPod) {
 	rt := p.rt()
 	rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "np"}, {"K8S_POD_NAME", "new"}, {"IP", ip}}
 	must(t, n.in(func() error { _, err := n.CNI.AddNetworkList(context.Background(), l.list, rt); return err }), "ADD new")
-	added.Store(true)
 	// the window a mark closes: the pod exists, the agent does not know it
-	waitFor(t, 30*time.Second, "connections to the new pod before it is published", func() (bool, string) {
-		return after.Load() >= 5, fmt.Sprint(after.Load())
-	})
+	pr.waitTries(t, 2*probeWorkers)
 	l.publishPod(n, &npPod{pod: p, name: "new", ip: ip})
 	l.waitCompiled(n, 3, 2)
-	mark := after.Load()
-	waitFor(t, 30*time.Second, "connections to the new pod after its rules", func() (bool, string) {
-		return after.Load() >= mark+5, fmt.Sprint(after.Load())
-	})
-	close(stop)
-	<-done
-	if got.Load() != 0 {
-		t.Fatalf("%d of %d connections reached the new pod a deny policy selects", got.Load(), tries.Load())
+	pr.waitTries(t, 2*probeWorkers)
+	tries, through := pr.stop()
+	if through != 0 {
+		t.Fatalf("%d of %d probes reached the new pod a deny policy selects: %s", through, tries, pr)
 	}
-	t.Logf("new pod: %d connections while it started, %d after ADD, none through", tries.Load(), after.Load())
+	t.Logf("new pod: %s", pr)
 	must(t, dialFrom(n.NS, ip, 80), "node -> new pod")
 }
 

@@ -62,13 +62,27 @@ func readNamespaces(path string) (nss []string, ok bool, err error) {
 // MarkNewPod is what ADD does for a pod of namespace with addresses ips:
 // when the namespace holds a policy, the addresses are marked pending
 // until the agent has compiled the pod. It reports whether it marked.
-func MarkNewPod(runDir, network, namespace string, ips []netip.Addr) (bool, error) {
+//
+// With enforcing (the network's "networkPolicy": true) a missing pending
+// table is made, as MarkUntilReady makes it: the namespaces file says a
+// controller compiled here, so the table is gone under it (`nft flush
+// ruleset`, a firewall reload) and the controller has not put it back
+// yet; an ADD in that moment must not leave the pod unmarked, reachable
+// until the pod is compiled. Without enforcing, a missing table means no
+// controller (ErrNoController): nothing is marked.
+func MarkNewPod(runDir, network, bridge, namespace string, ips []netip.Addr, enforcing bool) (bool, error) {
 	if namespace == "" || len(ips) == 0 {
 		return false, nil
 	}
 	nss, ok, err := readNamespaces(NamespacesPath(runDir, network))
 	if err != nil || !ok || !slices.Contains(nss, namespace) {
 		return false, err
+	}
+	if enforcing {
+		if err := markEnsuring(network, bridge, ips); err != nil {
+			return false, err
+		}
+		return true, nil
 	}
 	if err := MarkPending(network, ips); err != nil {
 		if errors.Is(err, ErrNoController) {
@@ -183,22 +197,32 @@ func MarkUntilReady(runDir, network, bridge string, ips []netip.Addr) (bool, err
 	if err != nil || ready {
 		return false, err
 	}
+	if err := markEnsuring(network, bridge, ips); err != nil {
+		return false, fmt.Errorf("no policy compile on this node yet: %w", err)
+	}
+	return true, nil
+}
+
+// markEnsuring marks ips pending in one transaction that also makes the
+// network's pending table (with bridge, Ruleset.Bridge) when it is
+// missing.
+func markEnsuring(network, bridge string, ips []netip.Addr) error {
 	c, err := open()
 	if err != nil {
-		return false, fmt.Errorf("failed to open nftables: %w", err)
+		return fmt.Errorf("failed to open nftables: %w", err)
 	}
 	if ok, err := tableExists(c, PendingTable(network)); err != nil {
-		return false, err
+		return err
 	} else if !ok {
 		if err := ensurePending(c, network, bridge); err != nil {
-			return false, fmt.Errorf("pending table of network %q: %w", network, err)
+			return fmt.Errorf("pending table of network %q: %w", network, err)
 		}
 	}
 	if err := queueMarks(c, network, ips); err != nil {
-		return false, err
+		return err
 	}
 	if err := c.Flush(); err != nil {
-		return false, fmt.Errorf("failed to mark %v pending in table inet %s (no policy compile on this node yet): %w", ips, PendingTable(network), err)
+		return fmt.Errorf("failed to mark %v pending in table inet %s: %w", ips, PendingTable(network), err)
 	}
-	return true, nil
+	return nil
 }
