@@ -47,9 +47,12 @@ func TestAnnotatedADDWaitsForTheAgent(t *testing.T) {
 	lan.Attach(t, n.NS, "lan0", "192.168.77.10/24")
 	runDir := filepath.Join(n.Dir, "run")
 	wait := "1s"
-	n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"),
-		envExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}},
-			env: []string{nodelocal.RunDirEnv + "=" + runDir, nodelocal.AgentWaitEnv + "=" + wait}})
+	withWait := func(wait string) {
+		n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"),
+			envExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}},
+				env: []string{nodelocal.RunDirEnv + "=" + runDir, nodelocal.AgentWaitEnv + "=" + wait}})
+	}
+	withWait(wait)
 	conf := strings.Replace(lanList(n, "agentwait", "10.53.1.0/24", "192.168.77.200", "192.168.77.203", ""),
 		`"hostShim":true,`, `"hostShim":true,"pods":"annotated",`, 1)
 	l := ConfList(t, conf)
@@ -71,10 +74,7 @@ func TestAnnotatedADDWaitsForTheAgent(t *testing.T) {
 	}
 
 	// The agent comes up while the ADD waits.
-	wait = "2m"
-	n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"),
-		envExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}},
-			env: []string{nodelocal.RunDirEnv + "=" + runDir, nodelocal.AgentWaitEnv + "=" + wait}})
+	withWait("2m")
 	p := n.NewPod()
 	type answer struct {
 		r   *current.Result
