@@ -122,7 +122,7 @@ func TestInstallFreshIdempotentUninstall(t *testing.T) {
 		t.Fatalf("manifest %+v %v", m, err)
 	}
 
-	u, err := Uninstall(UninstallOptions{StateDir: s.state})
+	u, err := Uninstall(UninstallOptions{StateDir: s.state, RunDir: s.root + "/run"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestInstallFreshIdempotentUninstall(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.state, ManifestName)); err == nil {
 		t.Error("manifest left behind")
 	}
-	u2, err := Uninstall(UninstallOptions{StateDir: s.state})
+	u2, err := Uninstall(UninstallOptions{StateDir: s.state, RunDir: s.root + "/run"})
 	if err != nil || u2.Changed() {
 		t.Errorf("second uninstall: %v\n%s", err, u2)
 	}
@@ -170,7 +170,7 @@ func TestInstallReplacesForeignFileAndUninstallRestoresIt(t *testing.T) {
 	ipam := filepath.Join(s.bin, "village-ipam")
 	must(t, os.WriteFile(ipam, []byte("hand-built"), 0o755))
 
-	u, err := Uninstall(UninstallOptions{StateDir: s.state})
+	u, err := Uninstall(UninstallOptions{StateDir: s.state, RunDir: s.root + "/run"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +398,7 @@ func TestInstallCompanionPortmap(t *testing.T) {
 			if err != nil || (m.record(path) != nil) == nodeHasOne {
 				t.Fatalf("manifest records portmap: %v, want %v (%v)", m.record(path) != nil, !nodeHasOne, err)
 			}
-			if _, err := Uninstall(UninstallOptions{StateDir: s.state}); err != nil {
+			if _, err := Uninstall(UninstallOptions{StateDir: s.state, RunDir: s.root + "/run"}); err != nil {
 				t.Fatal(err)
 			}
 			_, err = os.Stat(path)
@@ -437,7 +437,7 @@ func TestInstallStaged(t *testing.T) {
 	}
 	// What the agent does once it holds the subnet.
 	must(t, os.WriteFile(pub, []byte(conf), 0o644))
-	u, err := Uninstall(UninstallOptions{StateDir: s.state})
+	u, err := Uninstall(UninstallOptions{StateDir: s.state, RunDir: s.root + "/run"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // UninstallOptions say what to take off the node.
@@ -15,12 +17,16 @@ type UninstallOptions struct {
 	// PurgeNetwork also removes the node objects Village made for the
 	// installed networks (see Purge), in the caller's network namespace.
 	PurgeNetwork bool
+	// RunDir is the agent's run directory, whose host-side credentials
+	// go (nodelocal.HostCredsDir); "" is nodelocal.RunDir().
+	RunDir string
 }
 
 // Uninstall removes exactly what the manifest lists: the conflist first (so
 // runtimes stop using the network), then the binaries. A file that changed
 // since install is left in place and reported; a replaced file comes back
-// from its backup. With PurgeNetwork, Purge runs for the recorded networks.
+// from its backup. The host-side credentials the agent keeps under the run
+// directory go too. With PurgeNetwork, Purge runs for the recorded networks.
 func Uninstall(o UninstallOptions) (*Report, error) {
 	if o.StateDir == "" {
 		o.StateDir = DefaultStateDir
@@ -45,6 +51,12 @@ func Uninstall(o UninstallOptions) (*Report, error) {
 		if err := m.save(o.StateDir); err != nil {
 			return r, err
 		}
+	}
+	// The LAN pool's host token and kubeconfig: the agent removes them on
+	// SIGTERM, but one killed (or a node uninstalled without its agent
+	// stopped first) leaves a live token on the host.
+	if err := removeHostCreds(r, o.RunDir); err != nil {
+		return r, err
 	}
 	if o.PurgeNetwork {
 		changes, err := Purge(m.Networks)
@@ -111,5 +123,23 @@ func removeRecord(r *Report, rec FileRecord) error {
 		return err
 	}
 	r.add(Removed, rec.Path, "")
+	return nil
+}
+
+// removeHostCreds removes the host-side Kubernetes credentials of a LAN pool
+// (<run dir>/kube/: token, ca.crt, kubeconfig) and reports it.
+func removeHostCreds(r *Report, runDir string) error {
+	dir := nodelocal.HostCredsDir(runDir)
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		r.add(Absent, dir, "host credentials of the LAN pool")
+		return nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("removing the host credentials %s: %w", dir, err)
+	}
+	if err := nodelocal.SyncDir(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	r.add(Removed, dir, "host credentials of the LAN pool")
 	return nil
 }

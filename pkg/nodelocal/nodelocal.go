@@ -164,19 +164,44 @@ func PublishNodeName(runDir, network, name string) error {
 }
 
 // NodeName is this node's name for network as the stores must record it:
-// the name the agent published (NodeNameFile), else DefaultNodeName, the
-// rule the agent itself follows without --node-name. The caller validates
-// it.
+// the name the agent published (NodeNameFile), else $NODE_NAME. Past
+// those it depends on who asks:
+//   - a Kubernetes pod's ADD (KubernetesADD) waits, within AgentWait, for
+//     the agent to publish its name, and fails with ErrNodeNameNotPublished
+//     at the bound: after a reboot the run directory is empty until the
+//     agent is back, and an address recorded under the host name (which
+//     need not be the Node's name) is one the reclaim of a departed
+//     "node" by that name would free under a live pod;
+//   - any other use (standalone, without an agent; or a verb that records
+//     no name) takes the host name in lower case, DefaultNodeName's rule,
+//     the one the agent itself follows without --node-name.
+//
+// The caller validates the name.
 func NodeName(network string) (string, error) {
+	n, err := publishedNodeName(network)
+	if err != nil || n != "" {
+		return n, err
+	}
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n, nil
+	}
+	if KubernetesADD() {
+		return waitNodeName(network)
+	}
+	return HostNodeName()
+}
+
+// publishedNodeName is the name the agent of network published, "" when
+// none is.
+func publishedNodeName(network string) (string, error) {
 	b, err := os.ReadFile(NodeNameFile("", network))
 	if err == nil {
-		if n := strings.TrimSpace(string(b)); n != "" {
-			return n, nil
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("reading the node name the agent published: %w", err)
+		return strings.TrimSpace(string(b)), nil
 	}
-	return DefaultNodeName()
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	return "", fmt.Errorf("reading the node name the agent published: %w", err)
 }
 
 // DefaultNodeName is the node name when none is given: $NODE_NAME, else the

@@ -1,10 +1,12 @@
 package nodelocal_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/village-cni/village/pkg/nodelocal"
 )
@@ -113,5 +115,92 @@ func TestHostNodeName(t *testing.T) {
 	}
 	if got, err := nodelocal.HostNodeName(); err != nil || got != strings.ToLower(h) {
 		t.Fatalf("HostNodeName() = %q, %v; want %q", got, err, strings.ToLower(h))
+	}
+}
+
+// No silent host-name fallback for a Kubernetes pod's ADD: without a
+// published name or $NODE_NAME it waits for the agent's name within
+// AgentWait, then fails naming the file; other uses keep the host name.
+func TestNodeNameKubernetesADD(t *testing.T) {
+	h, err := nodelocal.HostNodeName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k8s = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=db-0;K8S_POD_INFRA_CONTAINER_ID=abc"
+	for _, tc := range []struct {
+		name, command, args, env, published string
+		want                                string
+		wantErr                             bool
+	}{
+		{name: "standalone ADD", command: "ADD", args: "", want: h},
+		{name: "standalone ADD with VILLAGE_LAN", command: "ADD", args: "VILLAGE_LAN=true", want: h},
+		{name: "Kubernetes DEL records no name", command: "DEL", args: k8s, want: h},
+		{name: "Kubernetes ADD, empty pod name", command: "ADD", args: "K8S_POD_NAME=", want: h},
+		{name: "Kubernetes ADD, nothing published", command: "ADD", args: k8s, wantErr: true},
+		{name: "Kubernetes ADD, $NODE_NAME", command: "ADD", args: k8s, env: "from-env", want: "from-env"},
+		{name: "Kubernetes ADD, published", command: "ADD", args: k8s, published: "agent-node", want: "agent-node"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(nodelocal.RunDirEnv, t.TempDir())
+			t.Setenv(nodelocal.AgentWaitEnv, "300ms")
+			t.Setenv("CNI_COMMAND", tc.command)
+			t.Setenv("CNI_ARGS", tc.args)
+			t.Setenv("NODE_NAME", tc.env)
+			if tc.published != "" {
+				if err := nodelocal.PublishNodeName("", "ovl", tc.published); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := nodelocal.NodeName("ovl")
+			if tc.wantErr {
+				if !errors.Is(err, nodelocal.ErrNodeNameNotPublished) || !strings.Contains(err.Error(), nodelocal.NodeNameFile("", "ovl")) || !strings.Contains(err.Error(), "300ms") {
+					t.Fatalf("NodeName = %q, %v; want ErrNodeNameNotPublished naming the file and the bound", got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("NodeName = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// A Kubernetes pod's ADD that starts before the agent gets the name the
+// agent publishes while it waits.
+func TestNodeNameWaitsForTheAgent(t *testing.T) {
+	t.Setenv(nodelocal.RunDirEnv, t.TempDir())
+	t.Setenv(nodelocal.AgentWaitEnv, "1m")
+	t.Setenv("CNI_COMMAND", "ADD")
+	t.Setenv("CNI_ARGS", "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=db-0")
+	t.Setenv("NODE_NAME", "")
+	type answer struct {
+		name string
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		n, err := nodelocal.NodeName("ovl")
+		done <- answer{n, err}
+	}()
+	if err := nodelocal.PublishNodeName("", "ovl", "late-agent"); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-done; a.err != nil || a.name != "late-agent" {
+		t.Fatalf("NodeName = %q, %v; want the name published during the wait", a.name, a.err)
+	}
+}
+
+func TestAgentWait(t *testing.T) {
+	for v, want := range map[string]time.Duration{"": nodelocal.DefaultAgentWait, "2s": 2 * time.Second, "0s": 0} {
+		t.Setenv(nodelocal.AgentWaitEnv, v)
+		if got, err := nodelocal.AgentWait(); err != nil || got != want {
+			t.Errorf("%s=%q: %v, %v; want %v", nodelocal.AgentWaitEnv, v, got, err, want)
+		}
+	}
+	for _, bad := range []string{"2", "-1s", "soon"} {
+		t.Setenv(nodelocal.AgentWaitEnv, bad)
+		if _, err := nodelocal.AgentWait(); err == nil || !strings.Contains(err.Error(), nodelocal.AgentWaitEnv) {
+			t.Errorf("%s=%q: %v, want an error naming the variable", nodelocal.AgentWaitEnv, bad, err)
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/village-cni/village/pkg/agentsock"
 	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // village-ipam's error codes for an exhausted range set and a requested
@@ -90,12 +91,19 @@ func (a *adder) pod0Ref() agentsock.Pod {
 }
 
 // askAgent asks the node's agent what the pod's annotations say about the
-// LAN. An agent that cannot be reached, or has not seen the pod yet, is
-// CNI code 11 (try again later): kubelet retries the sandbox.
+// LAN. An agent not (yet) answering on its socket is waited for, within
+// nodelocal.AgentWait (after a reboot the runtime sends ADDs before
+// villaged is back); past that bound, or for a pod the agent has not seen
+// yet, the error is CNI code 11 (try again later): kubelet retries the
+// sandbox.
 func askAgent(path, network string, pod agentsock.Pod) (netconf.LANRequest, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), agentAskTimeout)
+	bound, err := nodelocal.AgentWait()
+	if err != nil {
+		return netconf.LANRequest{}, types.NewError(types.ErrInvalidEnvironmentVariables, err.Error(), "")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bound+agentAskTimeout)
 	defer cancel()
-	resp, err := agentsock.Ask(ctx, path, agentsock.Request{Op: agentsock.OpLANPod, Network: network, Pod: &pod})
+	resp, err := agentsock.AskWaiting(ctx, path, agentsock.Request{Op: agentsock.OpLANPod, Network: network, Pod: &pod}, bound)
 	if err != nil {
 		code := uint(types.ErrInvalidNetworkConfig)
 		var ae *agentsock.Error

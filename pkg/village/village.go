@@ -30,7 +30,8 @@ import (
 
 const ipamDeadline = 2 * time.Minute
 
-// Funcs are the verbs for skel.PluginMainFuncs.
+// Funcs are the verbs for skel.PluginMainFuncs; their errors carry the
+// plugin's marker (errmark.go).
 func Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: Add, Del: Del, Check: Check, Status: Status, GC: GC}
+	return marked(Plugin, skel.CNIFuncs{Add: Add, Del: Del, Check: Check, Status: Status, GC: GC})
 }

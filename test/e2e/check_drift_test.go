@@ -124,7 +124,7 @@ func assertCNIError(t *testing.T, err error, code uint, msg string) {
 	if !errors.As(err, &te) {
 		t.Fatalf("CHECK: %v (%T), want a CNI error with code %d", err, err, code)
 	}
-	if te.Code != code || te.Msg != msg {
+	if msg = village.ErrorPrefix(village.Plugin, code) + msg; te.Code != code || te.Msg != msg {
 		t.Fatalf("CHECK: code %d\n  %s\nwant code %d\n  %s", te.Code, te.Msg, code, msg)
 	}
 }

@@ -208,6 +208,13 @@ func TestLANPods(t *testing.T) {
 			t.Fatalf("the agent on node-1 could not read the LAN pool (%v):\n%s", err, logs)
 		}
 	})
+	// The reboot with a LAN section: every ADD after it asks the agent,
+	// which is not back yet (reboot_test.go).
+	t.Run("Reboot", func(t *testing.T) {
+		rb := newFixture(t, c, "lan-rb")
+		labelNS(t, c, rb.ns, kubenames.LabelLANAllowed)
+		checkRebootLAN(t, c, rb, func(f *fixture, name, nodeName string) { lanPod(f, name, nodeName, want) })
+	})
 	// Last: it installs the LAN config again, with macvlan.services.
 	t.Run("Services", func(t *testing.T) { lanServices(t, c) })
 }

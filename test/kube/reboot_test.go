@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/village-cni/village/internal/kubecluster"
+	"github.com/village-cni/village/pkg/village"
 )
 
 // checkReboot: node-1 is power-cycled (kubecluster.Node.Reboot: every
@@ -30,11 +31,44 @@ import (
 // be answered, neither by a
 // connection nor by a refusal (only the pod's own stack answers either).
 // The control pod answers once back, and no FailedCreatePodSandBox Event
-// from Village is recorded after the reboot. It logs the time to Ready
+// from Village (its CNI error's marker, village.ParseError) is recorded
+// after the reboot. TestLANPods runs it too, with the home lab's LAN
+// section (pods "annotated": every ADD asks the agent first). It logs the time to Ready
 // and the probes sent.
 func checkReboot(t *testing.T, c *kubecluster.Cluster, f *fixture) {
+	rebootCheck(t, c, f, nil)
+}
+
+// checkRebootLAN is checkReboot on a cluster with the home lab's LAN
+// section (pods "annotated", TestLANPods), whose ConfigMap has no
+// NetworkPolicy: no deny pod and no prober, and beside the control pod an
+// annotated LAN pod (rb-lan) on node-1. Every ADD after the reboot asks the
+// agent first, which is not back yet: they wait for it (agentsock's
+// AskWaiting, within nodelocal.AgentWait) instead of failing, so no
+// FailedCreatePodSandBox Event of Village's is recorded, and rb-lan gets its
+// LAN interface again.
+func checkRebootLAN(t *testing.T, c *kubecluster.Cluster, f *fixture, lanPod func(f *fixture, name, nodeName string)) {
+	rebootCheck(t, c, f, lanPod)
+}
+
+// rebootCheck is checkReboot, or with lanPod checkRebootLAN.
+func rebootCheck(t *testing.T, c *kubecluster.Cluster, f *fixture, lanPod func(f *fixture, name, nodeName string)) {
 	ctx := context.Background()
 	n1 := node(t, c, "node-1")
+	if lanPod != nil {
+		f.server("rb-open", n1.Name)
+		lanPod(f, "rb-lan", n1.Name)
+		before := f.running("rb-open", "rb-lan")
+		start, _, _ := rebootNode(t, c, n1)
+		after := restarted(t, f, before, "rb-open", "rb-lan")
+		expect(t, "LAN -> rb-open after the reboot", "rb-open", dialIn(c.LAN(), net.JoinHostPort(after["rb-open"].Status.PodIP, "8080")))
+		if out, err := f.exec("rb-lan", "ip", "-o", "addr", "show", "net1"); err != nil || !strings.Contains(out, kubecluster.LANPrefix) {
+			t.Errorf("rb-lan after the reboot: net1 %q (%v), want a LAN address", out, err)
+		}
+		noVillageSandboxFailure(t, c, start)
+		t.Logf("reboot of %s with a LAN section: both pods running again after %s", n1.Name, time.Since(start).Round(100*time.Millisecond))
+		return
+	}
 	_, err := c.Client().NetworkingV1().NetworkPolicies(f.ns).Create(ctx, &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "rb-deny"},
 		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "rb-deny"}},
@@ -58,32 +92,7 @@ func checkReboot(t *testing.T, c *kubecluster.Cluster, f *fixture) {
 	pr := startRebootProber(c, f.ns, "rb-deny")
 	t.Cleanup(func() { pr.stop() })
 	pr.waitSent(t, 10)
-	start := time.Now()
-	if err := n1.Reboot(); err != nil {
-		t.Fatal(err)
-	}
-	booted := time.Since(start)
-	// Ready as posted by the kubelet that started after the reboot (the
-	// Node object says Ready from before until then).
-	var ready time.Duration
-	if err := kubecluster.Poll(wait, func() error {
-		n, err := c.Client().CoreV1().Nodes().Get(ctx, n1.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue && !cond.LastHeartbeatTime.Time.Before(start.Truncate(time.Second)) {
-				ready = time.Since(start)
-				return nil
-			}
-		}
-		return fmt.Errorf("node %s: no Ready condition posted since the reboot: %v", n1.Name, n.Status.Conditions)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.WaitVillageReady(wait); err != nil {
-		t.Fatal(err)
-	}
+	start, booted, ready := rebootNode(t, c, n1)
 	after := restarted(t, f, before, "rb-deny", "rb-open")
 	podsBack := time.Since(start)
 	expect(t, "LAN -> rb-open after the reboot", "rb-open", dialIn(c.LAN(), net.JoinHostPort(after["rb-open"].Status.PodIP, "8080")))
@@ -92,7 +101,49 @@ func checkReboot(t *testing.T, c *kubecluster.Cluster, f *fixture) {
 	if got != 0 {
 		t.Errorf("%d of %d probes to rb-deny were answered over the reboot (last: %s)", got, sent, last)
 	}
-	ev, err := c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=FailedCreatePodSandBox"})
+	noVillageSandboxFailure(t, c, start)
+	t.Logf("reboot of %s: kubelet up after %s, Ready after %s, both pods running again after %s; rb-deny's address %s -> %s; %d probes sent every 0.2 s, %d answered",
+		n1.Name, booted.Round(100*time.Millisecond), ready.Round(100*time.Millisecond), podsBack.Round(100*time.Millisecond),
+		before["rb-deny"].Status.PodIP, after["rb-deny"].Status.PodIP, sent, got)
+}
+
+// rebootNode power-cycles n and waits until its new kubelet posted Ready
+// (the Node object says Ready from before until then) and the Village
+// DaemonSet is ready again; it returns the reboot's start and how long the
+// kubelet took to come up and to post Ready.
+func rebootNode(t *testing.T, c *kubecluster.Cluster, n *kubecluster.Node) (start time.Time, booted, ready time.Duration) {
+	t.Helper()
+	start = time.Now()
+	if err := n.Reboot(); err != nil {
+		t.Fatal(err)
+	}
+	booted = time.Since(start)
+	if err := kubecluster.Poll(wait, func() error {
+		obj, err := c.Client().CoreV1().Nodes().Get(context.Background(), n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range obj.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue && !cond.LastHeartbeatTime.Time.Before(start.Truncate(time.Second)) {
+				ready = time.Since(start)
+				return nil
+			}
+		}
+		return fmt.Errorf("node %s: no Ready condition posted since the reboot: %v", n.Name, obj.Status.Conditions)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitVillageReady(wait); err != nil {
+		t.Fatal(err)
+	}
+	return start, booted, ready
+}
+
+// noVillageSandboxFailure fails t for each FailedCreatePodSandBox Event
+// since start whose message carries Village's CNI error marker.
+func noVillageSandboxFailure(t *testing.T, c *kubecluster.Cluster, start time.Time) {
+	t.Helper()
+	ev, err := c.Client().CoreV1().Events("").List(context.Background(), metav1.ListOptions{FieldSelector: "reason=FailedCreatePodSandBox"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,13 +152,12 @@ func checkReboot(t *testing.T, c *kubecluster.Cluster, f *fixture) {
 		if e.EventTime.Time.After(when) {
 			when = e.EventTime.Time
 		}
-		if !when.Before(start.Truncate(time.Second)) && strings.Contains(strings.ToLower(e.Message), "village") {
-			t.Errorf("after the reboot: FailedCreatePodSandBox for %s/%s (%d times): %s", e.InvolvedObject.Namespace, e.InvolvedObject.Name, e.Count, e.Message)
+		// Village's sandbox failures are told by the marker its CNI error
+		// carries (plugin name and code), not by the message's wording.
+		if m, ok := village.ParseError(e.Message); ok && m.Plugin == village.Plugin && !when.Before(start.Truncate(time.Second)) {
+			t.Errorf("after the reboot: FailedCreatePodSandBox by %s (CNI code %d) for %s/%s (%d times): %s", m.Plugin, m.Code, e.InvolvedObject.Namespace, e.InvolvedObject.Name, e.Count, e.Message)
 		}
 	}
-	t.Logf("reboot of %s: kubelet up after %s, Ready after %s, both pods running again after %s; rb-deny's address %s -> %s; %d probes sent every 0.2 s, %d answered",
-		n1.Name, booted.Round(100*time.Millisecond), ready.Round(100*time.Millisecond), podsBack.Round(100*time.Millisecond),
-		before["rb-deny"].Status.PodIP, after["rb-deny"].Status.PodIP, sent, got)
 }
 
 // restarted waits until each named pod runs again in a sandbox made after

@@ -25,6 +25,7 @@ import (
 	"github.com/village-cni/village/pkg/ipam/config"
 	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/ipam/store/disk"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // Plugin-specific error codes (CNI reserves 100 and up for plugins).
@@ -142,7 +143,7 @@ func storeError(err error) error {
 		return types.NewError(ErrCodeAddressUnavailable, err.Error(), DetailOutsidePool)
 	case errors.As(err, &ae):
 		return types.NewError(ErrCodeAddressUnavailable, err.Error(), "")
-	case errors.Is(err, store.ErrBusy), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, store.ErrBusy), errors.Is(err, context.DeadlineExceeded), errors.Is(err, nodelocal.ErrNodeNameNotPublished):
 		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
 	default:
 		return types.NewError(types.ErrIOFailure, err.Error(), "")
