@@ -171,8 +171,8 @@ type Announcer struct {
 	mu        sync.Mutex
 	held      map[netip.Addr]*holding
 	conflicts map[netip.Addr]*Conflict // addresses lost to another MAC, kept for the rate limit and reports
-	counters Counters
-	closed   bool
+	counters  Counters
+	closed    bool
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -222,9 +222,9 @@ func New(cfg Config) (*Announcer, error) {
 		return nil, fmt.Errorf("announce: LAN interface %s has no Ethernet address", ifi.Name)
 	}
 	a := &Announcer{
-		cfg:  cfg,
-		ifi:  ifi,
-		log:  log.With("interface", ifi.Name),
+		cfg:       cfg,
+		ifi:       ifi,
+		log:       log.With("interface", ifi.Name),
 		held:      map[netip.Addr]*holding{},
 		conflicts: map[netip.Addr]*Conflict{},
 		done:      make(chan struct{}),
