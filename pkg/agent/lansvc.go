@@ -152,7 +152,7 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		ls.mem.SetPeers(kept.Peers)
 		logf("LAN Services: %d addresses and %d peers kept from %s, until the API server answers", len(kept.Wants), len(kept.Peers), kept.Time.Format(time.RFC3339))
 	}
-	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log}); err != nil {
+	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log, OnChange: kick}); err != nil {
 		off(err)
 		return
 	}
@@ -170,7 +170,8 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	ls.ctl, err = lbcontroller.New(lbcontroller.Config{Node: c.Node, Client: side.cs,
 		Services: side.services(), EndpointSlices: side.endpointSlices(), Nodes: side.nodes(), Namespaces: side.namespaces(),
 		Events: side.rec, Alloc: &alloc.Allocator{Store: st, Sets: svc.Sets}, RequireClass: svc.RequireClass,
-		Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: s, Logf: logf})
+		Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: s, Logf: logf,
+		Holds: ls.ann.Holds, InUseBy: ls.ann.InUseBy})
 	if err != nil {
 		off(err)
 		return
@@ -347,9 +348,12 @@ type LANServicesStatus struct {
 	Time      time.Time    `json:"time"`
 	Off       string       `json:"off,omitempty"` // why the feature is off on this node, "" while it runs
 	Answering []netip.Addr `json:"answering"`
-	Wants     []elect.Want `json:"wants"`
-	Live      []string     `json:"live"`
-	Warnings  []string     `json:"warnings,omitempty"`
+	// Contested: addresses this node was elected for that another MAC
+	// answers for (it does not).
+	Contested []announce.Conflict `json:"contested,omitempty"`
+	Wants     []elect.Want        `json:"wants"`
+	Live      []string            `json:"live"`
+	Warnings  []string            `json:"warnings,omitempty"`
 }
 
 // KeptLANServices is what the LAN Services last knew from the API server,
@@ -392,7 +396,7 @@ func (ls *lanServices) statusLoop(ctx context.Context, runDir, network string, k
 		if k := keep(); k != nil {
 			writeChanged(keptPath, k, func() { k.Time = time.Now() }, &lastKept)
 		}
-		st := LANServicesStatus{Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warnings: ls.warnings}
+		st := LANServicesStatus{Answering: ls.ann.Held(), Contested: ls.ann.Contested(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warnings: ls.warnings}
 		writeChanged(path, &st, func() { st.Time = time.Now() }, &last)
 		select {
 		case <-ctx.Done():
@@ -453,8 +457,19 @@ func lanServicesStatus(c *Conf, runDir string) []string {
 	for _, a := range st.Answering {
 		lines = append(lines, "  "+a.String())
 	}
+	lines = append(lines, contestedLines(st.Contested)...)
 	for _, w := range st.Warnings {
 		lines = append(lines, "LAN Services: WARNING: "+w)
+	}
+	return lines
+}
+
+// contestedLines are the status lines of addresses another MAC holds.
+func contestedLines(cs []announce.Conflict) []string {
+	var lines []string
+	for _, c := range cs {
+		lines = append(lines, fmt.Sprintf("  %s CONTESTED: in use by MAC %s, not answered by this node (%d conflicts, the last at %s; probed again after %s)",
+			c.Addr, c.MACText, c.Conflicts, c.Last.Format("15:04:05"), c.NextProbe.Format("15:04:05")))
 	}
 	return lines
 }
