@@ -150,6 +150,9 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		logf("LAN Services: the kept state: %v (starting without)", keptErr)
 	case kept != nil:
 		ls.mem.SetPeers(kept.Peers)
+		if kept.Nodes != nil {
+			ls.mem.SetNodes(kept.Nodes)
+		}
 		logf("LAN Services: %d addresses and %d peers kept from %s, until the API server answers", len(kept.Wants), len(kept.Peers), kept.Time.Format(time.RFC3339))
 	}
 	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log, OnChange: kick}); err != nil {
@@ -178,7 +181,12 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	}
 	ctl.Store(ls.ctl)
 	self := net.JoinHostPort(addr.String(), strconv.Itoa(members.DefaultPort))
-	setPeers := func() { ls.mem.SetPeers(peers(side.nodes(), c.Node)) }
+	setPeers := func() {
+		ls.mem.SetPeers(peers(side.nodes(), c.Node))
+		if side.nodes().HasSynced() {
+			ls.mem.SetNodes(nodeMembers(side.nodes()))
+		}
+	}
 	if _, err := side.nodes().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { setPeers() }, UpdateFunc: func(any, any) { setPeers() }, DeleteFunc: func(any) { setPeers() },
 	}); err != nil {
@@ -188,6 +196,13 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { ls.ctl.Run(ctx) })
+	wg.Go(func() {
+		// The handlers' calls before the sync set no Nodes; one after it
+		// does, with no Node event needed.
+		if cache.WaitForCacheSync(ctx.Done(), side.nodes().HasSynced) {
+			setPeers()
+		}
+	})
 	logf("LAN Services: Service addresses %s on %s (gossip %s, %s), requireClass %v", svc, ifname, self, gossip, svc.RequireClass)
 	publishMember(ctx, side, c.Node, self, logf)
 	ls.ipvsCheck(side, c.Node, logf)
@@ -195,7 +210,7 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		if !ls.ctl.Known() || !side.nodes().HasSynced() {
 			return nil
 		}
-		return &KeptLANServices{Wants: ls.ctl.Wants(), Peers: peers(side.nodes(), c.Node)}
+		return &KeptLANServices{Wants: ls.ctl.Wants(), Peers: peers(side.nodes(), c.Node), Nodes: nodeMembers(side.nodes())}
 	})
 }
 
@@ -288,6 +303,18 @@ func peers(nodes cache.SharedIndexInformer, self string) []string {
 	return out
 }
 
+// nodeMembers are the Nodes, each with the gossip address it published
+// ("" while none), for members.SetNodes.
+func nodeMembers(nodes cache.SharedIndexInformer) map[string]string {
+	out := map[string]string{}
+	for _, obj := range nodes.GetStore().List() {
+		if n, ok := obj.(*corev1.Node); ok {
+			out[n.Name] = n.Annotations[kubenames.AnnotationLANMember]
+		}
+	}
+	return out
+}
+
 // publishMember writes this node's gossip address on its Node (a merge
 // patch through nodes/status, as the kubernetes registry does), retrying
 // until it is there.
@@ -363,6 +390,10 @@ type KeptLANServices struct {
 	Time  time.Time    `json:"time"`
 	Wants []elect.Want `json:"wants"`
 	Peers []string     `json:"peers"` // the other agents' gossip addresses
+	// Nodes are the Kubernetes Nodes with the gossip address each
+	// published: only they count as live agents (members.SetNodes), also
+	// after a restart with the API server down.
+	Nodes map[string]string `json:"nodes,omitempty"`
 }
 
 // readKept reads network's kept state; nil, nil when there is none.
