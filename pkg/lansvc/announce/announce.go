@@ -26,6 +26,27 @@
 // starved agent declared dead while it still answers) never answer side
 // by side: the address moves only once its holder has let it go.
 //
+// Conflicts are resolved as RFC 5227 (IPv4 Address Conflict Detection)
+// and RFC 4862 5.4 (IPv6 duplicate address detection) say, with the
+// timings of ConflictTiming (Config.Conflict):
+//
+//   - The probe is an ARP request from 0.0.0.0, or a neighbour
+//     solicitation from :: with no link-layer option to the address's
+//     solicited-node group: it teaches no cache anything.
+//   - While probing, any claim from another MAC (an ARP packet with the
+//     address as sender, an advertisement of it, a solicitation from it)
+//     or another host's probe for the same address (two nodes, or two
+//     clusters, probing at the same moment) is a conflict: the address
+//     is not taken, and is probed again only after a random delay below
+//     RetryJitter, so two probers part; after MaxConflicts, at most once
+//     per RateLimitInterval.
+//   - Once held, a claim from another MAC is answered with one
+//     announcement (defence); a second claim within DefendInterval makes
+//     the node yield: it stops answering and reports the address
+//     contested (Contested, InUseBy), for the Service's Warning Event and
+//     `villaged status`. A probe from another host is no claim: it is
+//     answered, which is how the holder defends against a newcomer.
+//
 // Taking an address over sends a burst of gratuitous ARP, in both the request and the reply form
 // (hosts differ in which one they learn from), and unsolicited neighbour
 // advertisements to all nodes. While held, each address is announced again
