@@ -85,13 +85,14 @@ func TestAnnounceGossipImpostors(t *testing.T) {
 }
 
 // cluster is one Village cluster of one node on the LAN: its gossip, its
-// announcer and its speaker, wanting vip.
+// announcer and its speaker.
 type cluster struct {
 	host *testenv.LANHost
 	ann  *announce.Announcer
+	spk  *speaker.Speaker
 }
 
-func oneNodeCluster(t *testing.T, l *testenv.LAN, name, addr string, vip netip.Addr) *cluster {
+func oneNodeCluster(t *testing.T, l *testenv.LAN, name, addr string) *cluster {
 	t.Helper()
 	c := &cluster{host: l.Host("eth0", addr+"/24")}
 	var m *members.Members
@@ -109,7 +110,7 @@ func oneNodeCluster(t *testing.T, l *testenv.LAN, name, addr string, vip netip.A
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close(); _ = c.ann.Close(); _ = m.Close() })
-	s.SetWants([]elect.Want{{Addr: vip, Eligible: []string{name}}})
+	c.spk = s
 	return c
 }
 
@@ -123,8 +124,12 @@ func TestAnnounceSecondClusterSameLAN(t *testing.T) {
 	l := testenv.NewLAN(t)
 	vip := netip.MustParseAddr("192.168.79.210")
 	client := l.Host("eth0", "192.168.79.100/24")
-	ca := oneNodeCluster(t, l, "a-node", "192.168.79.21", vip)
-	cb := oneNodeCluster(t, l, "b-node", "192.168.79.22", vip)
+	ca := oneNodeCluster(t, l, "a-node", "192.168.79.21")
+	cb := oneNodeCluster(t, l, "b-node", "192.168.79.22")
+	// Both clusters give the address to their node at the same moment:
+	// both probe at once.
+	ca.spk.SetWants([]elect.Want{{Addr: vip, Eligible: []string{"a-node"}}})
+	cb.spk.SetWants([]elect.Want{{Addr: vip, Eligible: []string{"b-node"}}})
 	var winner, loser *cluster
 	testenv.WaitFor(t, "one cluster's node holds "+vip.String(), func() error {
 		ha, hb := len(ca.ann.Held()) == 1, len(cb.ann.Held()) == 1
