@@ -31,7 +31,9 @@ func NodeTokenServices(t *testing.T, c *kubecluster.Cluster, agent kubernetes.In
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), other.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = admin.CoreV1().Namespaces().Delete(context.Background(), other.Name, metav1.DeleteOptions{})
+	})
 	class := "example.com/other-lb"
 	victim := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "victim"}, Spec: corev1.ServiceSpec{
 		Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &class, Selector: map[string]string{"app": "victim"},
