@@ -82,6 +82,9 @@ type Server struct {
 	// AdminKubeconfig authenticates in system:masters; AgentKubeconfig
 	// as ServiceAccount (which has no rights until the test binds some).
 	AdminKubeconfig, AgentKubeconfig string
+	// NodeAgentKubeconfig authenticates with the token of the process's
+	// $VILLAGE_TEST_CREDENTIAL file (AgentOn): the agent of one node.
+	NodeAgentKubeconfig string
 	// Config is the admin's client configuration (its connections are
 	// made inside NetNS); Client a clientset on it.
 	Config *rest.Config
@@ -286,6 +289,10 @@ func (s *Server) clients(admin, agent string) error {
 		if err := os.WriteFile(path, []byte(kubeconfig(s.URL, ca, tok)), 0o600); err != nil {
 			return err
 		}
+	}
+	s.NodeAgentKubeconfig = filepath.Join(s.dir, "node-agent.kubeconfig")
+	if err := os.WriteFile(s.NodeAgentKubeconfig, []byte(nodeAgentKubeconfig(s.URL, ca)), 0o600); err != nil {
+		return err
 	}
 	// No client-side rate limit: tests and the benchmark time the server
 	// and the agents, not client-go's default 5 requests/s.

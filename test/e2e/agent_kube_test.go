@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,8 +37,11 @@ import (
 // three node namespaces each running the real `villaged run` with one
 // identical conflist naming the registry type kubernetes. The test plays
 // kube-controller-manager: it creates the Node objects with spec.podCIDRs.
-// The agents authenticate as the DaemonSet's ServiceAccount, bound only by
-// deploy/kubernetes/rbac.yaml, so the shipped RBAC is proven sufficient.
+// The agents authenticate as the DaemonSet's ServiceAccount, each with a
+// token bound to a Pod on its Node (kubetest.AgentOn), bound only by
+// deploy/kubernetes/rbac.yaml and confined by admission.yaml, so the shipped
+// RBAC and policies are proven sufficient, and the agents find themselves
+// confined (they write nothing until they are).
 
 func kubeConflist(mode, dataDir, kubeconfig string) string {
 	return fmt.Sprintf(`{"cniVersion":"1.1.0","name":"agt","plugins":[{"type":"village","bridge":"village0","isDefaultGateway":true,
@@ -69,7 +73,7 @@ func newKubeLabWith(t *testing.T, mode string, edit func(conf string, kube *kube
 	applyRBAC(t, kube)
 	lab := &kubeLab{agentLab: &agentLab{t: t, host: host}, kube: kube}
 	lab.setup(lan, func(dataDir string) string {
-		conf := kubeConflist(mode, dataDir, kube.AgentKubeconfig)
+		conf := kubeConflist(mode, dataDir, kube.NodeAgentKubeconfig)
 		if edit != nil {
 			conf = edit(conf, kube)
 		}
@@ -78,12 +82,21 @@ func newKubeLabWith(t *testing.T, mode string, edit func(conf string, kube *kube
 	return lab
 }
 
-// applyRBAC creates the roles and bindings of deploy/kubernetes/rbac.yaml.
+// applyRBAC creates the roles and bindings of deploy/kubernetes/rbac.yaml
+// and the admission policies of admission.yaml.
 func applyRBAC(t *testing.T, kube *kubetest.Server) {
+	applyManifest(t, kube, filepath.Join("deploy", "kubernetes", "rbac.yaml"), nil)
+	applyManifest(t, kube, filepath.Join("deploy", "kubernetes", "admission.yaml"), nil)
+}
+
+// applyManifest creates the objects of the module's file rel (RBAC and
+// admission policies), each document first passed through edit (nil: as
+// it is).
+func applyManifest(t *testing.T, kube *kubetest.Server, rel string, edit func(doc []byte) []byte) {
 	root, err := testenv.ModuleRoot()
 	must(t, err, "module root")
-	b, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "rbac.yaml"))
-	must(t, err, "reading rbac.yaml")
+	b, err := os.ReadFile(filepath.Join(root, rel))
+	must(t, err, "reading %s", rel)
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
 	ctx := context.Background()
 	for {
@@ -91,9 +104,12 @@ func applyRBAC(t *testing.T, kube *kubetest.Server) {
 		if errors.Is(err, io.EOF) {
 			break
 		}
-		must(t, err, "reading rbac.yaml")
+		must(t, err, "reading %s", rel)
+		if edit != nil {
+			doc = edit(doc)
+		}
 		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		must(t, err, "decoding rbac.yaml")
+		must(t, err, "decoding %s", rel)
 		switch o := obj.(type) {
 		case *rbacv1.ClusterRole:
 			_, err = kube.Client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
@@ -103,10 +119,14 @@ func applyRBAC(t *testing.T, kube *kubetest.Server) {
 			_, err = kube.Client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.RoleBinding:
 			_, err = kube.Client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			_, err = kube.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			_, err = kube.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
 		default:
-			t.Fatalf("rbac.yaml: unexpected %T", obj)
+			t.Fatalf("%s: unexpected %T", rel, obj)
 		}
-		must(t, err, "creating %T from rbac.yaml", obj)
+		must(t, err, "creating %T from %s", obj, rel)
 	}
 }
 
@@ -118,6 +138,7 @@ func (lab *kubeLab) createNode(n *agentNode, podCIDR string) {
 	}
 	_, err := lab.kube.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{})
 	must(lab.t, err, "creating Node %s", n.name)
+	n.env = []string{lab.kube.AgentOn(lab.t, n.name)}
 }
 
 func (lab *kubeLab) node(name string) *corev1.Node {

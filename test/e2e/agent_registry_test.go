@@ -61,6 +61,9 @@ type agentNode struct {
 	log      *lockedBuffer
 	cmd      *exec.Cmd
 	exited   chan error
+	// env is added to the environment of every villaged run here: in the
+	// kubernetes labs, the node's own API credential (kubetest.AgentOn).
+	env []string
 }
 
 type lockedBuffer struct {
@@ -185,7 +188,11 @@ func (lab *agentLab) addNode() *agentNode {
 // villaged is the command line of the real binary inside node n.
 func (n *agentNode) villaged(t *testing.T, args ...string) *exec.Cmd {
 	full := append([]string{"netns", "exec", n.Name(), filepath.Join(testenv.Bins(t), "villaged")}, args...)
-	return exec.Command("ip", full...)
+	cmd := exec.Command("ip", full...)
+	if len(n.env) > 0 {
+		cmd.Env = append(os.Environ(), n.env...)
+	}
+	return cmd
 }
 
 func (lab *agentLab) start(n *agentNode) {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -35,7 +36,8 @@ func lanServicesBlock(storeKubeconfig, keyFile string) string {
 
 // TestLANServicesFailover: three node namespaces run the real `villaged
 // run` with "macvlan.services" against a real kube-apiserver (the agents
-// as the DaemonSet's account, bound by deploy/kubernetes/rbac.yaml). A
+// as the DaemonSet's account, bound by deploy/kubernetes/rbac.yaml and the
+// home lab's lan-services.yaml, confined by their admission policies). A
 // LoadBalancer Service in an allowed namespace gets the first Service
 // address in its status (ipMode VIP); a LAN client's ARP request for it
 // is answered by exactly one MAC, the lan0 of the node the Service's
@@ -53,6 +55,10 @@ func TestLANServicesFailover(t *testing.T) {
 		return strings.Replace(conf, `"ipMasq":true,`, `"ipMasq":true,`+lanServicesBlock(kube.AdminKubeconfig, keyFile), 1)
 	})
 	kube := lab.kube
+	// The grant and guard LAN Services need, with this LAN's range.
+	applyManifest(t, kube, filepath.Join("deploy", "kubernetes", "examples", "homelab", "lan-services.yaml"), func(doc []byte) []byte {
+		return bytes.ReplaceAll(doc, []byte("[['192.168.50.240', '192.168.50.250']]"), []byte("[['192.168.79.240', '192.168.79.250']]"))
+	})
 	client := testenv.NewNS(t)
 	lab.lan.Attach(t, client, "eth0", "192.168.79.9/24")
 	ctx := context.Background()

@@ -45,7 +45,7 @@ func TestNetworkPolicyAgents(t *testing.T) {
 		"ipMasq":true,"clusterCIDR":%q,"networkPolicy":true,
 		"ipam":{"type":"village-ipam","dataDir":%q},
 		"backend":{"type":"vxlan","underlay":"lan0","vni":9,
-			"registry":{"type":"kubernetes","kubeconfig":%q}}}]}`, agentCluster, filepath.Join(t.TempDir(), "ipam"), lab.kube.AgentKubeconfig)
+			"registry":{"type":"kubernetes","kubeconfig":%q}}}]}`, agentCluster, filepath.Join(t.TempDir(), "ipam"), lab.kube.NodeAgentKubeconfig)
 	must(t, os.WriteFile(lab.conf, []byte(text), 0o644), "writing the conflist")
 	lab.list = ConfList(t, text)
 	for i, n := range lab.nodes {
