@@ -22,7 +22,7 @@ const CredentialEnv = "VILLAGE_TEST_CREDENTIAL"
 // AgentOn gives the agent of node the identity the DaemonSet's pod on that
 // node has in a real cluster: the ServiceAccount kube-system/village, a
 // Pod of it bound to node (no kubelet runs it), and a token bound to that
-// Pod. The API server stamps such a token with the node's name (the extra
+// Pod (host network, as the DaemonSet's). The API server stamps such a token with the node's name (the extra
 // authentication.kubernetes.io/node-name), the claim the policies of
 // deploy/kubernetes/admission.yaml confine the agent by; the static agent
 // token (AgentKubeconfig) names no node. The Node object must exist. It
@@ -41,7 +41,7 @@ func (s *Server) AgentOn(t testing.TB, node string) string {
 	if apierrors.IsNotFound(err) {
 		pod, err = s.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa, AutomountServiceAccountToken: new(bool),
+			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa, AutomountServiceAccountToken: new(bool), HostNetwork: true,
 				Containers: []corev1.Container{{Name: "villaged", Image: "village"}}},
 		}, metav1.CreateOptions{})
 	}

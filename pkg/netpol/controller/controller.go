@@ -86,7 +86,7 @@ type Status struct {
 	Time     time.Time     `json:"time"`
 	Policies int           `json:"policies"`
 	Pods     int           `json:"pods"`     // local pods isolated in a direction
-	Compiled int           `json:"compiled"` // local pods seen
+	Compiled int           `json:"compiled"` // local pods seen, host-network ones aside
 	Problems []string      `json:"problems,omitempty"`
 	Error    string        `json:"error,omitempty"`
 	Want     table.Summary `json:"want"`
@@ -278,7 +278,18 @@ func (c *ctl) sync(why string) {
 	c.writeStatus(in, rs, err)
 }
 
-func countLocal(in netpol.Input) int { return len(in.Local) }
+// countLocal is the number of this node's pods whose traffic the compile
+// covers: host-network pods (the agent's own, kube-proxy) share the
+// node's addresses and are never filtered, so they are not counted.
+func countLocal(in netpol.Input) int {
+	n := 0
+	for _, p := range in.Pods {
+		if in.Local[p.Key()] && !p.HostNetwork {
+			n++
+		}
+	}
+	return n
+}
 
 // repair compares the kernel with the last compile and applies again when
 // they differ (a flushed table, a hand edit) or the last apply failed. A

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/village-cni/village/pkg/kubenames"
+	"github.com/village-cni/village/pkg/netpol"
 )
 
 // TestSlimKeepsWhatCompileReads: the cached copy of a Pod still yields the
@@ -146,5 +147,32 @@ func TestLANFromOwnState(t *testing.T) {
 		if !maps.Equal(got, tc.want) {
 			t.Errorf("%s: LAN pods %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestCountLocal: the status's "local pods compiled" counts this node's
+// pods whose traffic is filtered; host-network pods and other nodes' pods
+// are not.
+func TestCountLocal(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		pods  []*netpol.Pod
+		local []string
+		want  int
+	}{
+		{"none", nil, nil, 0},
+		{"local pods", []*netpol.Pod{{Namespace: "a", Name: "p"}, {Namespace: "a", Name: "q"}}, []string{"a/p", "a/q"}, 2},
+		{"another node's pod", []*netpol.Pod{{Namespace: "a", Name: "p"}, {Namespace: "a", Name: "far"}}, []string{"a/p"}, 1},
+		{"host network", []*netpol.Pod{{Namespace: "kube-system", Name: "villaged", HostNetwork: true}, {Namespace: "a", Name: "p"}}, []string{"kube-system/villaged", "a/p"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := netpol.Input{Pods: tc.pods, Local: map[string]bool{}}
+			for _, k := range tc.local {
+				in.Local[k] = true
+			}
+			if got := countLocal(in); got != tc.want {
+				t.Fatalf("countLocal = %d, want %d", got, tc.want)
+			}
+		})
 	}
 }
