@@ -20,9 +20,11 @@ import (
 	"github.com/village-cni/village/pkg/nodelocal"
 )
 
-// Confinement: RBAC grants the agent its verbs on every Node, Pod and
-// Service (rbac.yaml); only the ValidatingAdmissionPolicy village-agent
-// (admission.yaml) narrows them to its own node and Village's annotations.
+// Confinement: RBAC grants the agent its verbs on every Node and Pod
+// (rbac.yaml), and with LAN Services on every Service (lan-services.yaml);
+// only the ValidatingAdmissionPolicies (village-agent in admission.yaml,
+// village-lan-services beside the grant) narrow them to its own node,
+// Village's annotations and the LAN Service ranges.
 // Without it (Kubernetes before 1.30, the admission plugin off, the policy
 // or its binding deleted) a node's token could rewrite every pod. The agent
 // does not take the policy on trust: it proves it is in force by asking for
