@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -18,23 +20,38 @@ import (
 	"github.com/village-cni/village/pkg/nodelocal"
 )
 
-// macspoofchk: one rule per pod port in the network's bridge-family table,
-// over netlink like the rest of the nftables backend (whatever the
-// masquerade backend is):
+// macspoofchk: the source checks of each pod port, in the network's
+// bridge-family table, over netlink like the rest of the nftables backend
+// (whatever the masquerade backend is):
 //
 //	table bridge village-<net>
 //	  chain macspoofchk  type filter hook prerouting priority -300
-//	    iifname "<host veth>" ether saddr != <pod MAC> drop   comment "village:<net> <host veth>"
+//	    iifname "<host veth>" ether saddr != <pod MAC> drop                 comment "village:<net> <host veth>"
+//	    iifname "<host veth>" meta protocol ip ip saddr != <pod IPv4> drop   (same comment)
+//	    iifname "<host veth>" meta protocol arp arp saddr ip != { <pod IPv4>, 0.0.0.0 } drop
+//	    iifname "<host veth>" meta protocol ip6 ip6 saddr != { <pod IPv6>, ::, fe80::/10 } drop
 //
 // A pod that sends with any other source MAC (a changed eth0 address, a
 // raw socket) has its frames dropped before the bridge learns or forwards
-// them.
+// them. The address rules (when the port has IPs: with networkPolicy on)
+// do the same for a source address that is not the pod's: NetworkPolicy
+// decides by the packet's source address, so a pod must not borrow one
+// another pod is allowed with, nor dodge its own egress policy or pending
+// mark with an address nobody holds, nor claim another pod's IPv4 address
+// in ARP. IPv6 keeps the unspecified and link-local sources neighbour
+// discovery needs (what a pod reaches at link-local is the policy's
+// business, pkg/netpol/table); ARP keeps the probe's 0.0.0.0. A family
+// the pod has no address of is refused whole but for those.
 
-// SpoofCheck is the source MAC check of one pod port.
+// SpoofCheck is the source check of one pod port.
 type SpoofCheck struct {
 	Network  string
 	HostVeth string
-	MAC      net.HardwareAddr
+	// MAC, when set, is the only source MAC the port may send with.
+	MAC net.HardwareAddr
+	// IPs, when set, are the only source addresses (IPv4, IPv6, ARP) the
+	// port may send with, beside those of neighbour discovery.
+	IPs []netip.Addr
 	// Bridge, when set, is the network's bridge: EnsureSpoofCheck and
 	// DeleteSpoofCheck move the netfilter stamps on it past their own write
 	// (see passOwnWrite), so the rule of one pod does not send the next
@@ -53,17 +70,84 @@ func spoofChain(t *nftables.Table) *nftables.Chain {
 
 func spoofTag(network, hostVeth string) string { return Comment(network) + " " + hostVeth }
 
-func (sc SpoofCheck) exprs() []expr.Any {
+// rules are the port's rules, the MAC check first.
+func (sc SpoofCheck) rules() [][]expr.Any {
 	name := make([]byte, 16)
 	copy(name, sc.HostVeth)
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: name},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(sc.MAC)},
-		&expr.Counter{},
-		&expr.Verdict{Kind: expr.VerdictDrop},
+	iif := func() []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: name},
+		}
 	}
+	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+	var out [][]expr.Any
+	if len(sc.MAC) > 0 {
+		r := append(iif(),
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: 6},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(sc.MAC)})
+		out = append(out, append(r, drop...))
+	}
+	if len(sc.IPs) == 0 {
+		return out
+	}
+	var v4, v6 [][]byte
+	for _, a := range sc.IPs {
+		if a.Is4() || a.Is4In6() {
+			b := a.Unmap().As4()
+			v4 = append(v4, b[:])
+		} else {
+			b := a.As16()
+			v6 = append(v6, b[:])
+		}
+	}
+	proto := func(ethertype uint16) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{byte(ethertype >> 8), byte(ethertype)}},
+		}
+	}
+	notAny := func(allowed [][]byte) []expr.Any {
+		var es []expr.Any
+		for _, a := range allowed {
+			es = append(es, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: a})
+		}
+		return es
+	}
+	// IPv4: the source address at offset 12 of the IP header.
+	r := append(iif(), proto(0x0800)...)
+	r = append(r, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4})
+	out = append(out, append(append(r, notAny(v4)...), drop...))
+	// ARP (Ethernet, IPv4): the sender's protocol address at offset 14.
+	r = append(iif(), proto(0x0806)...)
+	r = append(r, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 14, Len: 4})
+	out = append(out, append(append(r, notAny(append(slices.Clone(v4), make([]byte, 4)))...), drop...))
+	// IPv6: the source address at offset 8; ::, and fe80::/10 (masked
+	// into register 2).
+	r = append(iif(), proto(0x86dd)...)
+	r = append(r, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16})
+	r = append(r, notAny(append(slices.Clone(v6), make([]byte, 16)))...)
+	mask, linkLocal := make([]byte, 16), make([]byte, 16)
+	mask[0], mask[1] = 0xff, 0xc0
+	linkLocal[0], linkLocal[1] = 0xfe, 0x80
+	r = append(r,
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 2, Len: 16, Mask: mask, Xor: make([]byte, 16)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 2, Data: linkLocal})
+	out = append(out, append(r, drop...))
+	return out
+}
+
+// samePortRules reports whether have are exactly the rules want, in order.
+func samePortRules(have []*nftables.Rule, want [][]expr.Any) bool {
+	if len(have) != len(want) {
+		return false
+	}
+	for i := range want {
+		if !sameCmp(have[i].Exprs, want[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // spoofRules returns the table's chain and the rules tagged for hostVeth
@@ -141,11 +225,13 @@ func writeSpoofCheck(c *nftables.Conn, sc SpoofCheck, old []*nftables.Rule) erro
 			return fmt.Errorf("failed to replace the macspoofchk rule of %q: %w", sc.HostVeth, err)
 		}
 	}
-	if err := recordSpoofMAC(sc); err != nil {
+	if err := recordSpoof(sc); err != nil {
 		return err
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: sc.exprs(),
-		UserData: userdata.AppendString(nil, userdata.TypeComment, spoofTag(sc.Network, sc.HostVeth))})
+	for _, r := range sc.rules() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r,
+			UserData: userdata.AppendString(nil, userdata.TypeComment, spoofTag(sc.Network, sc.HostVeth))})
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("failed to write the macspoofchk rule of %q (nftables table bridge %s): %w", sc.HostVeth, Table(sc.Network), err)
 	}
@@ -159,8 +245,8 @@ func CheckSpoofCheck(sc SpoofCheck) error {
 		return fmt.Errorf("failed to open nftables: %w", err)
 	}
 	_, rules := spoofRules(c, sc.Network, sc.HostVeth)
-	if len(rules) != 1 || !sameCmp(rules[0].Exprs, sc.exprs()) {
-		return fmt.Errorf("macspoofchk rule of %q (source MAC %s) missing from nftables table bridge %s", sc.HostVeth, sc.MAC, Table(sc.Network))
+	if !samePortRules(rules, sc.rules()) {
+		return fmt.Errorf("macspoofchk rule of %q (source MAC %s, addresses %v) missing or changed in nftables table bridge %s", sc.HostVeth, sc.MAC, sc.IPs, Table(sc.Network))
 	}
 	return nil
 }
@@ -208,26 +294,56 @@ func deleteSpoofTable(network string) error {
 	return nil
 }
 
-// spoofFile is the record of one pod port with macspoofchk, in the
+// spoofFile is the record of one pod port with source checks, in the
 // network's directory under the run directory (nodelocal.SpoofDir): one
-// file per port, named after the host veth, holding the pod MAC, so the
-// rules can be rebuilt for every pod of the bridge after a flush, not only
-// for the pod at hand. It follows $VILLAGE_RUN_DIR as the network's other
-// files do (it describes this network's ports, as the subnet file its
-// subnet).
+// file per port, named after the host veth, holding the pod MAC on its
+// first line ("" when only addresses are checked) and one pod address on
+// each line after it, so the rules can be rebuilt for every pod of the
+// bridge after a flush, not only for the pod at hand. It follows
+// $VILLAGE_RUN_DIR as the network's other files do (it describes this
+// network's ports, as the subnet file its subnet).
 func spoofFile(network, hostVeth string) string {
 	return filepath.Join(nodelocal.SpoofDir("", network), hostVeth)
 }
 
-func recordSpoofMAC(sc SpoofCheck) error {
+func recordSpoof(sc SpoofCheck) error {
 	f := spoofFile(sc.Network, sc.HostVeth)
 	if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
 		return fmt.Errorf("failed to create %s: %w", filepath.Dir(f), err)
 	}
-	if err := os.WriteFile(f, []byte(sc.MAC.String()), 0o600); err != nil {
-		return fmt.Errorf("failed to record the MAC of %q for macspoofchk: %w", sc.HostVeth, err)
+	lines := []string{sc.MAC.String()}
+	for _, a := range sc.IPs {
+		lines = append(lines, a.String())
+	}
+	if err := os.WriteFile(f, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		return fmt.Errorf("failed to record the source check of %q: %w", sc.HostVeth, err)
 	}
 	return nil
+}
+
+// parseSpoofRecord reads a record of spoofFile (a record of an older
+// release holds the MAC alone).
+func parseSpoofRecord(network, hostVeth string, b []byte) (SpoofCheck, error) {
+	sc := SpoofCheck{Network: network, HostVeth: hostVeth}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if m := strings.TrimSpace(lines[0]); m != "" {
+		mac, err := net.ParseMAC(m)
+		if err != nil {
+			return sc, fmt.Errorf("source check record of %q: %w", hostVeth, err)
+		}
+		sc.MAC = mac
+	}
+	for _, l := range lines[1:] {
+		a, err := netip.ParseAddr(strings.TrimSpace(l))
+		if err != nil {
+			return sc, fmt.Errorf("source check record of %q: %w", hostVeth, err)
+		}
+		sc.IPs = append(sc.IPs, a)
+	}
+	if len(sc.MAC) == 0 && len(sc.IPs) == 0 {
+		return sc, fmt.Errorf("source check record of %q is empty", hostVeth)
+	}
+	return sc, nil
 }
 
 // restoreSpoofChecks puts back the macspoofchk rule of every port of the
@@ -266,13 +382,12 @@ func restoreSpoofChecks(network string, bridge int) ([]string, error) {
 		if err != nil {
 			continue
 		}
-		mac, err := net.ParseMAC(strings.TrimSpace(string(b)))
+		sc, err := parseSpoofRecord(network, a.Name, b)
 		if err != nil {
 			continue
 		}
-		sc := SpoofCheck{Network: network, HostVeth: a.Name, MAC: mac}
 		have := byTag[spoofTag(network, a.Name)]
-		if len(have) == 1 && sameCmp(have[0].Exprs, sc.exprs()) {
+		if samePortRules(have, sc.rules()) {
 			continue
 		}
 		if err := writeSpoofCheck(c, sc, have); err != nil {

@@ -371,7 +371,7 @@ func ValidatePluginType(t string) error {
 // come in (IPAM's result, a Node's spec.podCIDRs).
 func (c *NetConf) Netfilter(subnets []*net.IPNet) masq.Spec {
 	s := masq.Spec{Network: c.Name, PodSubnets: canonical(subnets), Backend: c.IPMasqBackend,
-		ForwardAccept: c.ForwardAccept, NoMasquerade: !c.IPMasq, SpoofCheck: c.MacSpoofChk}
+		ForwardAccept: c.ForwardAccept, NoMasquerade: !c.IPMasq, SpoofCheck: c.MacSpoofChk || c.NetworkPolicy}
 	if len(c.ClusterNets) > 0 {
 		s.Cluster = slices.Clone(c.ClusterNets)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -399,12 +400,19 @@ func (a *adder) describeLinks() error {
 }
 
 // ensureSpoofCheck drops frames the pod sends with a source MAC other than
-// its interface's (macspoofchk).
+// its interface's (macspoofchk), and with networkPolicy on packets with a
+// source address other than its own (the policy decides by it).
 func (a *adder) ensureSpoofCheck() error {
-	if !a.conf.MacSpoofChk {
+	if !spoofChecked(a.conf) {
 		return nil
 	}
-	sc := spoofCheck(a.conf, a.veth.Host.Attrs().Name, a.veth.Pod.Attrs().HardwareAddr)
+	var ips []netip.Addr
+	for _, ipc := range a.result.IPs {
+		if ip, ok := netip.AddrFromSlice(ipc.Address.IP); ok {
+			ips = append(ips, ip.Unmap())
+		}
+	}
+	sc := spoofCheck(a.conf, a.veth.Host.Attrs().Name, a.veth.Pod.Attrs().HardwareAddr, ips)
 	if err := masq.EnsureSpoofCheck(sc); err != nil {
 		return err
 	}
@@ -414,8 +422,20 @@ func (a *adder) ensureSpoofCheck() error {
 	return nil
 }
 
-func spoofCheck(conf *netconf.NetConf, hostVeth string, mac net.HardwareAddr) masq.SpoofCheck {
-	return masq.SpoofCheck{Network: conf.Name, HostVeth: hostVeth, MAC: mac, Bridge: conf.Bridge}
+// spoofChecked says the network's pod ports have source checks.
+func spoofChecked(conf *netconf.NetConf) bool { return conf.MacSpoofChk || conf.NetworkPolicy }
+
+// spoofCheck is a pod port's source check: its MAC with macspoofchk, its
+// addresses with networkPolicy.
+func spoofCheck(conf *netconf.NetConf, hostVeth string, mac net.HardwareAddr, ips []netip.Addr) masq.SpoofCheck {
+	sc := masq.SpoofCheck{Network: conf.Name, HostVeth: hostVeth, Bridge: conf.Bridge}
+	if conf.MacSpoofChk {
+		sc.MAC = mac
+	}
+	if conf.NetworkPolicy {
+		sc.IPs = ips
+	}
+	return sc
 }
 
 func (a *adder) configurePod() error {

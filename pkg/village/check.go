@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -65,9 +66,16 @@ func Check(args *skel.CmdArgs) error {
 func checkNetfilter(conf *netconf.NetConf, args *skel.CmdArgs, prev *current.Result) []error {
 	idx := podIfaceIndex(prev, args.IfName)
 	var ports []masq.SpoofCheck
-	if conf.MacSpoofChk && idx >= 0 {
-		if mac, err := net.ParseMAC(prev.Interfaces[idx].Mac); err == nil {
-			ports = append(ports, spoofCheck(conf, netsetup.HostVethName(args.ContainerID, args.IfName), mac))
+	if spoofChecked(conf) && idx >= 0 {
+		mac, err := net.ParseMAC(prev.Interfaces[idx].Mac)
+		if err == nil || !conf.MacSpoofChk {
+			var ips []netip.Addr
+			for _, ipc := range ipsOf(prev, idx) {
+				if ip, ok := netip.AddrFromSlice(ipc.Address.IP); ok {
+					ips = append(ips, ip.Unmap())
+				}
+			}
+			ports = append(ports, spoofCheck(conf, netsetup.HostVethName(args.ContainerID, args.IfName), mac, ips))
 		}
 	}
 	if err := masq.Check(conf.Netfilter(podSubnets(ipsOf(prev, idx))), masq.Node{}, ports...); err != nil {

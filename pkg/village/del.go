@@ -109,8 +109,8 @@ func deleteLinks(conf *netconf.NetConf, args *skel.CmdArgs) error {
 			return netsetup.PodError(args.Netns, err) // the host's own namespace: code 8
 		}
 	}
-	if conf.MacSpoofChk {
-		if err := masq.DeleteSpoofCheck(spoofCheck(conf, hostName, nil)); err != nil {
+	if spoofChecked(conf) {
+		if err := masq.DeleteSpoofCheck(spoofCheck(conf, hostName, nil, nil)); err != nil {
 			return err
 		}
 	}

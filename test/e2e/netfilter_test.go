@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -452,5 +453,76 @@ func TestSwitchingBackendThroughADD(t *testing.T) {
 			t.Fatalf("switch %d to %s: rules in iptables %v, in nftables %v\n%s\n%s", i+1, backend, inIPT, inNFT, ipt, tables)
 		}
 		must(t, egressSeenAs(t, old.NS, ext, "203.0.113.1"), "egress of the old pod after switching to %s", backend)
+	}
+}
+
+// forgedPing pings b from a with source address src, held on a's eth0
+// for the ping, both pods' neighbour caches cleared before and after; it returns the
+// ping's error and what b saw from src (IP or ARP).
+func forgedPing(t *testing.T, a, b *Pod, bIP, src string) (error, string) {
+	t.Helper()
+	flush := func() {
+		for _, p := range []*Pod{a, b} {
+			testenv.MustIP(t, p.NS, "neigh", "flush", "dev", "eth0")
+		}
+	}
+	testenv.MustIP(t, a.NS, "addr", "add", src+"/32", "dev", "eth0")
+	defer flush() // a's ARP from src failed: forget it
+	defer testenv.MustIP(t, a.NS, "addr", "del", src+"/32", "dev", "eth0")
+	flush()
+	c := testenv.StartCapture(t, b.NS, "eth0", "src host "+src)
+	out, err := exec.Command("ip", "netns", "exec", filepath.Base(a.NS.Path()), "ping", "-n", "-c", "2", "-W", "1", "-I", src, bIP).CombinedOutput()
+	if err != nil {
+		err = fmt.Errorf("%w: %s", err, out)
+	}
+	return err, c.Stop()
+}
+
+// TestSourceAddressCheck: with networkPolicy on, the plugin's ADD gives
+// every pod port a source address check (NetworkPolicy decides by the
+// source address): a pod that sends from an address not its own reaches
+// nobody, b's capture sees neither its packets nor its ARP; without
+// networkPolicy (the control) it does. Its own address keeps working, a
+// flushed rule comes back with the next ADD, and DEL removes the pod's
+// rules.
+func TestSourceAddressCheck(t *testing.T) {
+	n := NewNode(t)
+	on := bridgeList(t, n, "srcchk", "10.83.0.0/24", `"networkPolicy":true,`)
+	off := bridgeList(t, n, "nosrcchk", "10.84.0.0/24", ``)
+	a, b := n.NewPod(), n.NewPod()
+	addV4(t, n, on, a)
+	bIP := addV4(t, n, on, b)
+	// No agent runs here: the new pods stay pending (networkPolicy on)
+	// until the controller compiles them. Play its part.
+	compiled := func() { inNS(t, n.NS, "nft", "flush", "set", "inet", "village_pending-srcchk", "pending4") }
+	compiled()
+	if err := testenv.Ping(a.NS, bIP, 1); err != nil {
+		t.Fatalf("pods with their own addresses: %v\n%s", err, inNS(t, n.NS, "nft", "list", "ruleset"))
+	}
+	if err, seen := forgedPing(t, a, b, bIP, "10.83.0.200"); err == nil || strings.TrimSpace(seen) != "" {
+		t.Fatalf("with networkPolicy, a forged source address got through: ping %v; b saw:\n%s", err, seen)
+	}
+	must(t, testenv.Ping(a.NS, bIP, 2), "a from its own address again")
+
+	c, d := n.NewPod(), n.NewPod()
+	addV4(t, n, off, c)
+	dIP := addV4(t, n, off, d)
+	if err, seen := forgedPing(t, c, d, dIP, "10.84.0.200"); !strings.Contains(seen, "10.84.0.200") {
+		t.Fatalf("without networkPolicy the forged source should get through (the control): ping %v; d saw:\n%s", err, seen)
+	}
+
+	inNS(t, n.NS, "nft", "flush", "ruleset")
+	if err, seen := forgedPing(t, a, b, bIP, "10.83.0.201"); !strings.Contains(seen, "10.83.0.201") {
+		t.Fatalf("after a flush the forged source should get through until the next ADD: ping %v; b saw:\n%s", err, seen)
+	}
+	e := n.NewPod()
+	addV4(t, n, on, e)
+	compiled()
+	if err, seen := forgedPing(t, a, b, bIP, "10.83.0.202"); err == nil || strings.TrimSpace(seen) != "" {
+		t.Fatalf("after a flush and one more ADD, a forged source from an old pod got through: ping %v; b saw:\n%s", err, seen)
+	}
+	must(t, n.Del(on, a), "DEL")
+	if r := inNS(t, n.NS, "nft", "list", "table", "bridge", "village-srcchk"); strings.Count(r, "drop comment") != 2*3 {
+		t.Fatalf("after DEL of one of three pods, want three rules (IPv4, ARP, IPv6) for each of two pods:\n%s", r)
 	}
 }
