@@ -22,6 +22,7 @@ type view struct {
 	r       *overlay.Reconciler
 	self    overlay.Node
 	selfSrc string // where the pod subnets come from
+	runDir  string // Options.RunDir
 	peers   []overlay.Node
 	// Registry only.
 	src        source
@@ -39,7 +40,7 @@ func readView(ctx context.Context, opts Options) (*view, error) {
 		return nil, err
 	}
 	c := n.c
-	v := &view{c: c, r: n.r, src: n.src, close: n.close}
+	v := &view{c: c, r: n.r, src: n.src, close: n.close, runDir: opts.RunDir}
 	fail := func(err error) (*view, error) { v.close(); return nil, err }
 	ip, err := n.underlayIP()
 	if err != nil {
@@ -82,7 +83,9 @@ func joinErr(a, b error) error {
 func (v *view) masqSpec() masq.Spec { return v.c.netfilter(v.self.PodCIDRs) }
 
 // masqNode is where the network's netfilter state lives, as villaged sees it.
-func (v *view) masqNode() masq.Node { return masq.Node{Bridge: v.c.Net.Bridge, Agent: true} }
+func (v *view) masqNode() masq.Node {
+	return masq.Node{Bridge: v.c.Net.Bridge, Agent: true, RunDir: v.runDir}
+}
 
 // Sync is `villaged sync`: one reconcile pass against the static peers and
 // the registry's list (read only: it neither registers nor leases), and the

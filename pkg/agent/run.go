@@ -427,7 +427,7 @@ func (a *agent) checkSelf(records chan registry.Node) {
 // installed where none were recorded (before the first ADD) are not drift;
 // rules gone behind Village's back are, and count in the drift metrics.
 func (a *agent) repairMasq() {
-	res, err := masq.Keep(a.c.netfilter(a.self.PodCIDRs), masq.Node{Bridge: a.c.Net.Bridge, Agent: true})
+	res, err := masq.Keep(a.c.netfilter(a.self.PodCIDRs), masq.Node{Bridge: a.c.Net.Bridge, Agent: true, RunDir: a.opts.RunDir})
 	repaired := res.Drift()
 	if err != nil {
 		repaired = 0

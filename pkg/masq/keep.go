@@ -19,6 +19,10 @@ type Node struct {
 	// is not the node's: when the spec leaves the backend to automatic
 	// choice, the rules stay in the backend the plugin's stamp names.
 	Agent bool
+	// RunDir is the run directory whose records of the pods' source checks
+	// Keep puts back (nodelocal.SpoofDir); "" is $VILLAGE_RUN_DIR or
+	// /run/village, where the plugins write them.
+	RunDir string
 }
 
 // Result says what Keep did.
@@ -103,7 +107,7 @@ func Keep(s Spec, at Node) (Result, error) {
 		return res, nil
 	}
 	if s.SpoofCheck {
-		restored, err := restoreSpoofChecks(s.Network, br.Attrs().Index)
+		restored, err := restoreSpoofChecks(s.Network, br.Attrs().Index, at.RunDir)
 		res.SpoofRestored = restored
 		if err != nil {
 			return res, err

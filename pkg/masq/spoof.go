@@ -350,7 +350,7 @@ func parseSpoofRecord(network, hostVeth string, b []byte) (SpoofCheck, error) {
 // bridge (index bridge) with a recorded pod MAC, when it is missing or
 // changed; the caller holds the lock. The chain is read once for all ports.
 // It returns the host veths whose rule it restored.
-func restoreSpoofChecks(network string, bridge int) ([]string, error) {
+func restoreSpoofChecks(network string, bridge int, runDir string) ([]string, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("failed to list links for macspoofchk of network %q: %w", network, err)
@@ -378,7 +378,7 @@ func restoreSpoofChecks(network string, bridge int) ([]string, error) {
 		if a.MasterIndex != bridge {
 			continue
 		}
-		b, err := os.ReadFile(spoofFile(network, a.Name))
+		b, err := os.ReadFile(filepath.Join(nodelocal.SpoofDir(runDir, network), a.Name))
 		if err != nil {
 			continue
 		}
