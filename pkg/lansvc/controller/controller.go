@@ -497,14 +497,21 @@ func (c *Controller) write(ctx context.Context, g *group, held []netip.Addr) boo
 			}
 		}
 	}
-	// A requested address decides the families it names.
-	for _, ip := range req.Addrs {
-		fam := 4
-		if ip.Is6() {
-			fam = 6
-		}
-		if !slices.Contains(req.Families, fam) {
-			req.Families = append(req.Families, fam)
+	// A requested address decides the families: exactly those it names.
+	// A family it does not name gets nothing, even one of the Service's
+	// spec.ipFamilies: an address asked for and refused must not turn
+	// into another address of the pool (a request for the router's IPv6
+	// address on an IPv4 Service would otherwise be given a pool IPv4).
+	if len(req.Addrs) > 0 {
+		req.Families = nil
+		for _, ip := range req.Addrs {
+			fam := 4
+			if ip.Is6() {
+				fam = 6
+			}
+			if !slices.Contains(req.Families, fam) {
+				req.Families = append(req.Families, fam)
+			}
 		}
 	}
 	ips, asked := held, false

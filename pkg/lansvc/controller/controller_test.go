@@ -241,6 +241,10 @@ func TestController(t *testing.T) {
 	e.wantIngress("home", "dns", "[192.168.50.244]")
 	e.svc("home", "far", ann(kubenames.AnnotationLANIP, "192.168.50.10"))
 	e.event("home", "far", kubenames.ReasonLANOutsidePool)
+	// An IPv4 Service asking for an IPv6 address (no IPv6 range here)
+	// gets nothing: not a pool IPv4 address in place of the refused one.
+	e.svc("home", "six", ann(kubenames.AnnotationLANIP, "fd00::10"))
+	e.event("home", "six", kubenames.ReasonLANExhausted)
 
 	// lan-share: a and b share, c clashes on port 80; lab's "k" is another
 	// address.
@@ -252,8 +256,8 @@ func TestController(t *testing.T) {
 	e.event("home", "c", kubenames.ReasonLANPortsClash)
 	e.svc("lab", "a", ann(kubenames.AnnotationLANShare, "k"), ports(80))
 	e.wantIngress("lab", "a", "[192.168.50.243]")
-	if e.ingress("home", "c") != "[]" || e.ingress("home", "grab") != "[]" || e.ingress("closed", "nope") != "[]" {
-		t.Fatalf("a refused Service has an address: c %s, grab %s, nope %s", e.ingress("home", "c"), e.ingress("home", "grab"), e.ingress("closed", "nope"))
+	if e.ingress("home", "c") != "[]" || e.ingress("home", "grab") != "[]" || e.ingress("closed", "nope") != "[]" || e.ingress("home", "six") != "[]" {
+		t.Fatalf("a refused Service has an address: c %s, grab %s, nope %s, six %s", e.ingress("home", "c"), e.ingress("home", "grab"), e.ingress("closed", "nope"), e.ingress("home", "six"))
 	}
 
 	// The pool (.241-.244) is full.
