@@ -81,3 +81,23 @@ func waitNodeName(network string) (string, error) {
 		time.Sleep(AgentPoll)
 	}
 }
+
+// waitFile polls until path exists, within AgentWait; at the bound, the
+// last error, which names the path and the bound.
+func waitFile(path string) error {
+	bound, err := AgentWait()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(bound)
+	for {
+		_, err := os.Stat(path)
+		if err == nil || !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("waited %s (the bound is $%s; is the village DaemonSet's agent running on this node?): %w", bound, AgentWaitEnv, err)
+		}
+		time.Sleep(AgentPoll)
+	}
+}

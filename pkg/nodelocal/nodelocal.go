@@ -147,12 +147,20 @@ func HostCredsDir(runDir string) string { return filepath.Join(dir(runDir), Host
 func HostKubeconfig(runDir string) string { return filepath.Join(HostCredsDir(runDir), "kubeconfig") }
 
 // PublishedKubeconfig is the kubeconfig a kubernetes store block without
-// "kubeconfig" means: the one the agent publishes in the run directory. It
-// fails, naming the path, when the agent has published none (a plugin runs
-// on the host, so in-cluster credentials never apply to it).
+// "kubeconfig" means: the one the agent publishes in the run directory. A
+// Kubernetes pod's ADD (KubernetesADD) waits for it within AgentWait: after
+// a reboot the agent publishes its node name as it starts and these
+// credentials only once its TokenRequest is answered, and an ADD between
+// the two must not fail. Past that, or for any other caller at once, it
+// fails naming the path (a plugin runs on the host, so in-cluster
+// credentials never apply to it).
 func PublishedKubeconfig() (string, error) {
 	p := HostKubeconfig("")
-	if _, err := os.Stat(p); err != nil {
+	_, err := os.Stat(p)
+	if err != nil && errors.Is(err, fs.ErrNotExist) && KubernetesADD() {
+		err = waitFile(p)
+	}
+	if err != nil {
 		return "", fmt.Errorf("no \"kubeconfig\" in the store block and villaged has published none at %s (it writes one while it runs with a LAN pool whose store is kubernetes; or name a kubeconfig): %w", p, err)
 	}
 	return p, nil

@@ -75,6 +75,37 @@ func TestPublishedKubeconfig(t *testing.T) {
 	}
 }
 
+// TestPublishedKubeconfigWaits: a Kubernetes pod's ADD that comes between
+// the agent's node name and its credentials (after a reboot) waits for the
+// kubeconfig instead of failing; at the bound it fails naming the path.
+func TestPublishedKubeconfigWaits(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(nodelocal.RunDirEnv, dir)
+	t.Setenv("CNI_COMMAND", "ADD")
+	t.Setenv("CNI_ARGS", "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p")
+	want := filepath.Join(dir, "kube", "kubeconfig")
+
+	t.Setenv(nodelocal.AgentWaitEnv, "0s")
+	if _, err := nodelocal.PublishedKubeconfig(); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "waited") {
+		t.Fatalf("none published within the bound: %v; want an error naming %s and the wait", err, want)
+	}
+
+	t.Setenv(nodelocal.AgentWaitEnv, "5m")
+	written := make(chan error, 1)
+	go func() {
+		// The agent's TokenRequest answered a moment after the ADD began.
+		time.Sleep(3 * nodelocal.AgentPoll)
+		written <- nodelocal.WriteFile(want, []byte("apiVersion: v1\n"), 0o600)
+	}()
+	got, err := nodelocal.PublishedKubeconfig()
+	if werr := <-written; werr != nil {
+		t.Fatal(werr)
+	}
+	if err != nil || got != want {
+		t.Fatalf("published during the wait: %q, %v; want %s", got, err, want)
+	}
+}
+
 func TestWriteFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "a", "b", "f")
 	for _, content := range []string{"one\n", "two, longer\n", ""} {
