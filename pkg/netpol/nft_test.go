@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -201,10 +202,16 @@ type corev1Protocol = corev1.Protocol
 
 func intOrString(v int32) intstr.IntOrString { return intstr.FromInt32(v) }
 
+// counterValues matches an nft counter with its values, as `nft list`
+// prints it.
+var counterValues = regexp.MustCompile(`counter packets [0-9]+ bytes [0-9]+`)
+
 // TestLinkLocalRules: both forward chains (policy and pending) drop the
 // bridge's IPv6 link-local traffic, source and destination, after the
 // neighbour-discovery accept; the policy chain before its
-// established accept. Golden text as nft prints the kernel's rules.
+// established accept. Golden text as nft prints the kernel's rules, with
+// the counters' values taken out: the kernel's own MLD reports on the
+// bridge move them, and the test is about the rules, not the traffic.
 func TestLinkLocalRules(t *testing.T) {
 	l := newLab(t)
 	in := l.input()
@@ -213,14 +220,14 @@ func TestLinkLocalRules(t *testing.T) {
 	want := []string{
 		// ip6 saddr fe80::/10, ip6 daddr fe80::/10 (nft prints the raw
 		// payload of a two-byte load)
-		`iifname "br0" meta nfproto ipv6 @nh,64,16 & 0xffc0 == 0xfe80 counter packets 0 bytes 0 drop`,
-		`iifname "br0" meta nfproto ipv6 @nh,192,16 & 0xffc0 == 0xfe80 counter packets 0 bytes 0 drop`,
+		`iifname "br0" meta nfproto ipv6 @nh,64,16 & 0xffc0 == 0xfe80 counter drop`,
+		`iifname "br0" meta nfproto ipv6 @nh,192,16 & 0xffc0 == 0xfe80 counter drop`,
 	}
 	for _, tbl := range []string{table.PolicyTable("t"), table.PendingTable("t")} {
 		out := nft(t, l.Node, "list", "chain", "inet", tbl, "forward")
 		var lines []string
 		for _, ln := range strings.Split(out, "\n") {
-			lines = append(lines, strings.TrimSpace(ln))
+			lines = append(lines, counterValues.ReplaceAllString(strings.TrimSpace(ln), "counter"))
 		}
 		at := map[string]int{}
 		for i, ln := range lines {
