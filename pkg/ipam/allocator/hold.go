@@ -224,7 +224,7 @@ func (a *Allocator) heldFor(ctx context.Context, ip netip.Addr) (h Hold, reclaim
 
 // GC releases every allocation whose owner is neither in valid, nor a hold
 // that has not ended (the runtime's list knows nothing of departed pods),
-// nor a LAN Service's (store.IsServiceOwner).
+// nor a LAN Service's (Owner.Kind is OwnerService).
 func (a *Allocator) GC(ctx context.Context, valid []store.Owner) ([]store.Allocation, error) {
 	now, isValid := a.now(), store.Valid(valid)
 	return a.Store.GC(ctx, func(o store.Owner) bool {
@@ -233,6 +233,6 @@ func (a *Allocator) GC(ctx context.Context, valid []store.Owner) ([]store.Alloca
 		}
 		// A LAN Service's address: villaged's to release, not the
 		// runtime's.
-		return store.IsServiceOwner(o) || isValid(o)
+		return o.Kind() == store.OwnerService || isValid(o)
 	})
 }

@@ -99,12 +99,42 @@ func Valid(valid []Owner) func(Owner) bool {
 
 // ServiceOwnerPrefix starts the ContainerID of an address a LoadBalancer
 // Service holds on the LAN (pkg/lansvc/alloc). Runtimes' container IDs
-// are hex digits, so none collides with it; GC of the runtime's
-// attachments leaves such owners alone (villaged releases them).
+// are hex digits, so none collides with it. Every record keeps only the
+// container ID and interface, so that records of any version read back
+// with their kind: [Owner.Kind] reads it from this prefix, and nothing
+// else should.
 const ServiceOwnerPrefix = "village-lb_"
 
-// IsServiceOwner says whether o is a LAN Service's owner.
-func IsServiceOwner(o Owner) bool { return strings.HasPrefix(o.ContainerID, ServiceOwnerPrefix) }
+// OwnerKind is what holds an address: a pod's interface or a Service.
+type OwnerKind int
+
+const (
+	// OwnerPod is a container's interface, made and removed by a runtime
+	// on one node: its address lives as long as the attachment, and a
+	// node that is gone for good takes it with it.
+	OwnerPod OwnerKind = iota
+	// OwnerService is a LAN Service (or a sharing key of Services): it
+	// belongs to the cluster, not to the node that happened to write
+	// it, so no GC of a runtime's attachments, no departed node's
+	// reclaim and no Node's deletion frees it; villaged releases it when
+	// the Service no longer asks for it.
+	OwnerService
+)
+
+func (k OwnerKind) String() string {
+	if k == OwnerService {
+		return "service"
+	}
+	return "pod"
+}
+
+// Kind says whether o is a pod's or a Service's.
+func (o Owner) Kind() OwnerKind {
+	if strings.HasPrefix(o.ContainerID, ServiceOwnerPrefix) {
+		return OwnerService
+	}
+	return OwnerPod
+}
 
 // ErrBusy is wrapped by errors of a store whose lock is held by someone else
 // for longer than the store waits; the operation may be retried.

@@ -28,3 +28,23 @@ func TestValidateOwner(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnerKind: a Service's owner (pkg/lansvc/alloc's prefix) reads back
+// as a Service whatever its interface; everything a runtime records is a
+// pod's, even an ID that mentions the prefix further in.
+func TestOwnerKind(t *testing.T) {
+	for _, tc := range []struct {
+		owner Owner
+		want  OwnerKind
+	}{
+		{Owner{ContainerID: ServiceOwnerPrefix + "home_web", IfName: "svc"}, OwnerService},
+		{Owner{ContainerID: ServiceOwnerPrefix + "home_share-key", IfName: "share"}, OwnerService},
+		{Owner{ContainerID: "3f2a9c", IfName: "eth0"}, OwnerPod},
+		{Owner{ContainerID: "x" + ServiceOwnerPrefix, IfName: "net1"}, OwnerPod},
+		{Owner{}, OwnerPod},
+	} {
+		if got := tc.owner.Kind(); got != tc.want {
+			t.Errorf("%v: kind %s, want %s", tc.owner, got, tc.want)
+		}
+	}
+}

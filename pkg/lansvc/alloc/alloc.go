@@ -350,7 +350,7 @@ func (a *Allocator) Owners(ctx context.Context) (map[store.Owner][]netip.Addr, e
 	}
 	out := map[store.Owner][]netip.Addr{}
 	for _, al := range all {
-		if store.IsServiceOwner(al.Owner) {
+		if al.Owner.Kind() == store.OwnerService {
 			out[al.Owner] = append(out[al.Owner], al.IP)
 		}
 	}

@@ -460,7 +460,9 @@ type NodeAllocation struct {
 // AllocationsByNode lists the allocations of network under prefix (as in
 // Options) by the node that made them, read with cli: what a caller needs to
 // release a departed node's allocations in a transaction of its own (see
-// registry.Reclaim). Records that do not parse are left out.
+// registry.Reclaim). Records that do not parse are left out, and so are
+// Services' allocations: a Service, not the node that wrote its claim,
+// holds them, so a departed node takes none of them with it.
 func AllocationsByNode(ctx context.Context, cli *clientv3.Client, prefix, network string) (map[string][]NodeAllocation, error) {
 	prefix, err := CleanPrefix(prefix)
 	if err != nil {
@@ -473,7 +475,7 @@ func AllocationsByNode(ctx context.Context, cli *clientv3.Client, prefix, networ
 	}
 	out := map[string][]NodeAllocation{}
 	for _, e := range entries {
-		if e.corrupt || e.node == "" {
+		if e.corrupt || e.node == "" || e.Owner.Kind() == store.OwnerService {
 			continue
 		}
 		key := s.ipKey(e.IP)

@@ -526,3 +526,26 @@ func TestTLS(t *testing.T) {
 }
 
 func withPrefix() []clientv3.OpOption { return []clientv3.OpOption{clientv3.WithPrefix()} }
+
+// TestDepartedNodeKeepsNoService: what a departed node's reclaim may
+// release (AllocationsByNode, pkg/agent's reclaimer) holds that node's pod
+// addresses but never a LAN Service's address it happened to write: the
+// Service stays at its address however long the node stays away.
+func TestDepartedNodeKeepsNoService(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n1 := open(t, srv, Options{Network: "lan", NodeName: "node1"})
+	svc := store.Owner{ContainerID: store.ServiceOwnerPrefix + "home_web", IfName: "svc"}
+	mustClaim(t, n1, "192.168.50.240", svc)
+	mustClaim(t, n1, "192.168.50.200", ownerA)
+	byNode, err := AllocationsByNode(ctx, n1.cli, "", "lan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range byNode["node1"] {
+		got = append(got, a.IP.String())
+	}
+	if strings.Join(got, " ") != "192.168.50.200" || len(byNode) != 1 {
+		t.Fatalf("a departed node1 would take %v with it (all: %v), want only its pod's 192.168.50.200", got, byNode)
+	}
+}

@@ -13,7 +13,7 @@
 //	              village.cni.io/ipam-owner=<hash of containerID/ifName>
 //	              village.cni.io/ipam-node=<hash of the node name>
 //	  annotations village.cni.io/ipam-ip, -network, -container-id, -ifname, -node
-//	  ownerReferences  the Node that allocated it (when it exists)
+//	  ownerReferences  the Node that allocated it (when it exists), for a pod's address only
 //	village-ipam-<network hash>-last-<rangeSet>   spec.holderIdentity = the last address reserved
 //
 // A Lease rather than a CustomResourceDefinition: the kind is built into
@@ -28,13 +28,16 @@
 //
 // # Deleted Nodes
 //
-// An allocation carries an ownerReference to the Node that made it, so when
-// a Node is deleted the cluster's garbage collector (kube-controller-manager)
-// deletes its allocations. GC on any node also releases the allocations
-// whose Node is gone (its UID no longer exists), so the pool recovers even
-// without the garbage collector. GC otherwise releases only this node's
-// allocations: the runtime's list of valid attachments knows nothing of
-// other nodes' pods.
+// A pod's allocation carries an ownerReference to the Node that made it, so
+// when a Node is deleted the cluster's garbage collector
+// (kube-controller-manager) deletes its allocations. GC on any node also
+// releases the pod allocations whose Node is gone (its UID no longer
+// exists), so the pool recovers even without the garbage collector. A LAN
+// Service's allocation (store.OwnerService) has no ownerReference and is
+// never released for a Node: a home-lab node unplugged for a weekend and
+// deleted must not move a Service to another address. GC otherwise
+// releases only this node's allocations: the runtime's list of valid
+// attachments knows nothing of other nodes' pods.
 package kube
 
 import (
@@ -221,8 +224,13 @@ func (s *Store) Claim(ctx context.Context, c store.Claim) (bool, error) {
 		},
 		Spec: coordv1.LeaseSpec{HolderIdentity: &s.node},
 	}
-	if ref, ok := s.nodeRef(ctx); ok {
-		l.OwnerReferences = []metav1.OwnerReference{ref}
+	// A pod's address goes with its Node: the cluster's garbage collector
+	// deletes the Lease with it. A Service's belongs to the cluster and
+	// stays, whichever node wrote it.
+	if c.Owner.Kind() == store.OwnerPod {
+		if ref, ok := s.nodeRef(ctx); ok {
+			l.OwnerReferences = []metav1.OwnerReference{ref}
+		}
 	}
 	won := false
 	err := s.op(ctx, "claiming "+c.IP.String()+" (Lease "+l.Name+")", func(ctx context.Context) error {
@@ -416,7 +424,9 @@ func (s *Store) LastReserved(ctx context.Context, rangeSet int) (netip.Addr, err
 }
 
 // GC releases this node's allocations whose owner keep does not keep, and
-// any node's allocations whose Node has been deleted.
+// any node's pod allocations whose Node has been deleted. A Service's
+// allocation is never released for its writer's Node: its Service, not a
+// node, holds it.
 func (s *Store) GC(ctx context.Context, keep func(store.Owner) bool) ([]store.Allocation, error) {
 	es, err := s.list(ctx, nil)
 	if err != nil {
@@ -431,7 +441,7 @@ func (s *Store) GC(ctx context.Context, keep func(store.Owner) bool) ([]store.Al
 			if keep(e.Owner) {
 				continue
 			}
-		case !s.nodeGone(ctx, e.refs, gone):
+		case e.Owner.Kind() == store.OwnerService || !s.nodeGone(ctx, e.refs, gone):
 			continue
 		}
 		ok, err := s.delete(ctx, e)

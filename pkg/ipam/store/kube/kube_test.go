@@ -89,8 +89,10 @@ func twoNodes(t *testing.T, kube *kubetest.Server) {
 	}
 }
 
-// A deleted Node's allocations are released by GC on another node (the
-// garbage collector would also delete them through the ownerReference).
+// A deleted Node's pod allocations are released by GC on another node (the
+// garbage collector would also delete them through the ownerReference); a
+// Service's allocation that the Node wrote stays (it has no ownerReference
+// for the garbage collector either).
 func deletedNode(t *testing.T, kube *kubetest.Server) {
 	ctx := context.Background()
 	for _, n := range []string{"gone-node", "live-node"} {
@@ -107,6 +109,15 @@ func deletedNode(t *testing.T, kube *kubetest.Server) {
 	o := store.Owner{ContainerID: "c1", IfName: "net1"}
 	if ok, err := gone.Claim(ctx, store.Claim{IP: ipG, Owner: o}); !ok || err != nil {
 		t.Fatalf("claim: %v %v", ok, err)
+	}
+	// A LAN Service's address that the soon-gone node happened to write.
+	ipS := netip.MustParseAddr("192.168.77.52")
+	svc := store.Owner{ContainerID: store.ServiceOwnerPrefix + "home_web", IfName: "svc"}
+	if ok, err := gone.Claim(ctx, store.Claim{IP: ipS, Owner: svc}); !ok || err != nil {
+		t.Fatalf("claim for a Service: %v %v", ok, err)
+	}
+	if l, err := kube.Client.CoordinationV1().Leases(DefaultNamespace).Get(ctx, gone.name(ipS), metav1.GetOptions{}); err != nil || len(l.OwnerReferences) != 0 {
+		t.Fatalf("a Service's allocation Lease must not die with the Node that wrote it: ownerReferences %v (%v)", l.OwnerReferences, err)
 	}
 	if ok, err := live.Claim(ctx, store.Claim{IP: ipL, Owner: o}); !ok || err != nil {
 		t.Fatalf("claim: %v %v", ok, err)
@@ -131,6 +142,14 @@ func deletedNode(t *testing.T, kube *kubetest.Server) {
 	}
 	if got, _ := live.ListByOwner(ctx, o); len(got) != 1 || got[0] != ipL {
 		t.Fatalf("live node's own allocation: %v", got)
+	}
+	// The Service's address outlives the Node that wrote it: still
+	// listed for the Service, and nobody else can claim it.
+	if got, err := live.ListByOwner(ctx, svc); err != nil || len(got) != 1 || got[0] != ipS {
+		t.Fatalf("the Service's allocation after its writer's Node was deleted: %v (%v), want %s", got, err, ipS)
+	}
+	if ok, err := live.Claim(ctx, store.Claim{IP: ipS, Owner: store.Owner{ContainerID: "c3", IfName: "net1"}}); ok || err != nil {
+		t.Fatalf("the Service's address was handed to a pod: %v %v", ok, err)
 	}
 }
 
