@@ -69,6 +69,13 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	if opts.MetricsAddr != "" {
 		a.m = metrics.New()
+		// Traffic per pod, named from the one Pod informer (started with
+		// the others below): only where the agent reads the API.
+		if c.usesAPI() {
+			if side, err := n.kubeSide(); err == nil {
+				a.m.WatchPods(c.podTrafficReader(side.pods()))
+			}
+		}
 		mwg.Go(func() {
 			if err := a.m.Serve(mctx, opts.MetricsAddr, a.probes()); err != nil && mctx.Err() == nil {
 				opts.logf("metrics: %v", err)
