@@ -401,6 +401,7 @@ func (a *agent) repairDrift(ctx context.Context, d drift, records chan registry.
 	if !d.wide && len(d.objects) == 0 {
 		return
 	}
+	reason := "a link, an address, someone else's route or more objects than the queue holds"
 	if !d.wide && a.haveView {
 		pctx, cancel := context.WithTimeout(ctx, passTimeout)
 		start := time.Now()
@@ -415,9 +416,10 @@ func (a *agent) repairDrift(ctx context.Context, d drift, records chan registry.
 			a.health.set(nil)
 			return
 		}
-		if !errors.Is(err, overlay.ErrNeedSet) && ctx.Err() == nil {
-			a.opts.logf("%s: repairing %d objects: %v; running a full pass", why, len(d.objects), err)
-		}
+		reason = err.Error()
+	}
+	if ctx.Err() == nil {
+		a.opts.logf("%s: a full pass: %s", why, reason)
 	}
 	a.checkSelf(records)
 	a.pass(ctx, why+" (full pass)", true)
