@@ -55,7 +55,8 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, opts *agent.Options) error
 func cmdRun(args []string, _, stderr io.Writer) error {
 	var opts agent.Options
 	fs := agentFlags("run", stderr, &opts)
-	fs.DurationVar(&opts.Period, "period", agent.DefaultPeriod, "time between repair passes when nothing happens")
+	fs.DurationVar(&opts.Period, "period", agent.DefaultPeriod, "the tick: held peers, reclaim, metrics, legacy iptables rules (no notifications), and a full pass while kernel notifications may have been lost or after a failed pass")
+	fs.DurationVar(&opts.SafetyNet, "safety-net", agent.DefaultSafetyNet, "mean time between full passes that read the whole kernel back when no notification asked for one (jittered 0.8-1.2; never shorter than --period); also the NetworkPolicy repair and the kubernetes registry resync")
 	fs.StringVar(&opts.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "where to serve /metrics, /healthz and /readyz (\"off\" for nowhere)")
 	fs.StringVar(&opts.DHCPDir, "dhcp-dir", "", "where the LAN pods' DHCP leases are kept across restarts, with macvlan.ipam type dhcp (default /var/lib/village/dhcp)")
 	fs.StringVar(&opts.PublishConfDir, "publish-conf-dir", "", "CNI config directory to copy the --conf conflist into once the node holds its pod subnet (with `villaged install --stage-dir`)")

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/overlay"
@@ -212,10 +213,11 @@ func TestAgentApplyBatch(t *testing.T) {
 	}
 }
 
-// TestFullPassCadence: while the kernel watch has seen everything, a tick
-// reads the whole kernel back only fullEvery ticks after the last full
-// pass; a lost notification, a subscription down, no watch at all or a
-// failed pass make the next tick a full one.
+// TestFullPassCadence: while the kernel watch has seen everything and
+// the last pass succeeded, a tick reads nothing back (the notifications
+// and the safety net cover the kernel); a lost notification, a
+// subscription down, no watch at all or a failed pass make the next tick
+// a full one.
 func TestFullPassCadence(t *testing.T) {
 	w := newKernelWatch(nil, nil, t.Logf)
 	w.down.Store(0)
@@ -226,29 +228,51 @@ func TestFullPassCadence(t *testing.T) {
 			got = append(got, a.fullDue())
 		}
 	}
-	tick(fullEvery)
-	want := append(make([]bool, fullEvery-1), true)
-	a.sinceFull = 0 // the full pass ran
-	tick(2)
-	want = append(want, false, false)
+	tick(8)
+	want := make([]bool, 8)
 	w.lost.Store(true) // a subscription ended and was made again
 	tick(2)
-	a.sinceFull = 0
 	want = append(want, true, false)
 	w.down.Store(1) // one is down: every tick
 	tick(2)
-	a.sinceFull = 0
 	want = append(want, true, true)
 	w.down.Store(0)
 	tick(1)
 	want = append(want, false)
-	a.sinceFull = fullEvery // a failed pass
+	a.failed = true // a failed pass
+	tick(2)
+	want = append(want, true, true)
+	a.failed = false // the full pass succeeded
 	tick(1)
-	want = append(want, true)
+	want = append(want, false)
 	if !slices.Equal(got, want) {
 		t.Fatalf("full passes on ticks %v, want %v", got, want)
 	}
 	if b := (&agent{}); !b.fullDue() {
 		t.Fatal("no kernel watch: the tick must read everything")
+	}
+}
+
+// TestSafetyNet: the safety net has its default, is never shorter than
+// the period, and each wait is drawn between 0.8 and 1.2 of it.
+func TestSafetyNet(t *testing.T) {
+	for _, c := range []struct{ period, net, want time.Duration }{
+		{0, 0, DefaultSafetyNet},
+		{10 * time.Second, 0, DefaultSafetyNet},
+		{time.Hour, 0, time.Hour},
+		{time.Hour, time.Minute, time.Hour},
+		{time.Second, time.Minute, time.Minute},
+	} {
+		if got := (Options{Period: c.period, SafetyNet: c.net}).safetyNet(); got != c.want {
+			t.Errorf("period %s, safety net %s: %s, want %s", c.period, c.net, got, c.want)
+		}
+	}
+	lo, hi := time.Hour, time.Duration(0)
+	for range 1000 {
+		d := jittered(time.Minute)
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if lo < 48*time.Second || hi > 72*time.Second || hi-lo < 10*time.Second {
+		t.Fatalf("jittered(1m) ranged over [%s, %s], want within [48s, 72s] and spread", lo, hi)
 	}
 }

@@ -19,8 +19,13 @@ import (
 	"github.com/village-cni/village/pkg/validate"
 )
 
-// DefaultPeriod is how often run repairs when nothing else happened.
+// DefaultPeriod is how often run's tick does its time-based work (held
+// peers, reclaim, metrics, legacy iptables rules).
 const DefaultPeriod = 10 * time.Second
+
+// DefaultSafetyNet is how often, on average, run reads the whole kernel
+// back when its notifications said nothing (Options.SafetyNet).
+const DefaultSafetyNet = 5 * time.Minute
 
 // Options are what the command line gives.
 type Options struct {
@@ -36,8 +41,19 @@ type Options struct {
 	// name, the agent's socket); "" means $VILLAGE_RUN_DIR or /run/village
 	// (what the plugins read).
 	RunDir string
-	// Period between repair passes (DefaultPeriod when 0).
+	// Period of the tick (DefaultPeriod when 0): the work that follows
+	// the clock, not the kernel (held peers, reclaim, metrics, legacy
+	// iptables rules, which send no notification), and a full pass while
+	// the kernel watch may have missed notifications or after a failed
+	// pass.
 	Period time.Duration
+	// SafetyNet is the mean time between full passes when nothing asked
+	// for one (DefaultSafetyNet when 0, never shorter than Period), each
+	// drawn between 0.8 and 1.2 of it so that a cluster's agents do not
+	// read their kernels in step. It is also the policy controller's
+	// repair period and the kubernetes registry's resync: what covers a
+	// lost notification.
+	SafetyNet time.Duration
 	// MetricsAddr is where run serves /metrics and /healthz; "" turns
 	// them off.
 	MetricsAddr string
@@ -51,6 +67,15 @@ type Options struct {
 	DHCPDir string
 	// Logf receives what run does; nil discards.
 	Logf func(format string, args ...any)
+}
+
+// safetyNet is SafetyNet with its default and its floor (Period) applied.
+func (o Options) safetyNet() time.Duration {
+	s := o.SafetyNet
+	if s <= 0 {
+		s = DefaultSafetyNet
+	}
+	return max(s, o.Period)
 }
 
 func (o Options) logf(format string, args ...any) {

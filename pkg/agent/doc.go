@@ -37,9 +37,9 @@
 // Node, and the follower is a Node informer. Both registries implement
 // source, so run, sync and status do not tell them apart past Load.
 //
-// # Events and periodic repair
+// # Events, the safety net and the tick
 //
-// Like flannel's agent, run reacts to events and also repairs on a timer.
+// Run reacts to events; a timer only backs them up.
 // The events are the registry watch (a node joined, changed, or its lease
 // expired and etcd deleted its record) and the kernel's own notifications
 // of routes, neighbour and FDB entries, addresses and links, each judged
@@ -47,32 +47,40 @@
 // object deleted or changed, someone else's route in front of a planned
 // one, a stray entry of this network, the VXLAN device or the underlay
 // link changed (a changed underlay address is registered again). The
-// agent's own writes are the plan, so they start nothing. Kernel events
-// are coalesced for a short moment, then trigger one pass.
+// agent's own writes are the plan, so they start nothing.
 //
-// The network's own nftables tables (the masquerade tables, and with
+// Kernel events are coalesced for settle (10 ms). A notification about
+// one route, neighbour or FDB entry is repaired as that object
+// (overlay.Reconciler.Repair: compared with the plan the reconciler holds,
+// no planning, no dump); one about a link or an address, someone else's
+// route, or more objects than the watcher queues starts a full pass (Set),
+// as does anything Repair cannot judge alone. Notifications about the
+// node's own objects (a host-shim route, an address while there is a host
+// shim, a host veth's MAC) run repairLocal.
+//
+// The network's own nftables tables (the masquerade tables, iptables-nft's
+// nat and filter tables where the iptables backend's rules live, and with
 // networkPolicy the policy and pending tables) are followed through the
 // kernel's nf_tables notifications (nftables.go, pkg/nftwatch): a change
-// to one runs the very repair the tick runs (masq.Keep; the policy
-// controller's repair), which writes nothing when the kernel holds what
-// it wants.
+// to one runs masq.Keep or the policy controller's repair, which write
+// nothing when the kernel holds what they want.
 //
-// Every Period (10 s by default) the tick checks the underlay address, the
-// host shim's routes, the host veths' MACs and, when ipMasq is on, the
-// netfilter rules (the rules Keep puts in other tables' chains send no
-// notification Village follows); the policy controller's repair runs on
-// the same period. The full
-// pass, a Set that reads every route, neighbour and FDB entry back, runs
-// on every tick only while the kernel watch is not whole (a subscription
-// failed, or ended on a full socket buffer and notifications may be lost;
-// it is made again after a pause); while it is whole, every fullEvery-th
-// period (1 min by default), as the backstop for what no notification
-// says. Set writes nothing when nothing differs.
+// Nothing periodic does what notifications cover. The safety net
+// (Options.SafetyNet, 5 min by default, each wait jittered between 0.8
+// and 1.2 of it) is a full pass and masq.Keep, for what no notification
+// says (one lost by the kernel, a change made silently); it is also the
+// policy controller's repair period and the kubernetes registry's resync.
+// The tick (Period, 10 s) does the time-based work only: held peers,
+// reclaims, metrics, and masq.Keep on a legacy-iptables host (x_tables
+// sends no notification); and a full pass on every tick while the kernel
+// watch is not whole (a subscription failed, or ended on a full socket
+// buffer and notifications may be lost; it is made again after a pause)
+// or the last pass failed. Set writes nothing when nothing differs.
 //
 // # Who owns what
 //
 // There is no lock in this package, and no shared mutable state but the
-// kernel watcher's two atomic counters. Each piece
+// kernel watcher's atomic counters and flags. Each piece
 // of state has one goroutine that owns it and everything else reaches it
 // through channels:
 //
@@ -82,8 +90,10 @@
 //     when the lease was lost, and takes new records (address changed) from
 //     a latest-value channel;
 //   - the kernel watcher owns the netlink subscriptions and sends a
-//     coalescing signal; whether it has seen everything since the last
-//     tick is two atomic counters the loop reads (kernel.go);
+//     coalescing signal; the single objects to repair go through a
+//     channel, what needs a full pass or repairLocal and whether it has
+//     seen everything since the last tick are atomics the loop reads
+//     (kernel.go);
 //   - the loop owns self, the peer view and the timers, and is the only
 //     caller of the reconciler (which serializes anyway).
 //

@@ -35,7 +35,7 @@ func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
 	// whole cluster's pods when the key is on); Run starts them.
 	cfg := controller.Config{Network: a.c.Net.Name, Bridge: a.c.Net.Bridge, Node: a.c.Node, Pods: side.pods(), Namespaces: side.namespaces(),
 		Policies: side.policies(), Events: side.rec, RunDir: a.opts.RunDir, Metrics: a.m, Logf: a.opts.logf,
-		Repair: a.opts.Period}
+		Repair: a.opts.safetyNet(), Retry: a.opts.Period}
 	if a.nft != nil {
 		cfg.Kick = a.nft.policy
 	}

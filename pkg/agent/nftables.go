@@ -14,8 +14,11 @@ import (
 // ruleset` removed is put back within milliseconds rather than at the next
 // tick:
 //
-//   - the masquerade tables (inet and bridge, masq.Table): masq receives,
-//     and the loop runs repairMasq, the tick's own masq.Keep;
+//   - the masquerade tables (inet and bridge, masq.Table), and the nat
+//     and filter tables where iptables-nft keeps the iptables backend's
+//     rules: masq receives, and the loop runs repairMasq (masq.Keep);
+//     legacy iptables sends no notification, so on such a host the tick
+//     runs it too (masqOnTick);
 //   - with networkPolicy on, the policy table (any change) and the pending
 //     table (any change but its elements: ADD adds the marks, the
 //     controller removes them): policy receives, the controller's Kick,
@@ -31,10 +34,17 @@ type nftWatch struct {
 	policy <-chan struct{} // nil without networkPolicy
 }
 
+// The tables iptables-nft writes the iptables backend's rules to (in the
+// ip and ip6 families; masq/iptables.go).
+const (
+	iptablesNAT    = "nat"
+	iptablesFilter = "filter"
+)
+
 func (a *agent) newNftWatch() *nftWatch {
 	name := a.c.Net.Name
 	w := nftwatch.New(nftwatch.Options{Logf: a.opts.logf})
-	n := &nftWatch{w: w, masq: w.Register(nftwatch.Tables(masq.Table(name)))}
+	n := &nftWatch{w: w, masq: w.Register(nftwatch.Tables(masq.Table(name), iptablesNAT, iptablesFilter))}
 	if a.c.Net.NetworkPolicy {
 		policy, pending := table.PolicyTable(name), table.PendingTable(name)
 		n.policy = w.Register(func(c nftwatch.Change) bool {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/overlay"
@@ -25,6 +26,11 @@ type node struct {
 	// says why there is none.
 	side    *kubeSide
 	sideErr error
+	// resync is how often the kubernetes registry feeds the whole peer
+	// list again from its informer's cache (no request), so that a change
+	// lost on its way to the loop is repaired within it: the safety net
+	// (Options.SafetyNet).
+	resync time.Duration
 }
 
 // openNode loads opts.ConfFile and opens the reconciler and the registry.
@@ -40,7 +46,7 @@ func openNode(opts Options) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &node{c: c, r: r}
+	n := &node{c: c, r: r, resync: opts.safetyNet()}
 	if n.src, err = n.openSource(); err != nil {
 		r.Close()
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"runtime/debug"
 	runtimemetrics "runtime/metrics"
@@ -25,8 +26,10 @@ import (
 const (
 	// passTimeout bounds one reconcile pass (netlink work only).
 	passTimeout = 30 * time.Second
-	// settle coalesces a burst of kernel notifications into one pass.
-	settle = 100 * time.Millisecond
+	// settle coalesces a burst of kernel notifications into one repair:
+	// long enough for a flush's notifications to arrive together, short
+	// against the repair itself.
+	settle = 10 * time.Millisecond
 	// retryEvery is the pause between attempts at what must succeed before
 	// the agent can work (underlay address, subnet lease, registration).
 	retryEvery = 2 * time.Second
@@ -36,14 +39,15 @@ const (
 // leaving routes in place and the lease to expire by itself. It returns an
 // error only for a configuration that cannot work.
 func Run(ctx context.Context, opts Options) error {
+	if opts.Period <= 0 {
+		opts.Period = DefaultPeriod
+	}
+	opts.SafetyNet = opts.safetyNet()
 	n, err := openNode(opts)
 	if err != nil {
 		return err
 	}
 	defer n.close()
-	if opts.Period <= 0 {
-		opts.Period = DefaultPeriod
-	}
 	c, src := n.c, n.src
 	a := &agent{n: n, c: c, opts: opts, r: n.r, health: newHealth(c.Node), held: map[string]overlay.Node{}}
 
@@ -148,6 +152,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	kernel := make(chan struct{}, 1)
 	a.watch = newKernelWatch(a.r, kernel, opts.logf)
+	a.watch.shim = c.Net.LAN != nil && c.Net.LAN.HostShim
 	wg.Go(func() { a.watch.run(ctx) })
 	a.nft = a.newNftWatch() // nftables.go
 	a.nft.run(ctx, &wg)
@@ -208,25 +213,19 @@ type agent struct {
 	// lan answers the LAN questions (lanside.go); nil without a LAN
 	// section. The NetworkPolicy controller asks it which pods have one.
 	lan *lanpods.Controller
-	// sinceFull counts the ticks since the last full pass (a Set that read
-	// the whole kernel back); see fullDue.
-	sinceFull int
+	// failed is set when the last full pass failed: the next tick runs
+	// one again (see fullDue).
+	failed bool
 	// handedBackAt is the heap's allocation total when the free heap was
 	// last handed back (handBack).
 	handedBackAt uint64
 }
 
-// fullEvery is how many periods apart the ticks read the whole kernel back
-// while the kernel watch has seen every notification: everything a pass
-// compares announces its changes (overlay.Reconciler.Drifts), so the full
-// pass is the backstop, not the repair. At 5,000 peers one costs about 50
-// ms of CPU and 15 MB of garbage (docs/performance.md, "Repairs on
-// notifications").
-const fullEvery = 6
-
 func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan registry.Node, kernel <-chan struct{}) {
 	tick := time.NewTicker(a.opts.Period)
 	defer tick.Stop()
+	safety := time.NewTimer(jittered(a.opts.safetyNet()))
+	defer safety.Stop()
 	var settled <-chan time.Time
 	var ready <-chan struct{}
 	if feed != nil {
@@ -258,24 +257,28 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			}
 		case <-settled:
 			settled = nil
-			a.checkSelf(records)
-			a.pass(ctx, "kernel change", true)
+			a.repairDrift(ctx, a.watch.take(), records)
 		case <-a.nft.masqChanged():
+			a.repairMasq()
+		case <-safety.C:
+			safety.Reset(jittered(a.opts.safetyNet()))
+			a.checkSelf(records)
+			a.pass(ctx, "safety net", true)
 			a.repairMasq()
 		case <-tick.C:
 			if a.onTick != nil {
 				a.onTick()
 				continue
 			}
-			a.checkSelf(records)
 			if a.releaseHeld() {
 				a.pass(ctx, "held peers released", false)
 			} else if a.fullDue() {
-				a.pass(ctx, "periodic repair", true)
-			} else {
-				a.repairLocal("periodic repair")
+				a.checkSelf(records)
+				a.pass(ctx, "kernel watch incomplete or last pass failed", true)
 			}
-			a.repairMasq()
+			if masqOnTick() {
+				a.repairMasq()
+			}
 			if a.reclaim != nil {
 				a.reclaim.pass(ctx)
 			}
@@ -334,7 +337,8 @@ func (a *agent) setView(b registry.Batch) overlay.PeerChange {
 
 // update applies a known change of the peer set without reading the kernel
 // (a watch event: a few netlink writes); anything it cannot do that way
-// falls back to a full pass. Drift made by hand is the periodic pass's job.
+// falls back to a full pass. Drift made by hand is the kernel watch's job
+// (repairDrift) and the safety net's.
 func (a *agent) update(ctx context.Context, why string, change overlay.PeerChange) {
 	if change.Empty() {
 		return
@@ -383,26 +387,78 @@ func (a *agent) pass(ctx context.Context, why string, repair bool) {
 	if err != nil && ctx.Err() == nil {
 		a.opts.logf("%s: %d peers: %v", why, len(peers), err)
 		a.health.set(fmt.Errorf("last reconcile (%s) failed: %w", why, err))
-		a.sinceFull = fullEvery // the next tick tries again
+		a.failed = true // the next tick tries again
 		return
 	}
-	a.sinceFull = 0
+	a.failed = false
 	a.health.set(nil)
 }
 
-// fullDue counts a tick and reports whether it is to read the whole kernel
-// back: on every tick while the kernel watch has missed something or
-// cannot follow the kernel, otherwise fullEvery ticks after the last full
-// pass (whatever started it).
-func (a *agent) fullDue() bool {
-	a.sinceFull++
-	whole := a.watch != nil && a.watch.whole() // asked on every tick: it resets "lost"
-	return !whole || a.sinceFull >= fullEvery
+// repairDrift puts right what the kernel's notifications said drifted:
+// the objects they name, one by one against the reconciler's plan
+// (overlay.Reconciler.Repair: no planning, no dump), and a full pass when
+// they need one (a link or an address changed, someone else's route, more
+// objects than the watcher queues) or when Repair cannot judge them alone.
+// The node's own objects (repairLocal) follow their own notifications.
+func (a *agent) repairDrift(ctx context.Context, d drift, records chan registry.Node) {
+	const why = "kernel change"
+	if d.local {
+		a.repairLocal(why)
+	}
+	if !d.wide && len(d.objects) == 0 {
+		return
+	}
+	reason := "a link, an address, someone else's route or more objects than the queue holds"
+	if !d.wide && a.haveView {
+		pctx, cancel := context.WithTimeout(ctx, passTimeout)
+		start := time.Now()
+		rep, err := a.r.Repair(pctx, d.objects)
+		cancel()
+		for _, ch := range rep.Applied {
+			a.opts.logf("%s: %s", why, ch)
+		}
+		if err == nil {
+			a.m.ObserveReconcile(time.Since(start), nil)
+			a.m.AddDrift(len(rep.Applied), len(rep.Applied))
+			a.health.set(nil)
+			return
+		}
+		reason = err.Error()
+	}
+	if ctx.Err() == nil {
+		a.opts.logf("%s: a full pass: %s", why, reason)
+	}
+	a.checkSelf(records)
+	a.pass(ctx, why+" (full pass)", true)
 }
+
+// fullDue reports whether a tick is to read the whole kernel back: while
+// the kernel watch may have missed a notification (a subscription down, or
+// one that ended on a full socket buffer since the last tick), when there
+// is no watch, and after a failed pass. Otherwise the notifications and
+// the safety net (Options.SafetyNet) cover the kernel, and the tick reads
+// none of it.
+func (a *agent) fullDue() bool {
+	whole := a.watch != nil && a.watch.whole() // asked on every tick: it resets "lost"
+	return !whole || a.failed
+}
+
+// jittered is d times a random factor between 0.8 and 1.2: the safety
+// nets of agents started together drift apart.
+func jittered(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// masqOnTick reports whether the tick keeps the netfilter rules: on a
+// host whose iptables is the legacy (x_tables) one, whose rules send no
+// notification. Everywhere else the nf_tables notifications (nftables.go)
+// and the safety net start repairMasq.
+func masqOnTick() bool { return masq.Detect().Legacy }
 
 // repairLocal is the part of a pass that needs no peer view and reads
 // only this node's own few objects: the host shim's routes and the host
-// veths' MACs. Every tick runs it.
+// veths' MACs. Every pass runs it, and the kernel watch starts one when a
+// notification is about them (kernel.go).
 func (a *agent) repairLocal(why string) {
 	a.repairShim(why)
 	a.repairHostVeths(why)
@@ -428,9 +484,10 @@ func (a *agent) checkSelf(records chan registry.Node) {
 
 // repairMasq keeps the network's netfilter rules (masquerade, forward
 // accept, every pod's macspoofchk rule) through masq.Keep, as the plugin's
-// ADD does: on every tick and on every nftables notification about the
-// network's masquerade tables (nftables.go), and costs one fingerprint
-// read when nothing changed. Rules
+// ADD does: on every nftables notification about the tables its rules
+// live in (nftables.go), on the safety net, and on every tick on a legacy
+// iptables host (masqOnTick); it costs one fingerprint read when nothing
+// changed. Rules
 // installed where none were recorded (before the first ADD) are not drift;
 // rules gone behind Village's back are, and count in the drift metrics.
 func (a *agent) repairMasq() {

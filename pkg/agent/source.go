@@ -47,7 +47,7 @@ func (n *node) openSource() (source, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes registry: %w", err)
 		}
-		cfg := kuberegistry.Config{Node: c.Node, Check: kubeCheck, Resync: kubeResync, Nodes: side.nodes()}
+		cfg := kuberegistry.Config{Node: c.Node, Check: kubeCheck, Resync: n.resync, Nodes: side.nodes()}
 		return kubeSource{kuberegistry.NewForClient(side.cs, cfg, side.rc.Host)}, nil
 	default:
 		reg, closeReg, err := c.openRegistry()
@@ -132,8 +132,3 @@ func (s kubeSource) close()        {}
 // kubeCheck is how often the kubernetes registry compares this node's
 // annotations with the informer's copy (no request unless they differ).
 const kubeCheck = 10 * time.Second
-
-// kubeResync is how often the kubernetes registry feeds the whole peer list
-// again from its informer's cache (no request), so that a change lost on
-// its way to the loop is repaired within it.
-const kubeResync = time.Minute

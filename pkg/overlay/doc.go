@@ -80,7 +80,12 @@
 // the routes that use them), then deletions of what is no longer wanted.
 // Nothing is written when nothing differs, so Set is cheap enough for every
 // CNI ADD and CHECK, and a hand-deleted route, neighbour or FDB entry is put
-// back by the next Set. [Reconciler.Status] runs exactly the same
+// back by the next Set. An agent that follows the kernel's notifications
+// repairs one object without a pass: [Reconciler.Drifts] judges a
+// notification against the plan, and [Reconciler.Repair] puts the objects
+// the drifting ones name back as the plan has them, through the same
+// engine and with nothing read back, leaving the kernel a Set would
+// leave (a link or address change needs Set). [Reconciler.Status] runs exactly the same
 // computation without writing and returns the changes Set would make.
 // [Reconciler.Teardown] removes everything owned.
 //

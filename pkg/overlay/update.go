@@ -109,12 +109,10 @@ type baseline struct {
 func (r *Reconciler) Update(ctx context.Context, self Node, change PeerChange) (Report, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	b := r.base
+	b, err := r.usableBase()
 	switch {
-	case r.h == nil:
-		return Report{}, fmt.Errorf("%w (%w)", ErrNeedSet, errClosed)
-	case b == nil:
-		return Report{}, ErrNeedSet
+	case err != nil:
+		return Report{}, err
 	case !sameNode(b.self, self):
 		return Report{}, fmt.Errorf("%w: self changed from %v to %v", ErrNeedSet, describeNode(b.self), describeNode(self))
 	}
@@ -153,6 +151,19 @@ func (r *Reconciler) Update(ctx context.Context, self Node, change PeerChange) (
 	}
 	rc.failed = rep.Failed
 	return rep, rc.err()
+}
+
+// usableBase is the baseline an incremental write (Update, Repair) starts
+// from, or ErrNeedSet when there is none (never a Set since New or
+// Teardown, a failed write since, a closed reconciler).
+func (r *Reconciler) usableBase() (*baseline, error) {
+	switch {
+	case r.h == nil:
+		return nil, fmt.Errorf("%w (%w)", ErrNeedSet, errClosed)
+	case r.base == nil:
+		return nil, ErrNeedSet
+	}
+	return r.base, nil
 }
 
 // autoDeviceStays refuses an Update under auto whose new peer set needs the

@@ -32,7 +32,7 @@ func TestAgentProbesBeforeSubnet(t *testing.T) {
 	must(t, os.MkdirAll(confDir, 0o755), "making the config directory")
 	published := filepath.Join(confDir, filepath.Base(lab.conf))
 	start := func() {
-		cmd := n1.villaged(t, "run", "--conf", lab.conf, "--node-name", n1.name, "--run-dir", n1.runDir, "--publish-conf-dir", confDir)
+		cmd := n1.villaged(t, append([]string{"run", "--conf", lab.conf, "--node-name", n1.name, "--run-dir", n1.runDir, "--publish-conf-dir", confDir}, lab.periodArgs()...)...)
 		cmd.Stdout, cmd.Stderr = n1.log, n1.log
 		must(t, cmd.Start(), "starting villaged on %s", n1.name)
 		n1.cmd, n1.exited = cmd, make(chan error, 1)

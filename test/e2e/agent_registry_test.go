@@ -27,6 +27,7 @@ import (
 
 	"github.com/village-cni/village/internal/etcdtest"
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/agent"
 	"github.com/village-cni/village/pkg/overlay"
 )
 
@@ -92,7 +93,7 @@ func runVillaged(t *testing.T, n *Node, conf, name, period string) (log *lockedB
 	t.Helper()
 	log = &lockedBuffer{}
 	cmd := exec.Command("ip", "netns", "exec", n.Name(), filepath.Join(testenv.Bins(t), "villaged"),
-		"run", "--conf", conf, "--node-name", name, "--run-dir", filepath.Join(n.Dir, "run"), "--period", period)
+		"run", "--conf", conf, "--node-name", name, "--run-dir", filepath.Join(n.Dir, "run"), "--period", period, "--safety-net", period)
 	cmd.Stdout, cmd.Stderr = log, log
 	must(t, cmd.Start(), "starting villaged")
 	var once sync.Once
@@ -201,15 +202,23 @@ func (lab *agentLab) start(n *agentNode) {
 	if n.cmd != nil {
 		t.Fatalf("villaged already runs on %s", n.name)
 	}
-	args := []string{"run", "--conf", lab.conf, "--node-name", n.name, "--run-dir", n.runDir}
-	if lab.period != "" {
-		args = append(args, "--period", lab.period)
-	}
+	args := append([]string{"run", "--conf", lab.conf, "--node-name", n.name, "--run-dir", n.runDir}, lab.periodArgs()...)
 	cmd := n.villaged(t, args...)
 	cmd.Stdout, cmd.Stderr = n.log, n.log
 	must(t, cmd.Start(), "starting villaged on %s", n.name)
 	n.cmd, n.exited = cmd, make(chan error, 1)
 	go func() { n.exited <- cmd.Wait() }()
+}
+
+// periodArgs are the agents' --period and --safety-net: both the lab's
+// period (villaged's default period when it has none), so that a test
+// that waits for a full pass waits one period, as before the safety net.
+func (lab *agentLab) periodArgs() []string {
+	p := lab.period
+	if p == "" {
+		p = agent.DefaultPeriod.String()
+	}
+	return []string{"--period", p, "--safety-net", p}
 }
 
 // stop signals the agent and waits for it; SIGKILL after 10 s.

@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/agent"
 )
 
 // dhcpLab is a LAN whose router (its own namespace, 192.168.77.1) runs
@@ -133,7 +134,8 @@ func (n *dhcpNode) start(t testing.TB) {
 		n.log = &lockedBuffer{}
 	}
 	n.cmd = exec.Command("ip", "netns", "exec", n.Name(), filepath.Join(testenv.Bins(t), "villaged"), "run",
-		"--conf", n.conf, "--node-name", n.Name(), "--run-dir", filepath.Join(n.Dir, "run"), "--dhcp-dir", n.leaseDir, "--metrics-addr", "off")
+		"--conf", n.conf, "--node-name", n.Name(), "--run-dir", filepath.Join(n.Dir, "run"), "--dhcp-dir", n.leaseDir, "--metrics-addr", "off",
+		"--period", agent.DefaultPeriod.String(), "--safety-net", agent.DefaultPeriod.String())
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	must(t, n.cmd.Start(), "starting villaged")
 	n.done = make(chan struct{})

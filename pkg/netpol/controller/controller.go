@@ -56,8 +56,13 @@ type Config struct {
 	RunDir string
 	// Settle is how long after a change the compile waits for more.
 	Settle time.Duration
-	// Repair is how often the kernel is compared with the last compile.
-	Repair  time.Duration
+	// Repair is how often the kernel is compared with the last compile
+	// (the agent's safety net: its tables' notifications, Kick, start the
+	// repair as soon as they change).
+	Repair time.Duration
+	// Retry is how often a failed apply is tried again (DefaultRepair
+	// when 0; the agent's tick), whatever Repair is.
+	Retry   time.Duration
 	Metrics *metrics.Metrics
 	// LAN reports whether a pod of this node has a LAN interface (net1,
 	// which no policy filters: the NetworkPolicyNotEnforced warning), as
@@ -114,6 +119,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Repair <= 0 {
 		cfg.Repair = DefaultRepair
 	}
+	if cfg.Retry <= 0 {
+		cfg.Retry = DefaultRepair
+	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
@@ -152,6 +160,8 @@ func Run(ctx context.Context, cfg Config) error {
 	c.sync("start")
 	repair := time.NewTicker(cfg.Repair)
 	defer repair.Stop()
+	retry := time.NewTicker(cfg.Retry)
+	defer retry.Stop()
 	var settled <-chan time.Time
 	for {
 		select {
@@ -168,6 +178,10 @@ func Run(ctx context.Context, cfg Config) error {
 			c.sync("change")
 		case <-repair.C:
 			c.repair()
+		case <-retry.C:
+			if c.failed {
+				c.sync("retry")
+			}
 		case <-cfg.Kick:
 			c.repair()
 		}
