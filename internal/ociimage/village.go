@@ -73,7 +73,7 @@ func Village(o VillageOptions) (Image, error) {
 		}
 		img.Files = append(img.Files, f)
 	}
-	// The reference plugins the shipped conflist chains (portmap), beside
+	// The reference plugins the shipped conflist chains (portmap, bandwidth), beside
 	// villaged: `villaged install` brings them to nodes that lack them.
 	if o.RefDir == "" {
 		o.RefDir = filepath.Join(o.BinDir, "ref")

@@ -30,12 +30,15 @@ func versionsOf(t *testing.T, b []byte) (string, []string) {
 // current libcni picks 1.1.0 from it, and install has nothing to warn about.
 func TestInstallWritesCNIVersions(t *testing.T) {
 	s := newSandbox(t)
-	// The template chains the reference portmap, which install does not ship.
+	// The template chains the reference companions, which this install's
+	// source does not hold: the node has them.
 	if err := os.MkdirAll(s.bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(s.bin, "portmap"), []byte("#!binary portmap\n"), 0o755); err != nil {
-		t.Fatal(err)
+	for _, c := range Companions {
+		if err := os.WriteFile(filepath.Join(s.bin, c), []byte("#!binary "+c+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	r := mustInstall(t, s.opts())
 	if len(r.Warnings) != 0 {

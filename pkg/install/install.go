@@ -42,11 +42,12 @@ const (
 var Plugins = []string{"village", "village-ipam", "village-ipam-etcd", "village-ipam-kube", "loopback"}
 
 // Companions are reference plugins the shipped conflists chain (portmap, for
-// hostPort). Install copies one from BinSource when it is there, and only
-// into a binary directory that has none or has the copy an earlier install
-// placed: a portmap that came with the node (its distribution's CNI plugins)
-// is the node's and stays as it is.
-var Companions = []string{"portmap"}
+// hostPort; bandwidth, for the kubernetes.io/ingress-bandwidth and
+// egress-bandwidth annotations). Install copies one from BinSource when it
+// is there, and only into a binary directory that has none or has the copy
+// an earlier install placed: a portmap or bandwidth that came with the node
+// (its distribution's CNI plugins) is the node's and stays as it is.
+var Companions = []string{"portmap", "bandwidth"}
 
 // Options say where to install from and to.
 type Options struct {

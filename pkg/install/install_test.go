@@ -75,6 +75,7 @@ func TestInstallFreshIdempotentUninstall(t *testing.T) {
 	must(t, os.MkdirAll(s.bin, 0o755))
 	must(t, os.MkdirAll(s.conf, 0o755))
 	must(t, os.WriteFile(filepath.Join(s.bin, "portmap"), []byte("ref portmap"), 0o755))
+	must(t, os.WriteFile(filepath.Join(s.bin, "bandwidth"), []byte("ref bandwidth"), 0o755))
 	must(t, os.WriteFile(filepath.Join(s.conf, "50-other.conflist"), []byte(`{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"portmap"}]}`), 0o644))
 
 	r := mustInstall(t, s.opts())
@@ -130,7 +131,7 @@ func TestInstallFreshIdempotentUninstall(t *testing.T) {
 		t.Errorf("uninstall must take the conflist away first: %+v", u.Changes)
 	}
 	left := listDir(t, s.bin)
-	if !slices.Equal(left, []string{"portmap"}) {
+	if !slices.Equal(left, []string{"bandwidth", "portmap"}) {
 		t.Errorf("bin dir after uninstall: %v", left)
 	}
 	if left := listDir(t, s.conf); !slices.Equal(left, []string{"50-other.conflist"}) {
@@ -365,28 +366,33 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// The shipped conflist chains portmap: install brings the image's copy to a
-// node that has none, and never touches the node's own.
-func TestInstallCompanionPortmap(t *testing.T) {
+// The shipped conflist chains the companions (portmap, bandwidth): install
+// brings the image's copy of each to a node that has none, and never
+// touches the node's own.
+func TestInstallCompanions(t *testing.T) {
 	for _, nodeHasOne := range []bool{false, true} {
-		t.Run(map[bool]string{false: "node without portmap", true: "node with its own portmap"}[nodeHasOne], func(t *testing.T) {
+		t.Run(map[bool]string{false: "node without them", true: "node with its own"}[nodeHasOne], func(t *testing.T) {
 			s := newSandbox(t)
-			s.writeSrc(t, "portmap", "#!binary portmap shipped\n")
-			path := filepath.Join(s.bin, "portmap")
-			if nodeHasOne {
-				must(t, os.MkdirAll(s.bin, 0o755))
-				must(t, os.WriteFile(path, []byte("the node's portmap"), 0o700))
+			for _, c := range Companions {
+				s.writeSrc(t, c, "#!binary "+c+" shipped\n")
+				if nodeHasOne {
+					must(t, os.MkdirAll(s.bin, 0o755))
+					must(t, os.WriteFile(filepath.Join(s.bin, c), []byte("the node's "+c), 0o700))
+				}
 			}
 			r := mustInstall(t, s.opts())
-			want, wantAction := "#!binary portmap shipped\n", Created
-			if nodeHasOne {
-				want, wantAction = "the node's portmap", Unchanged
-			}
-			if got := read(t, path); got != want || actions(r)[path] != wantAction {
-				t.Fatalf("portmap after install: %q (%s), want %q (%s)\n%s", got, actions(r)[path], want, wantAction, r)
-			}
-			if fi, _ := os.Stat(path); nodeHasOne && fi.Mode().Perm() != 0o700 {
-				t.Errorf("the node's portmap changed mode: %v", fi.Mode())
+			for _, c := range Companions {
+				path := filepath.Join(s.bin, c)
+				want, wantAction := "#!binary "+c+" shipped\n", Created
+				if nodeHasOne {
+					want, wantAction = "the node's "+c, Unchanged
+				}
+				if got := read(t, path); got != want || actions(r)[path] != wantAction {
+					t.Fatalf("%s after install: %q (%s), want %q (%s)\n%s", c, got, actions(r)[path], want, wantAction, r)
+				}
+				if fi, _ := os.Stat(path); nodeHasOne && fi.Mode().Perm() != 0o700 {
+					t.Errorf("the node's %s changed mode: %v", c, fi.Mode())
+				}
 			}
 			if len(r.Warnings) != 0 {
 				t.Errorf("warnings: %v", r.Warnings)
@@ -395,18 +401,24 @@ func TestInstallCompanionPortmap(t *testing.T) {
 				t.Errorf("second install changed something:\n%s", r2)
 			}
 			m, err := LoadManifest(s.state)
-			if err != nil || (m.record(path) != nil) == nodeHasOne {
-				t.Fatalf("manifest records portmap: %v, want %v (%v)", m.record(path) != nil, !nodeHasOne, err)
+			for _, c := range Companions {
+				path := filepath.Join(s.bin, c)
+				if err != nil || (m.record(path) != nil) == nodeHasOne {
+					t.Fatalf("manifest records %s: %v, want %v (%v)", c, m.record(path) != nil, !nodeHasOne, err)
+				}
 			}
 			if _, err := Uninstall(UninstallOptions{StateDir: s.state, RunDir: s.root + "/run"}); err != nil {
 				t.Fatal(err)
 			}
-			_, err = os.Stat(path)
-			if nodeHasOne && read(t, path) != "the node's portmap" {
-				t.Error("uninstall changed the node's portmap")
-			}
-			if !nodeHasOne && !os.IsNotExist(err) {
-				t.Errorf("uninstall left the portmap it installed: %v", err)
+			for _, c := range Companions {
+				path := filepath.Join(s.bin, c)
+				_, err = os.Stat(path)
+				if nodeHasOne && read(t, path) != "the node's "+c {
+					t.Errorf("uninstall changed the node's %s", c)
+				}
+				if !nodeHasOne && !os.IsNotExist(err) {
+					t.Errorf("uninstall left the %s it installed: %v", c, err)
+				}
 			}
 		})
 	}

@@ -15,7 +15,8 @@ import (
 )
 
 // DefaultTemplate is the conflist written when no template is given: a
-// single-node village + village-ipam network chained with portmap, the same
+// single-node village + village-ipam network chained with portmap and
+// bandwidth, the same
 // shape as conf/10-village.conflist, with the node's pod subnet and the
 // cluster CIDR as variables.
 //

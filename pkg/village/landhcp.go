@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -54,10 +55,22 @@ func (c *dhcpClaim) acquire(a *adder, link netlink.Link) (*current.Result, error
 	if err := a.pod.Handle().LinkSetUp(link); err != nil {
 		return nil, fmt.Errorf("failed to set %q up for DHCP: %w", c.att.IfName, err)
 	}
-	ctx, cancel := ipamTimeout()
+	// A Kubernetes pod's acquire waits for an agent not answering yet, as
+	// its annotated LAN ask does (askAgent): after a reboot the kubelet
+	// starts sandboxes before the agent's DaemonSet pod is back. Any other
+	// caller (podman, cnitool, beside a villaged it starts itself) is
+	// answered at once.
+	var bound time.Duration
+	if a.conf.Pod.IsSet() {
+		var err error
+		if bound, err = agentWait(); err != nil {
+			return nil, err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bound+ipamDeadline)
 	defer cancel()
-	resp, err := askDHCP(ctx, c.socket, agentsock.DHCPRequest{Op: agentsock.DHCPAcquire, Network: c.network, Attachment: c.att, Netns: a.args.Netns,
-		MAC: link.Attrs().HardwareAddr.String(), Hostname: a.conf.Pod.Name})
+	resp, err := askDHCPWaiting(ctx, c.socket, agentsock.DHCPRequest{Op: agentsock.DHCPAcquire, Network: c.network, Attachment: c.att, Netns: a.args.Netns,
+		MAC: link.Attrs().HardwareAddr.String(), Hostname: a.conf.Pod.Name}, bound)
 	if err != nil {
 		if agentsock.ErrorCode(err) == agentsock.CodeNoAgent {
 			return nil, types.NewError(types.ErrTryAgainLater, err.Error(), "")
@@ -182,7 +195,20 @@ func releaseDHCP(ctx context.Context, calls []ipamCall) (rest []ipamCall, errs [
 // at socket; a refusal or an absent agent is an *agentsock.Error (its Code
 // says which).
 func askDHCP(ctx context.Context, socket string, req agentsock.DHCPRequest) (*agentsock.DHCPResponse, error) {
-	resp, err := agentsock.Ask(ctx, socket, agentsock.Request{Op: agentsock.OpDHCP, Network: req.Network, DHCP: &req})
+	return askDHCPWaiting(ctx, socket, req, 0)
+}
+
+// askDHCPWaiting is askDHCP asking again while no agent answers on socket,
+// within bound (agentsock.AskWaiting); a bound of 0 asks once.
+func askDHCPWaiting(ctx context.Context, socket string, req agentsock.DHCPRequest, bound time.Duration) (*agentsock.DHCPResponse, error) {
+	ask := agentsock.Request{Op: agentsock.OpDHCP, Network: req.Network, DHCP: &req}
+	var resp *agentsock.Response
+	var err error
+	if bound > 0 {
+		resp, err = agentsock.AskWaiting(ctx, socket, ask, bound)
+	} else {
+		resp, err = agentsock.Ask(ctx, socket, ask)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("DHCP %s of %s/%s: %w", req.Op, req.ContainerID, req.IfName, err)
 	}

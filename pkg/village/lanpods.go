@@ -97,9 +97,9 @@ func (a *adder) pod0Ref() agentsock.Pod {
 // yet, the error is CNI code 11 (try again later): kubelet retries the
 // sandbox.
 func askAgent(path, network string, pod agentsock.Pod) (netconf.LANRequest, error) {
-	bound, err := nodelocal.AgentWait()
+	bound, err := agentWait()
 	if err != nil {
-		return netconf.LANRequest{}, types.NewError(types.ErrInvalidEnvironmentVariables, err.Error(), "")
+		return netconf.LANRequest{}, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), bound+agentAskTimeout)
 	defer cancel()
@@ -124,6 +124,17 @@ func askAgent(path, network string, pod agentsock.Pod) (netconf.LANRequest, erro
 		req.Want, req.IPs = true, ips
 	}
 	return req, nil
+}
+
+// agentWait is how long a Kubernetes pod's ADD waits for the node's agent
+// to answer on its socket (nodelocal.AgentWait), for its annotated LAN ask
+// and its DHCP lease alike; a bad $VILLAGE_AGENT_WAIT is CNI code 4.
+func agentWait() (time.Duration, error) {
+	bound, err := nodelocal.AgentWait()
+	if err != nil {
+		return 0, types.NewError(types.ErrInvalidEnvironmentVariables, err.Error(), "")
+	}
+	return bound, nil
 }
 
 // reportLAN tells the agent what happened to a Kubernetes pod's LAN

@@ -164,14 +164,16 @@ func bootVM(t testing.TB, tg target, spec vmSpec) string {
 	return console.String()
 }
 
-// build compiles Village's binaries, cnitool and the reference portmap for
-// the target into dir and dir/ref (as build_linux.sh -arch does).
+// build compiles Village's binaries, cnitool and the reference portmap and
+// bandwidth (the companions the image carries) for the target into dir and
+// dir/ref (as build_linux.sh -arch does).
 func build(t testing.TB, root string, tg target, dir string) {
 	t.Helper()
 	env := append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+tg.goarch, "GOARM=7")
 	for _, b := range [][]string{
 		{"-tags", "grpcnotrace", "-o", dir + "/", "./plugins/...", "./cmd/..."},
-		{"-o", dir + "/ref/", "github.com/containernetworking/cni/cnitool", "github.com/containernetworking/plugins/plugins/meta/portmap"},
+		{"-o", dir + "/ref/", "github.com/containernetworking/cni/cnitool", "github.com/containernetworking/plugins/plugins/meta/portmap",
+			"github.com/containernetworking/plugins/plugins/meta/bandwidth"},
 	} {
 		if err := os.MkdirAll(filepath.Join(dir, "ref"), 0o755); err != nil {
 			t.Fatal(err)

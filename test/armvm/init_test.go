@@ -48,7 +48,8 @@ cat > /etc/cni/net.d/10-village.conflist <<'CONF'
  {"type":"village","bridge":"village0","isGateway":true,"ipMasq":true,"hairpinMode":true,"clusterCIDR":"10.244.0.0/16",
   "ipam":{"type":"village-ipam","ranges":[[{"subnet":"10.244.1.0/24"}],[{"subnet":"fd00:10:244:1::/64"}]],
    "routes":[{"dst":"0.0.0.0/0"},{"dst":"::/0"}]}},
- {"type":"portmap","capabilities":{"portMappings":true},"snat":true}]}
+ {"type":"portmap","capabilities":{"portMappings":true},"snat":true},
+ {"type":"bandwidth","capabilities":{"bandwidth":true}}]}
 CONF
 echo '{"cniVersion":"1.0.0","name":"loopback","type":"loopback"}' > /etc/cni/net.d/99-loopback.conf
 cat > /etc/cni/net.d/20-village-ipt.conflist <<'CONF'

@@ -48,22 +48,17 @@ func TestAnnotatedADDWaitsForTheAgent(t *testing.T) {
 	runDir := filepath.Join(n.Dir, "run")
 	wait := "1s"
 	withWait := func(wait string) {
-		n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"),
-			envExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}},
-				env: []string{nodelocal.RunDirEnv + "=" + runDir, nodelocal.AgentWaitEnv + "=" + wait}})
+		withPluginEnv(t, n, nodelocal.RunDirEnv+"="+runDir, nodelocal.AgentWaitEnv+"="+wait)
 	}
 	withWait(wait)
 	conf := strings.Replace(lanList(n, "agentwait", "10.53.1.0/24", "192.168.77.200", "192.168.77.203", ""),
 		`"hostShim":true,`, `"hostShim":true,"pods":"annotated",`, 1)
 	l := ConfList(t, conf)
-	k8s := func(p *Pod) [][2]string {
-		return [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "ns"}, {"K8S_POD_NAME", "pod-" + p.ID[:8]}, {"K8S_POD_UID", "uid-" + p.ID[:8]}}
-	}
 
 	// No agent within the bound.
 	early := n.NewPod()
 	start := time.Now()
-	_, err := addArgs(n, l, early, k8s(early)...)
+	_, err := addArgs(n, l, early, k8sPodArgs(early)...)
 	if took := time.Since(start); took < time.Second {
 		t.Errorf("ADD with no agent failed after %s, before the bound %s: it did not wait", took, wait)
 	}
@@ -76,15 +71,7 @@ func TestAnnotatedADDWaitsForTheAgent(t *testing.T) {
 	// The agent comes up while the ADD waits.
 	withWait("2m")
 	p := n.NewPod()
-	type answer struct {
-		r   *current.Result
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		r, err := addArgs(n, l, p, k8s(p)...)
-		done <- answer{r, err}
-	}()
+	done := addAsync(n, l, p, k8sPodArgs(p)...)
 	ln, err := agentsock.Listen(agentsock.Path(runDir))
 	must(t, err, "the agent's socket")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -96,6 +83,35 @@ func TestAnnotatedADDWaitsForTheAgent(t *testing.T) {
 	if ip := lanIP(t, a.r); !strings.HasPrefix(ip, "192.168.77.20") {
 		t.Fatalf("LAN address %q after the wait, want one of the pool", ip)
 	}
+}
+
+// withPluginEnv has n's plugins run with env added to the runtime's.
+func withPluginEnv(t testing.TB, n *Node, env ...string) {
+	n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"),
+		envExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}, env: env})
+}
+
+// k8sPodArgs is the CNI_ARGS a Kubernetes runtime passes for pod p (in
+// namespace "ns", named after its container ID).
+func k8sPodArgs(p *Pod) [][2]string {
+	return [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "ns"}, {"K8S_POD_NAME", "pod-" + p.ID[:8]}, {"K8S_POD_UID", "uid-" + p.ID[:8]}}
+}
+
+// addAnswer is the outcome of an ADD started by addAsync.
+type addAnswer struct {
+	r   *current.Result
+	err error
+}
+
+// addAsync starts an ADD of p with CNI_ARGS args; its outcome comes on the
+// channel returned.
+func addAsync(n *Node, l *libcni.NetworkConfigList, p *Pod, args ...[2]string) <-chan addAnswer {
+	done := make(chan addAnswer, 1)
+	go func() {
+		r, err := addArgs(n, l, p, args...)
+		done <- addAnswer{r, err}
+	}()
+	return done
 }
 
 func errString(err error) string {

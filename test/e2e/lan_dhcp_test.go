@@ -14,6 +14,7 @@ import (
 
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/agent"
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // dhcpLab is a LAN whose router (its own namespace, 192.168.77.1) runs
@@ -245,10 +246,15 @@ func TestLANDHCPReservation(t *testing.T) {
 	lab.waitCount(t, "DHCPRELEASE", 2, "the server seeing the second DEL's DHCPRELEASE")
 }
 
-// TestLANDHCPAgentDown: with villaged down, ADD fails naming the agent
-// (code 11, the runtime tries again) and leaves nothing in the pod; DEL
-// succeeds (nothing renews the lease, it lapses); STATUS reports the
-// plugin unavailable (50). With villaged up, GC releases the lease of a
+// TestLANDHCPAgentDown: with villaged down, an ADD outside Kubernetes
+// fails at once naming the agent (code 11, the runtime tries again) and
+// leaves nothing in the pod; DEL succeeds (nothing renews the lease, it
+// lapses); STATUS reports the plugin unavailable (50). A Kubernetes pod's
+// ADD waits for the agent within AgentWait, as its annotated LAN ask does
+// (after a reboot the kubelet starts sandboxes before the agent's
+// DaemonSet pod): past the bound it fails with code 11 naming the socket
+// and the wait, leaving nothing; started before villaged, it gets its
+// lease once villaged is up. With villaged up, GC releases the lease of a
 // pod the runtime no longer lists.
 func TestLANDHCPAgentDown(t *testing.T) {
 	lab := newDHCPLab(t)
@@ -256,8 +262,8 @@ func TestLANDHCPAgentDown(t *testing.T) {
 	l := ConfList(t, dhcpList(n.Node, n.socket))
 	p := n.NewPod()
 	_, err := n.Add(l, p)
-	if err == nil || !strings.Contains(err.Error(), "villaged") || !strings.Contains(err.Error(), n.socket) {
-		t.Fatalf("ADD with villaged down: %v, want an error naming villaged and %s", err, n.socket)
+	if err == nil || cniCode(err) != 11 || !strings.Contains(err.Error(), "villaged") || !strings.Contains(err.Error(), n.socket) {
+		t.Fatalf("ADD with villaged down: %v (code %d), want code 11 naming villaged and %s", err, cniCode(err), n.socket)
 	}
 	if out := testenv.MustIP(t, p.NS, "-o", "link"); strings.Contains(out, "net1") || strings.Contains(out, "eth0") {
 		t.Fatalf("failed ADD left interfaces: %s", out)
@@ -266,14 +272,54 @@ func TestLANDHCPAgentDown(t *testing.T) {
 	if err := n.Status(l); err == nil || !strings.Contains(err.Error(), "villaged") {
 		t.Fatalf("STATUS with villaged down: %v, want an error naming villaged", err)
 	}
+
+	// A Kubernetes pod's ADD, with no agent within the bound.
+	withPluginEnv(t, n.Node, nodelocal.AgentWaitEnv+"=1s")
+	early := n.NewPod()
+	start := time.Now()
+	_, err = addArgs(n.Node, l, early, k8sPodArgs(early)...)
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("Kubernetes ADD with no agent failed after %s, before the bound 1s: it did not wait", took)
+	}
+	if err == nil || cniCode(err) != 11 || !strings.Contains(err.Error(), n.socket) || !strings.Contains(err.Error(), "waited") {
+		t.Fatalf("Kubernetes ADD with no agent: %v (code %d), want code 11 naming %s and the wait", err, cniCode(err), n.socket)
+	}
+	if out := testenv.MustIP(t, early.NS, "-o", "link"); strings.Contains(out, "net1") || strings.Contains(out, "eth0") {
+		t.Fatalf("failed ADD left interfaces: %s", out)
+	}
+
+	// A Kubernetes pod's ADD started before villaged: it is under way (its
+	// net1 exists, waiting for its lease) when villaged starts, and gets
+	// the reserved address.
+	withPluginEnv(t, n.Node, nodelocal.AgentWaitEnv+"=2m")
+	k := n.NewPod()
+	done := addAsync(n.Node, l, k, k8sPodArgs(k)...)
+	var a *addAnswer
+	waitFor(t, 60*time.Second, "the Kubernetes pod's ADD under way (net1 made) or ended", func() (bool, string) {
+		select {
+		case got := <-done:
+			a = &got
+			return true, ""
+		default:
+		}
+		return hasLink(t, k, "net1"), testenv.MustIP(t, k.NS, "-o", "link")
+	})
+	if a != nil {
+		t.Fatalf("the Kubernetes pod's ADD ended before villaged started: %v (code %d), want it to wait for the agent", a.err, cniCode(a.err))
+	}
 	n.start(t)
+	got := <-done
+	must(t, got.err, "the Kubernetes pod's ADD started before villaged")
+	if ip := lanIP(t, got.r); ip != dhcpReserved {
+		t.Fatalf("net1 got %s after the wait, want the reserved %s", ip, dhcpReserved)
+	}
+	if addrs := podAddrs(t, k, "net1"); !strings.Contains(addrs, dhcpReserved+"/24") {
+		t.Fatalf("net1 in the pod: %s, want %s/24", addrs, dhcpReserved)
+	}
+	must(t, testenv.Ping(lab.router, dhcpReserved, 2), "LAN router -> the lease of the pod that waited")
 	must(t, n.Status(l), "STATUS with villaged up")
 
 	// GC with the pod no longer listed releases its lease.
-	q := n.NewPod()
-	if ip := lanIP(t, n.MustAdd(l, q)); ip != dhcpReserved {
-		t.Fatalf("net1 got %s, want %s", ip, dhcpReserved)
-	}
 	if len(files(t, n.leaseDir)) != 1 {
 		t.Fatalf("lease directory %s: %v, want the pod's lease", n.leaseDir, files(t, n.leaseDir))
 	}
@@ -282,5 +328,5 @@ func TestLANDHCPAgentDown(t *testing.T) {
 	if left := files(t, n.leaseDir); len(left) != 0 {
 		t.Fatalf("leases kept after GC: %v", left)
 	}
-	must(t, n.Del(l, q), "DEL after GC")
+	must(t, n.Del(l, k), "DEL after GC")
 }

@@ -42,7 +42,7 @@ func shippedList(t *testing.T, n *Node, set map[string]any, chained ...string) *
 	return ConfList(t, string(out))
 }
 
-// TestShippedConflist runs conf/10-village.conflist (village + portmap) as
+// TestShippedConflist runs conf/10-village.conflist (village, portmap, bandwidth) as
 // shipped through ADD, CHECK and DEL, then with the reference firewall and
 // bandwidth plugins chained after it, each checked for its effect: the
 // bandwidth plugin holds TCP from the node to the pod below 3x its rate

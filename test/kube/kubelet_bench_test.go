@@ -30,7 +30,7 @@ import (
 // BenchmarkKubeletPodStart times pod creation to Ready under a real
 // kubelet on one node of one cluster, with the CNI swapped between
 // suites (A B A B): Village from its shipped DaemonSet, then the
-// reference bridge + host-local (+ portmap, as Village's conflist has)
+// reference bridge + host-local (+ portmap and bandwidth, as Village's conflist has)
 // with a conflist for the node's podCIDR. Same node, same containerd,
 // same kubelet: only the plugin differs. The node's maxPods is 120, so
 // the 110 pods of a burst fit beside Village's DaemonSet pod. Times are
@@ -95,11 +95,12 @@ func switchCNI(b *testing.B, c *kubecluster.Cluster, n *kubecluster.Node, suite,
 				"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
 				"ipam": map[string]any{"type": "host-local", "ranges": [][]map[string]string{{{"subnet": node.Spec.PodCIDR}}},
 					"routes": []map[string]string{{"dst": "0.0.0.0/0"}}},
-			}, map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true}},
+			}, map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true},
+				map[string]any{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}}},
 		}
 		js, _ := json.Marshal(conf)
-		script := fmt.Sprintf("rm -f /etc/cni/net.d/*village*; cp %s/bridge %s/host-local %s/loopback %s/portmap /opt/cni/bin/ && printf '%%s' '%s' > /etc/cni/net.d/10-refbridge.conflist",
-			refDir, refDir, refDir, refDir, js)
+		script := fmt.Sprintf("rm -f /etc/cni/net.d/*village*; cp %s/bridge %s/host-local %s/loopback %s/portmap %s/bandwidth /opt/cni/bin/ && printf '%%s' '%s' > /etc/cni/net.d/10-refbridge.conflist",
+			refDir, refDir, refDir, refDir, refDir, js)
 		if out, err := n.Exec("sh", "-c", script); err != nil {
 			b.Fatalf("install reference: %v\n%s", err, out)
 		}

@@ -2,7 +2,7 @@
 // containerd 1.6 with runc, started by the test inside a node namespace (see
 // internal/crienv), driven over CRI by crictl exactly as the kubelet drives
 // it, with the shipped conf/10-village.conflist (paths and network name
-// changed only) and the chained reference portmap.
+// changed only) and the chained reference portmap and bandwidth.
 package runtime
 
 import (
@@ -88,6 +88,7 @@ func TestContainerd(t *testing.T) {
 			"village-ipam": filepath.Join(bins, "village-ipam"),
 			"loopback":     filepath.Join(bins, "loopback"),
 			"portmap":      filepath.Join(ref, "portmap"),
+			"bandwidth":    filepath.Join(ref, "bandwidth"),
 		},
 		Confs:        map[string][]byte{"10-village.conflist": c.conflist(root)},
 		SandboxImage: crienv.PauseImage,
@@ -117,7 +118,9 @@ func TestContainerd(t *testing.T) {
 	t.Logf("containerd up in %s; crictl %s", c.node.Path(), crictl)
 
 	// Several pods: addresses and routes as configured, pings.
-	pods := []*pod{c.runPod("p0", true), c.runPod("p1", false), c.runPod("p2", false)}
+	// p1 asks for bandwidth limits by the pod annotations Kubernetes
+	// defines; containerd hands them to the chained bandwidth plugin.
+	pods := []*pod{c.runPod("p0", true), c.runPod("p1", false, bandwidthAnnotations), c.runPod("p2", false)}
 	for _, p := range pods {
 		c.checkAddresses(p)
 	}
@@ -126,6 +129,7 @@ func TestContainerd(t *testing.T) {
 	c.mustPing(pods[1], pods[2].ip4)
 	c.mustPingFromNode(pods[2].ip4)
 	c.mustPingFromNode(pods[2].ip6)
+	c.expectShaped(pods[1], pods[0], pods[2])
 
 	// Something to clean up exists now: veths, allocations, cache entries,
 	// portmap's per-pod chain, netns.
@@ -217,8 +221,9 @@ type pod struct {
 	name, id, netns, ip4, ip6 string
 }
 
-func (c *cri) podConfig(name string, ports bool) string {
+func (c *cri) podConfig(name string, ports bool, annotations map[string]string) string {
 	cfg := map[string]any{
+		"annotations":   annotations,
 		"metadata":      map[string]any{"name": name, "namespace": "village-test", "uid": name + "-uid", "attempt": 0},
 		"hostname":      name,
 		"log_directory": filepath.Join(c.env.LogDir, name),
@@ -235,11 +240,16 @@ func (c *cri) podConfig(name string, ports bool) string {
 	return p
 }
 
-// runPod runs a pod sandbox (the CNI ADD) and reads its netns and addresses
+// runPod runs a pod sandbox (the CNI ADD), with the annotations given,
+// and reads its netns and addresses
 // as CRI reports them.
-func (c *cri) runPod(name string, ports bool) *pod {
+func (c *cri) runPod(name string, ports bool, annotations ...map[string]string) *pod {
 	c.t.Helper()
-	id := c.crictl("runp", c.podConfig(name, ports))
+	var ann map[string]string
+	for _, a := range annotations {
+		ann = a
+	}
+	id := c.crictl("runp", c.podConfig(name, ports, ann))
 	var st struct {
 		Status struct {
 			Network struct {
@@ -523,7 +533,7 @@ func (c *cri) villageImage(root, bins, refBins string) {
 		got, err := os.ReadFile(filepath.Join(binDir, b))
 		want, _ := os.ReadFile(filepath.Join(bins, b))
 		if slices.Contains(install.Companions, b) {
-			want, _ = os.ReadFile(filepath.Join(refBins, b)) // the sandbox bin dir had no portmap: the image's goes in
+			want, _ = os.ReadFile(filepath.Join(refBins, b)) // the sandbox bin dir had no companions: the image's go in
 		}
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("install did not put %s (the image's copy) into the sandbox /opt/cni/bin: %v", b, err)
@@ -553,7 +563,8 @@ func (c *cri) villageImage(root, bins, refBins string) {
 		t.Fatalf("install staged no conflist: %v", err)
 	}
 	list, err := libcni.ConfListFromBytes(conf)
-	if err != nil || list.Name != "village" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "village" {
+	if err != nil || list.Name != "village" || len(list.Plugins) != 3 || list.Plugins[0].Network.Type != "village" ||
+		list.Plugins[1].Network.Type != "portmap" || list.Plugins[2].Network.Type != "bandwidth" || !list.Plugins[2].Network.Capabilities["bandwidth"] {
 		t.Errorf("installed conflist does not load as the village network (%v):\n%s", err, conf)
 	}
 	if strings.Contains(string(conf), "${") {
@@ -688,4 +699,61 @@ func (c *cri) checkDELs(pods int) {
 	if dels < pods || emptyNetns == 0 {
 		t.Errorf("want at least one DEL per pod (%d) and some with an empty CNI_NETNS; got %d DELs, %d with empty netns", pods, dels, emptyNetns)
 	}
+}
+
+// bandwidthAnnotations ask for 8 Mbit/s each way, as a pod's manifest does.
+var bandwidthAnnotations = map[string]string{"kubernetes.io/ingress-bandwidth": "8M", "kubernetes.io/egress-bandwidth": "8M"}
+
+// expectShaped: the pod that asked for bandwidth limits has them on its
+// host veth (a token bucket and an ingress redirect to its one ifb), the
+// others none. The rates themselves are measured in test/e2e
+// TestBandwidthOnlyItsPod.
+func (c *cri) expectShaped(shaped *pod, others ...*pod) {
+	t := c.t
+	t.Helper()
+	qdiscs := func(p *pod) string {
+		return c.nodeCmd("tc", "qdisc", "show", "dev", c.hostVeth(p))
+	}
+	if q := qdiscs(shaped); !strings.Contains(q, "qdisc tbf") || !strings.Contains(q, "qdisc ingress") {
+		t.Errorf("pod %s annotated with %v: its host veth has qdiscs\n%s\nwant tbf and ingress", shaped.name, bandwidthAnnotations, q)
+	}
+	if ifbs := strings.TrimSpace(c.nodeCmd("ip", "-o", "link", "show", "type", "ifb")); strings.Count(ifbs, "\n") != 0 || ifbs == "" {
+		t.Errorf("ifb devices on the node: %q, want the annotated pod's alone", ifbs)
+	}
+	for _, p := range others {
+		if q := qdiscs(p); strings.Contains(q, "tbf") || strings.Contains(q, "ingress") {
+			t.Errorf("pod %s asked for no limit, but its host veth has qdiscs\n%s", p.name, q)
+		}
+	}
+}
+
+// hostVeth is the node-side name of p's eth0 veth (eth0@ifN in the pod:
+// N is its peer's index on the node).
+func (c *cri) hostVeth(p *pod) string {
+	c.t.Helper()
+	out, err := exec.Command("ip", "-n", filepath.Base(p.netns), "-o", "link", "show", "dev", "eth0").CombinedOutput()
+	m := regexp.MustCompile(`eth0@if(\d+):`).FindStringSubmatch(string(out))
+	if err != nil || m == nil {
+		c.t.Fatalf("pod %s: eth0 in %s: %v: %s", p.name, p.netns, err, out)
+	}
+	for _, l := range strings.Split(c.nodeCmd("ip", "-o", "link"), "\n") {
+		if idx, rest, ok := strings.Cut(l, ": "); ok && idx == m[1] {
+			name, _, _ := strings.Cut(rest, "@")
+			return strings.TrimSuffix(name, ":")
+		}
+	}
+	c.t.Fatalf("pod %s: no link with index %s on the node", p.name, m[1])
+	return ""
+}
+
+// nodeCmd runs a command in the node's namespace, failing on error.
+func (c *cri) nodeCmd(name string, args ...string) string {
+	c.t.Helper()
+	cmd := exec.Command(name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := testenv.InNS(c.node, cmd.Run); err != nil {
+		c.t.Fatalf("%s %v in the node: %v: %s", name, args, err, out.String())
+	}
+	return out.String()
 }
