@@ -150,9 +150,12 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		logf("LAN Services: the kept state: %v (starting without)", keptErr)
 	case kept != nil:
 		ls.mem.SetPeers(kept.Peers)
+		if kept.Nodes != nil {
+			ls.mem.SetNodes(kept.Nodes)
+		}
 		logf("LAN Services: %d addresses and %d peers kept from %s, until the API server answers", len(kept.Wants), len(kept.Peers), kept.Time.Format(time.RFC3339))
 	}
-	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log}); err != nil {
+	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log, OnChange: kick}); err != nil {
 		off(err)
 		return
 	}
@@ -170,14 +173,20 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	ls.ctl, err = lbcontroller.New(lbcontroller.Config{Node: c.Node, Client: side.cs,
 		Services: side.services(), EndpointSlices: side.endpointSlices(), Nodes: side.nodes(), Namespaces: side.namespaces(),
 		Events: side.rec, Alloc: &alloc.Allocator{Store: st, Sets: svc.Sets}, RequireClass: svc.RequireClass,
-		Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: s, Logf: logf})
+		Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: s, Logf: logf,
+		Holds: ls.ann.Holds, InUseBy: ls.ann.InUseBy})
 	if err != nil {
 		off(err)
 		return
 	}
 	ctl.Store(ls.ctl)
 	self := net.JoinHostPort(addr.String(), strconv.Itoa(members.DefaultPort))
-	setPeers := func() { ls.mem.SetPeers(peers(side.nodes(), c.Node)) }
+	setPeers := func() {
+		ls.mem.SetPeers(peers(side.nodes(), c.Node))
+		if side.nodes().HasSynced() {
+			ls.mem.SetNodes(nodeMembers(side.nodes()))
+		}
+	}
 	if _, err := side.nodes().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { setPeers() }, UpdateFunc: func(any, any) { setPeers() }, DeleteFunc: func(any) { setPeers() },
 	}); err != nil {
@@ -187,6 +196,13 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { ls.ctl.Run(ctx) })
+	wg.Go(func() {
+		// The handlers' calls before the sync set no Nodes; one after it
+		// does, with no Node event needed.
+		if cache.WaitForCacheSync(ctx.Done(), side.nodes().HasSynced) {
+			setPeers()
+		}
+	})
 	logf("LAN Services: Service addresses %s on %s (gossip %s, %s), requireClass %v", svc, ifname, self, gossip, svc.RequireClass)
 	publishMember(ctx, side, c.Node, self, logf)
 	ls.ipvsCheck(side, c.Node, logf)
@@ -194,7 +210,7 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		if !ls.ctl.Known() || !side.nodes().HasSynced() {
 			return nil
 		}
-		return &KeptLANServices{Wants: ls.ctl.Wants(), Peers: peers(side.nodes(), c.Node)}
+		return &KeptLANServices{Wants: ls.ctl.Wants(), Peers: peers(side.nodes(), c.Node), Nodes: nodeMembers(side.nodes())}
 	})
 }
 
@@ -287,6 +303,18 @@ func peers(nodes cache.SharedIndexInformer, self string) []string {
 	return out
 }
 
+// nodeMembers are the Nodes, each with the gossip address it published
+// ("" while none), for members.SetNodes.
+func nodeMembers(nodes cache.SharedIndexInformer) map[string]string {
+	out := map[string]string{}
+	for _, obj := range nodes.GetStore().List() {
+		if n, ok := obj.(*corev1.Node); ok {
+			out[n.Name] = n.Annotations[kubenames.AnnotationLANMember]
+		}
+	}
+	return out
+}
+
 // publishMember writes this node's gossip address on its Node (a merge
 // patch through nodes/status, as the kubernetes registry does), retrying
 // until it is there.
@@ -347,9 +375,12 @@ type LANServicesStatus struct {
 	Time      time.Time    `json:"time"`
 	Off       string       `json:"off,omitempty"` // why the feature is off on this node, "" while it runs
 	Answering []netip.Addr `json:"answering"`
-	Wants     []elect.Want `json:"wants"`
-	Live      []string     `json:"live"`
-	Warnings  []string     `json:"warnings,omitempty"`
+	// Contested: addresses this node was elected for that another MAC
+	// answers for (it does not).
+	Contested []announce.Conflict `json:"contested,omitempty"`
+	Wants     []elect.Want        `json:"wants"`
+	Live      []string            `json:"live"`
+	Warnings  []string            `json:"warnings,omitempty"`
 }
 
 // KeptLANServices is what the LAN Services last knew from the API server,
@@ -359,6 +390,10 @@ type KeptLANServices struct {
 	Time  time.Time    `json:"time"`
 	Wants []elect.Want `json:"wants"`
 	Peers []string     `json:"peers"` // the other agents' gossip addresses
+	// Nodes are the Kubernetes Nodes with the gossip address each
+	// published: only they count as live agents (members.SetNodes), also
+	// after a restart with the API server down.
+	Nodes map[string]string `json:"nodes,omitempty"`
 }
 
 // readKept reads network's kept state; nil, nil when there is none.
@@ -392,7 +427,7 @@ func (ls *lanServices) statusLoop(ctx context.Context, runDir, network string, k
 		if k := keep(); k != nil {
 			writeChanged(keptPath, k, func() { k.Time = time.Now() }, &lastKept)
 		}
-		st := LANServicesStatus{Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warnings: ls.warnings}
+		st := LANServicesStatus{Answering: ls.ann.Held(), Contested: ls.ann.Contested(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warnings: ls.warnings}
 		writeChanged(path, &st, func() { st.Time = time.Now() }, &last)
 		select {
 		case <-ctx.Done():
@@ -453,8 +488,19 @@ func lanServicesStatus(c *Conf, runDir string) []string {
 	for _, a := range st.Answering {
 		lines = append(lines, "  "+a.String())
 	}
+	lines = append(lines, contestedLines(st.Contested)...)
 	for _, w := range st.Warnings {
 		lines = append(lines, "LAN Services: WARNING: "+w)
+	}
+	return lines
+}
+
+// contestedLines are the status lines of addresses another MAC holds.
+func contestedLines(cs []announce.Conflict) []string {
+	var lines []string
+	for _, c := range cs {
+		lines = append(lines, fmt.Sprintf("  %s CONTESTED: in use by MAC %s, not answered by this node (%d conflicts, the last at %s; probed again after %s)",
+			c.Addr, c.MACText, c.Conflicts, c.Last.Format("15:04:05"), c.NextProbe.Format("15:04:05")))
 	}
 	return lines
 }

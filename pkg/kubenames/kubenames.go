@@ -91,6 +91,10 @@ const (
 	ReasonLANAssigned = "LANAddressAssigned"
 	// ReasonLANAnnounced: this node now answers for the address.
 	ReasonLANAnnounced = "LANAnnounced"
+	// ReasonLANAddressInUse (Warning): the node elected for the address
+	// found another MAC answering for it (another cluster with an
+	// overlapping range, a host that took it) and does not answer.
+	ReasonLANAddressInUse = "LANAddressInUse"
 )
 
 // The labels and annotations of the kubernetes IPAM store's Leases

@@ -26,6 +26,27 @@
 // starved agent declared dead while it still answers) never answer side
 // by side: the address moves only once its holder has let it go.
 //
+// Conflicts are resolved as RFC 5227 (IPv4 Address Conflict Detection)
+// and RFC 4862 5.4 (IPv6 duplicate address detection) say, with the
+// timings of ConflictTiming (Config.Conflict):
+//
+//   - The probe is an ARP request from 0.0.0.0, or a neighbour
+//     solicitation from :: with no link-layer option to the address's
+//     solicited-node group: it teaches no cache anything.
+//   - While probing, any claim from another MAC (an ARP packet with the
+//     address as sender, an advertisement of it, a solicitation from it)
+//     or another host's probe for the same address (two nodes, or two
+//     clusters, probing at the same moment) is a conflict: the address
+//     is not taken, and is probed again only after a random delay below
+//     RetryJitter, so two probers part; after MaxConflicts, at most once
+//     per RateLimitInterval.
+//   - Once held, a claim from another MAC is answered with one
+//     announcement (defence); a second claim within DefendInterval makes
+//     the node yield: it stops answering and reports the address
+//     contested (Contested, InUseBy), for the Service's Warning Event and
+//     `villaged status`. A probe from another host is no claim: it is
+//     answered, which is how the holder defends against a newcomer.
+//
 // Taking an address over sends a burst of gratuitous ARP, in both the request and the reply form
 // (hosts differ in which one they learn from), and unsolicited neighbour
 // advertisements to all nodes. While held, each address is announced again
@@ -41,6 +62,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -61,6 +83,13 @@ type Config struct {
 	// ProbeWait is how long an address new to the set is probed for
 	// before it is taken; zero means DefaultProbeWait.
 	ProbeWait time.Duration
+	// Conflict holds the timings of conflict resolution; zero fields
+	// mean those of DefaultConflictTiming. Tests shorten them here.
+	Conflict ConflictTiming
+	// OnChange, when set, is called (it must not block) whenever an
+	// address is taken, yielded or found contested, so that the caller
+	// can report it (the controller's Events) without polling.
+	OnChange func()
 	// Log receives what the Announcer does; nil means slog.Default.
 	Log *slog.Logger
 }
@@ -80,12 +109,71 @@ const DefaultProbeWait = 150 * time.Millisecond
 // switches, so the port of the MAC stays learnt while the address is held.
 const DefaultRefresh = 30 * time.Second
 
+// ConflictTiming is the timing of address conflict resolution, after RFC
+// 5227 (IPv4 Address Conflict Detection) and RFC 4862 5.4 (IPv6 DAD), in
+// one place.
+type ConflictTiming struct {
+	// DefendInterval (RFC 5227 DEFEND_INTERVAL): a held address is
+	// defended once (one announcement) against another MAC; a second
+	// conflict within this interval makes the Announcer yield it.
+	DefendInterval time.Duration
+	// MaxConflicts (RFC 5227 MAX_CONFLICTS): after this many conflicts
+	// on an address, none more than twice RateLimitInterval after the
+	// one before, it is probed again at most once per RateLimitInterval.
+	MaxConflicts int
+	// RateLimitInterval (RFC 5227 RATE_LIMIT_INTERVAL).
+	RateLimitInterval time.Duration
+	// RetryJitter: before MaxConflicts, a contested address is probed
+	// again after a random delay below this (RFC 5227 PROBE_WAIT), so
+	// two hosts that probed at the same moment do not again.
+	RetryJitter time.Duration
+}
+
+// DefaultConflictTiming is RFC 5227's.
+var DefaultConflictTiming = ConflictTiming{
+	DefendInterval:    10 * time.Second,
+	MaxConflicts:      10,
+	RateLimitInterval: 60 * time.Second,
+	RetryJitter:       time.Second,
+}
+
+func (t ConflictTiming) withDefaults() ConflictTiming {
+	d := DefaultConflictTiming
+	if t.DefendInterval == 0 {
+		t.DefendInterval = d.DefendInterval
+	}
+	if t.MaxConflicts == 0 {
+		t.MaxConflicts = d.MaxConflicts
+	}
+	if t.RateLimitInterval == 0 {
+		t.RateLimitInterval = d.RateLimitInterval
+	}
+	if t.RetryJitter == 0 {
+		t.RetryJitter = d.RetryJitter
+	}
+	return t
+}
+
+// Conflict is an address another MAC answers for, that this node was
+// elected for but does not hold.
+type Conflict struct {
+	Addr      netip.Addr       `json:"addr"`
+	MAC       net.HardwareAddr `json:"-"`
+	MACText   string           `json:"mac"`
+	Last      time.Time        `json:"last"`      // the last conflict
+	Conflicts int              `json:"conflicts"` // in a row, none more than 2 RateLimitInterval after the last
+	NextProbe time.Time        `json:"nextProbe"` // no probe for it before
+}
+
 // Counters are what an Announcer has sent and answered, for metrics and
 // tests.
 type Counters struct {
 	ARPReplies   uint64 // ARP requests answered
 	NDPAdverts   uint64 // neighbour solicitations answered
 	Contested    uint64 // probes another MAC answered: the address was left to it
+	Defended     uint64 // announcements sent against another MAC's claim on a held address
+	Yielded      uint64 // held addresses left to another MAC that claimed them again
+	Probes       uint64 // probes sent
 	Gratuitous   uint64 // gratuitous ARP frames sent (both forms count)
 	Unsolicited  uint64 // unsolicited neighbour advertisements sent
 	SendFailures uint64
@@ -101,10 +189,11 @@ type Announcer struct {
 	v4 *arpSide // nil when the interface has no IPv4 address
 	v6 *ndpSide // nil when the interface has no IPv6 link-local address
 
-	mu       sync.Mutex
-	held     map[netip.Addr]*holding
-	counters Counters
-	closed   bool
+	mu        sync.Mutex
+	held      map[netip.Addr]*holding
+	conflicts map[netip.Addr]*Conflict // addresses lost to another MAC, kept for the rate limit and reports
+	counters  Counters
+	closed    bool
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -116,6 +205,8 @@ type holding struct {
 	cancel    chan struct{}
 	held      bool          // probed and taken: answered for
 	contested chan struct{} // closed when another MAC answers while probing
+	by        net.HardwareAddr
+	defended  time.Time // when this node last defended it (zero: never)
 }
 
 func newHolding() *holding {
@@ -139,6 +230,7 @@ func New(cfg Config) (*Announcer, error) {
 	if cfg.ProbeWait == 0 {
 		cfg.ProbeWait = DefaultProbeWait
 	}
+	cfg.Conflict = cfg.Conflict.withDefaults()
 	log := cfg.Log
 	if log == nil {
 		log = slog.Default()
@@ -151,11 +243,12 @@ func New(cfg Config) (*Announcer, error) {
 		return nil, fmt.Errorf("announce: LAN interface %s has no Ethernet address", ifi.Name)
 	}
 	a := &Announcer{
-		cfg:  cfg,
-		ifi:  ifi,
-		log:  log.With("interface", ifi.Name),
-		held: map[netip.Addr]*holding{},
-		done: make(chan struct{}),
+		cfg:       cfg,
+		ifi:       ifi,
+		log:       log.With("interface", ifi.Name),
+		held:      map[netip.Addr]*holding{},
+		conflicts: map[netip.Addr]*Conflict{},
+		done:      make(chan struct{}),
 	}
 	has4, hasLL6, err := interfaceFamilies(ifi)
 	if err != nil {
@@ -259,9 +352,21 @@ func (a *Announcer) Set(addrs []netip.Addr) error {
 			a.log.Info("no longer answering for address", "address", ip)
 		}
 	}
+	now := time.Now()
+	for ip, c := range a.conflicts {
+		if !want[ip] && now.Sub(c.Last) > 2*a.cfg.Conflict.RateLimitInterval {
+			delete(a.conflicts, ip)
+		}
+	}
 	probing := map[netip.Addr]*holding{}
 	for ip := range want {
 		if a.held[ip] != nil {
+			continue
+		}
+		if c := a.conflicts[ip]; c != nil && now.Before(c.NextProbe) {
+			// Lost to another MAC a moment ago: not probed again before
+			// its time (RFC 5227's rate limit after MAX_CONFLICTS).
+			errs = append(errs, fmt.Errorf("announce %s on %s: %w (MAC %s; probed again after %s)", ip, a.ifi.Name, ErrContested, c.MAC, c.NextProbe.Format(time.TimeOnly)))
 			continue
 		}
 		h := newHolding()
@@ -323,36 +428,136 @@ func (a *Announcer) probeThenTake(ip netip.Addr, h *holding) error {
 		delete(a.held, ip)
 		_ = a.leave(ip)
 		a.counters.Contested++
-		return fmt.Errorf("announce %s on %s: %w", ip, a.ifi.Name, ErrContested)
+		c := a.conflictLocked(ip, h.by)
+		a.changed()
+		return fmt.Errorf("announce %s on %s: %w (MAC %s)", ip, a.ifi.Name, ErrContested, c.MAC)
 	}
 	h.held = true
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.announceLoop(ip, h) }()
 	a.log.Info("answering for address", "address", ip)
+	a.changed()
 	return nil
 }
 
-// contest records that mac, not ours, answered or announced ip: an
-// address being probed is then left to it.
-func (a *Announcer) contest(ip netip.Addr, mac net.HardwareAddr) {
-	if macEqual(mac, a.ifi.HardwareAddr) {
+// changed tells the caller that what is held or contested changed.
+func (a *Announcer) changed() {
+	if a.cfg.OnChange != nil {
+		go a.cfg.OnChange()
+	}
+}
+
+// conflictLocked records a conflict on ip with mac and sets when ip may
+// be probed again: after a random delay below RetryJitter, or, once
+// MaxConflicts came within RateLimitInterval of each other, after
+// RateLimitInterval. a.mu is held.
+func (a *Announcer) conflictLocked(ip netip.Addr, mac net.HardwareAddr) *Conflict {
+	t := a.cfg.Conflict
+	now := time.Now()
+	c := a.conflicts[ip]
+	// The count restarts only after a quiet spell longer than the rate
+	// limit's period: a rate-limited address's conflicts come one
+	// interval apart.
+	if c == nil || now.Sub(c.Last) > 2*t.RateLimitInterval {
+		c = &Conflict{Addr: ip}
+		a.conflicts[ip] = c
+	}
+	c.MAC, c.MACText, c.Last = slices.Clone(mac), mac.String(), now
+	c.Conflicts++
+	if c.Conflicts >= t.MaxConflicts {
+		c.NextProbe = now.Add(t.RateLimitInterval)
+	} else {
+		c.NextProbe = now.Add(rand.N(t.RetryJitter))
+	}
+	a.log.Warn("address in use by another host", "address", ip, "mac", c.MACText, "conflicts", c.Conflicts, "nextProbe", c.NextProbe.Format(time.TimeOnly))
+	return c
+}
+
+// Contested lists the addresses lost to another MAC (while probing, or
+// yielded after a defence), sorted; an address taken since is not
+// listed.
+func (a *Announcer) Contested() []Conflict {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Conflict, 0, len(a.conflicts))
+	for ip, c := range a.conflicts {
+		if h := a.held[ip]; h != nil && h.held {
+			continue
+		}
+		out = append(out, *c)
+	}
+	slices.SortFunc(out, func(x, y Conflict) int { return x.Addr.Compare(y.Addr) })
+	return out
+}
+
+// InUseBy is the MAC that holds ip instead of this node, or nil when ip
+// is not contested.
+func (a *Announcer) InUseBy(ip netip.Addr) net.HardwareAddr {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if h := a.held[ip]; h != nil && h.held {
+		return nil
+	}
+	if c := a.conflicts[ip]; c != nil {
+		return c.MAC
+	}
+	return nil
+}
+
+// Holds reports whether this node answers for ip now.
+func (a *Announcer) Holds(ip netip.Addr) bool { return a.holds(ip.Unmap()) }
+
+// contest records that mac, not ours, claims ip: it answered or
+// announced it, used it as its sender address, or (probe) probed it
+// itself. An address being probed is then left to it (RFC 5227 2.1.1,
+// RFC 4862 5.4.3 and 5.4.4; a probe against ours counts: both hosts
+// back off and try again after a random delay). A held address is
+// defended once; a second claim within DefendInterval makes this node
+// yield it (RFC 5227 2.4 (b)). Another host's probe of a held address is
+// no claim: it is answered.
+func (a *Announcer) contest(ip netip.Addr, mac net.HardwareAddr, probe bool) {
+	if macEqual(mac, a.ifi.HardwareAddr) || len(mac) == 0 {
 		return
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	h := a.held[ip]
-	if h == nil || h.held {
+	if h == nil || (h.held && probe) {
+		a.mu.Unlock()
 		return
 	}
-	select {
-	case <-h.contested:
-	default:
-		close(h.contested)
+	if !h.held {
+		select {
+		case <-h.contested:
+		default:
+			h.by = slices.Clone(mac)
+			close(h.contested)
+		}
+		a.mu.Unlock()
+		return
 	}
+	now := time.Now()
+	if h.defended.IsZero() || now.Sub(h.defended) >= a.cfg.Conflict.DefendInterval {
+		h.defended = now
+		a.counters.Defended++
+		a.mu.Unlock()
+		a.log.Warn("defending address against another host", "address", ip, "mac", mac.String())
+		a.announce(ip)
+		return
+	}
+	// Claimed again within DefendInterval: yield.
+	close(h.cancel)
+	delete(a.held, ip)
+	_ = a.leave(ip)
+	a.counters.Yielded++
+	a.conflictLocked(ip, mac)
+	a.mu.Unlock()
+	a.log.Warn("no longer answering for address: another host claims it", "address", ip, "mac", mac.String())
+	a.changed()
 }
 
 // probe asks the LAN once whether anyone answers for ip.
 func (a *Announcer) probe(ip netip.Addr) error {
+	a.count(func(c *Counters) { c.Probes++ })
 	if ip.Is4() {
 		return a.v4.probe(ip)
 	}

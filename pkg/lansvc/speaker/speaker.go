@@ -32,8 +32,10 @@ import (
 	"github.com/village-cni/village/pkg/lansvc/elect"
 )
 
-// retryContested is how soon an address left to another holder is
-// probed again.
+// retryContested is how soon the speaker asks the Announcer again for an
+// address left to another holder; the Announcer itself decides when it is
+// probed again (its random delay, and its rate limit after repeated
+// conflicts), so a contested address is not probed at this pace forever.
 const retryContested = 200 * time.Millisecond
 
 // Announcer is what the speaker needs of pkg/lansvc/announce.
