@@ -160,6 +160,9 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		return
 	}
 	defer ls.ann.Close()
+	if kept != nil {
+		ls.ann.SetPeers(parseMACs(kept.MACs))
+	}
 	s, err := speaker.New(speaker.Config{Node: c.Node, Interface: ifname, Announcer: ls.ann, Members: ls.mem, Log: log})
 	if err != nil {
 		off(err)
@@ -185,6 +188,7 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		ls.mem.SetPeers(peers(side.nodes(), c.Node))
 		if side.nodes().HasSynced() {
 			ls.mem.SetNodes(nodeMembers(side.nodes()))
+			ls.ann.SetPeers(parseMACs(peerMACs(side.nodes(), c.Node)))
 		}
 	}
 	if _, err := side.nodes().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -204,13 +208,14 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		}
 	})
 	logf("LAN Services: Service addresses %s on %s (gossip %s, %s), requireClass %v", svc, ifname, self, gossip, svc.RequireClass)
-	publishMember(ctx, side, c.Node, self, logf)
+	publishMember(ctx, side, c.Node, self, ls.ann.HardwareAddr().String(), logf)
 	ls.ipvsCheck(side, c.Node, logf)
 	ls.statusLoop(ctx, a.opts.RunDir, c.Net.Name, func() *KeptLANServices {
 		if !ls.ctl.Known() || !side.nodes().HasSynced() {
 			return nil
 		}
-		return &KeptLANServices{Wants: ls.ctl.Wants(), Peers: peers(side.nodes(), c.Node), Nodes: nodeMembers(side.nodes())}
+		return &KeptLANServices{Wants: ls.ctl.Wants(), Peers: peers(side.nodes(), c.Node), Nodes: nodeMembers(side.nodes()),
+			MACs: peerMACs(side.nodes(), c.Node)}
 	})
 }
 
@@ -289,17 +294,41 @@ func (a *agent) openLANStore() (store.Store, error) {
 
 // peers are the other agents' gossip addresses, from their Nodes.
 func peers(nodes cache.SharedIndexInformer, self string) []string {
+	return othersAnnotation(nodes, self, kubenames.AnnotationLANMember)
+}
+
+// peerMACs are the LAN MACs the other Nodes published
+// (village.cni.io/lan-mac), sorted.
+func peerMACs(nodes cache.SharedIndexInformer, self string) []string {
+	return othersAnnotation(nodes, self, kubenames.AnnotationLANMAC)
+}
+
+// othersAnnotation is the annotation key of every Node but self that has
+// it, sorted.
+func othersAnnotation(nodes cache.SharedIndexInformer, self, key string) []string {
 	var out []string
 	for _, obj := range nodes.GetStore().List() {
 		n, ok := obj.(*corev1.Node)
 		if !ok || n.Name == self {
 			continue
 		}
-		if v := n.Annotations[kubenames.AnnotationLANMember]; v != "" {
+		if v := n.Annotations[key]; v != "" {
 			out = append(out, v)
 		}
 	}
 	slices.Sort(out)
+	return out
+}
+
+// parseMACs parses the Ethernet MACs among macs; anything else a Node
+// carries there is no MAC of a peer, and is left out.
+func parseMACs(macs []string) []net.HardwareAddr {
+	var out []net.HardwareAddr
+	for _, s := range macs {
+		if m, err := net.ParseMAC(s); err == nil && len(m) == 6 {
+			out = append(out, m)
+		}
+	}
 	return out
 }
 
@@ -315,17 +344,18 @@ func nodeMembers(nodes cache.SharedIndexInformer) map[string]string {
 	return out
 }
 
-// publishMember writes this node's gossip address on its Node (a merge
-// patch through nodes/status, as the kubernetes registry does), retrying
-// until it is there.
-func publishMember(ctx context.Context, side *kubeSide, node, self string, logf func(string, ...any)) {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{kubenames.AnnotationLANMember: self}}})
+// publishMember writes this node's gossip address and its LAN interface's
+// MAC on its Node (a merge patch through nodes/status, as the kubernetes
+// registry does), retrying until they are there.
+func publishMember(ctx context.Context, side *kubeSide, node, self, mac string, logf func(string, ...any)) {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		kubenames.AnnotationLANMember: self, kubenames.AnnotationLANMAC: mac}}})
 	for {
 		_, err := side.cs.CoreV1().Nodes().Patch(ctx, node, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}, "status")
 		if err == nil || ctx.Err() != nil {
 			return
 		}
-		logf("LAN Services: publishing the gossip address on Node %s: %v (retrying)", node, err)
+		logf("LAN Services: publishing the gossip address and LAN MAC on Node %s: %v (retrying)", node, err)
 		select {
 		case <-ctx.Done():
 			return
@@ -394,6 +424,10 @@ type KeptLANServices struct {
 	// published: only they count as live agents (members.SetNodes), also
 	// after a restart with the API server down.
 	Nodes map[string]string `json:"nodes,omitempty"`
+	// MACs are the LAN MACs the other Nodes published: their frames are
+	// a hand-back between nodes, no conflict (announce.SetPeers), also
+	// after a restart with the API server down.
+	MACs []string `json:"macs,omitempty"`
 }
 
 // readKept reads network's kept state; nil, nil when there is none.

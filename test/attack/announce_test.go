@@ -1,7 +1,9 @@
 package attack_test
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -157,5 +159,91 @@ func TestAnnounceSecondClusterSameLAN(t *testing.T) {
 	}
 	if cs := loser.ann.Contested(); len(cs) != 1 || cs[0].Addr != vip || cs[0].MACText != winner.host.MAC.String() {
 		t.Fatalf("the loser reports %+v, want %s contested by %s", cs, vip, winner.host.MAC)
+	}
+}
+
+// TestAnnounceImpostorDuringHandBack: during a hand-back between two nodes
+// of one cluster (node-1 stood in for node-2, which is back and elected:
+// node-1 still answers a moment, which node-2 takes for "ask again", as
+// node-1's MAC is the one its Node published), a LAN host answers for the
+// address too, with its own MAC, to pass for part of the hand-back and
+// keep the address unreported. Only the MACs the Nodes published are the
+// cluster's: node-2 reports the address in use by the host's MAC (never by
+// node-1's), does not take it while the host answers, and takes it, alone,
+// once the host stops.
+func TestAnnounceImpostorDuringHandBack(t *testing.T) {
+	testenv.RequireRoot(t)
+	l := testenv.NewLAN(t)
+	vip := netip.MustParseAddr("192.168.79.220")
+	client := l.Host("eth0", "192.168.79.100/24")
+	h1, h2 := l.Host("eth0", "192.168.79.11/24"), l.Host("eth0", "192.168.79.12/24")
+	impostor := l.Host("eth0", "192.168.79.66/24")
+	open := func(h *testenv.LANHost) *announce.Announcer {
+		var a *announce.Announcer
+		if err := testenv.InNS(h.NS, func() (err error) {
+			// A probe wait a loaded machine cannot miss; the rest as
+			// shipped.
+			a, err = announce.New(announce.Config{Interface: "eth0", ProbeWait: time.Second})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.Close() })
+		return a
+	}
+	n1, n2 := open(h1), open(h2)
+	// What each agent read from the other's Node: village.cni.io/lan-mac.
+	n1.SetPeers([]net.HardwareAddr{h2.MAC})
+	n2.SetPeers([]net.HardwareAddr{h1.MAC})
+	if err := n1.Set([]netip.Addr{vip}); err != nil {
+		t.Fatal(err)
+	}
+	// The impostor answers ARP for the address (its kernel holds it).
+	testenv.MustIP(t, impostor.NS, "addr", "add", vip.String()+"/24", "dev", "eth0")
+	// node-2 is elected and asks, as its speaker does, while node-1 still
+	// answers.
+	err := n2.Set([]netip.Addr{vip})
+	if !errors.Is(err, announce.ErrContested) {
+		t.Fatalf("ATTACK SUCCEEDED: node-2 asking for %s with node-1 and the impostor answering: %v, want a conflict", vip, err)
+	}
+	if got := n2.InUseBy(vip); got.String() != impostor.MAC.String() {
+		t.Fatalf("ATTACK SUCCEEDED: node-2 reports %s in use by %q, want the impostor's %s", vip, got, impostor.MAC)
+	}
+	// node-1 lets go (it sees node-2 alive); the impostor keeps answering.
+	if err := n1.Set(nil); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "node-2 asked again with only the impostor answering", func() error {
+		err := n2.Set([]netip.Addr{vip})
+		if n2.Holds(vip) {
+			t.Fatalf("ATTACK SUCCEEDED: node-2 took %s beside the impostor", vip)
+		}
+		if errors.Is(err, announce.ErrHandBack) {
+			return fmt.Errorf("still a hand-back: %v", err)
+		}
+		return nil
+	})
+	for _, c := range n2.Contested() {
+		if c.MACText != impostor.MAC.String() {
+			t.Fatalf("ATTACK SUCCEEDED: node-2 reports %s contested by %s, want the impostor's %s", c.Addr, c.MACText, impostor.MAC)
+		}
+	}
+	// The impostor stops: node-2 takes the address (after the Announcer's
+	// own pacing of a contested address) and answers alone.
+	testenv.MustIP(t, impostor.NS, "addr", "del", vip.String()+"/24", "dev", "eth0")
+	testenv.WaitFor(t, "node-2 takes "+vip.String(), func() error {
+		if err := n2.Set([]netip.Addr{vip}); err != nil {
+			return err
+		}
+		return nil
+	})
+	for range 3 {
+		macs, err := testenv.ARPAnswers(client.NS, "eth0", vip, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(macs) != 1 || macs[0] != h2.MAC.String() {
+			t.Fatalf("ARP answers for %s: %v, want exactly node-2's [%s]", vip, macs, h2.MAC)
+		}
 	}
 }

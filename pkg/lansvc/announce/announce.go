@@ -44,8 +44,26 @@
 //     announcement (defence); a second claim within DefendInterval makes
 //     the node yield: it stops answering and reports the address
 //     contested (Contested, InUseBy), for the Service's Warning Event and
-//     `villaged status`. A probe from another host is no claim: it is
-//     answered, which is how the holder defends against a newcomer.
+//     `villaged status`. Claims within DefendGrace of the defence are the
+//     same claim (a takeover's burst sends two frames a round, and its
+//     sender needs a moment to hear the defence and leave). A probe from
+//     another host is no claim: it is answered, which is how the holder
+//     defends against a newcomer.
+//   - While its takeover burst runs, a node that hears another MAC claim
+//     the address leaves it at once, contested: it took the address in a
+//     race it lost (its probe's answer came too late to be heard), and
+//     the holder it raced against keeps it.
+//
+// The other nodes of the cluster are no conflict (SetPeers: the LAN MACs
+// their Nodes published, from the API server, never from the gossip).
+// Which of them answers is the election's to decide, and during a
+// hand-back (a node that returns after a failover is elected again, and
+// the node that stood in for it lets go once it sees it) the two see each
+// other's frames: a peer's answer to a probe means "ask again soon"
+// (Set reports ErrHandBack, the speaker asks again within 200 ms), and a
+// peer's claim on a held address is neither defended against nor yielded
+// to; the node lets go when its own election says so, at once. Only MACs
+// that no Node published count as conflicts.
 //
 // Taking an address over sends a burst of gratuitous ARP, in both the request and the reply form
 // (hosts differ in which one they learn from), and unsolicited neighbour
@@ -127,6 +145,11 @@ type ConflictTiming struct {
 	// again after a random delay below this (RFC 5227 PROBE_WAIT), so
 	// two hosts that probed at the same moment do not again.
 	RetryJitter time.Duration
+	// DefendGrace: claims heard within this of a defence count as the
+	// claim defended against, not as a second one. It covers the frames
+	// of one takeover round and the time its sender takes to hear the
+	// defence and leave.
+	DefendGrace time.Duration
 }
 
 // DefaultConflictTiming is RFC 5227's.
@@ -135,6 +158,7 @@ var DefaultConflictTiming = ConflictTiming{
 	MaxConflicts:      10,
 	RateLimitInterval: 60 * time.Second,
 	RetryJitter:       time.Second,
+	DefendGrace:       500 * time.Millisecond,
 }
 
 func (t ConflictTiming) withDefaults() ConflictTiming {
@@ -150,6 +174,9 @@ func (t ConflictTiming) withDefaults() ConflictTiming {
 	}
 	if t.RetryJitter == 0 {
 		t.RetryJitter = d.RetryJitter
+	}
+	if t.DefendGrace == 0 {
+		t.DefendGrace = d.DefendGrace
 	}
 	return t
 }
@@ -171,8 +198,10 @@ type Counters struct {
 	ARPReplies   uint64 // ARP requests answered
 	NDPAdverts   uint64 // neighbour solicitations answered
 	Contested    uint64 // probes another MAC answered: the address was left to it
+	HandBacks    uint64 // probes a peer node answered: asked again later, no conflict
+	PeerClaims   uint64 // a peer node's frames naming a held address (claims, probes): left to the election
 	Defended     uint64 // announcements sent against another MAC's claim on a held address
-	Yielded      uint64 // held addresses left to another MAC that claimed them again
+	Yielded      uint64 // held addresses left to another MAC that claimed them again, or while taking them
 	Probes       uint64 // probes sent
 	Gratuitous   uint64 // gratuitous ARP frames sent (both forms count)
 	Unsolicited  uint64 // unsolicited neighbour advertisements sent
@@ -192,8 +221,13 @@ type Announcer struct {
 	mu        sync.Mutex
 	held      map[netip.Addr]*holding
 	conflicts map[netip.Addr]*Conflict // addresses lost to another MAC, kept for the rate limit and reports
+	peers     map[string]bool          // the other nodes' LAN MACs (SetPeers), as strings
 	counters  Counters
 	closed    bool
+
+	// waitEnded, when set (tests), is called after the probes of ip are
+	// sent and before the wait for answers ends at deadline.
+	waitEnded func(ip netip.Addr, deadline time.Time)
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -202,20 +236,27 @@ type Announcer struct {
 // holding is one address of the set: probed, then held with its burst
 // and refresh timer.
 type holding struct {
-	cancel    chan struct{}
-	held      bool          // probed and taken: answered for
-	contested chan struct{} // closed when another MAC answers while probing
-	by        net.HardwareAddr
-	defended  time.Time // when this node last defended it (zero: never)
+	cancel   chan struct{}
+	held     bool             // probed and taken: answered for
+	foreign  chan struct{}    // closed when, while probing, a MAC of no peer node answers, claims or probes it
+	by       net.HardwareAddr // that MAC (set under a.mu before foreign is closed)
+	peerBy   net.HardwareAddr // a peer node's MAC heard while probing: a hand-back, unless a foreign one was heard too
+	taking   time.Time        // the end of the takeover burst: a foreign claim before it makes this node leave
+	defended time.Time        // when this node last defended it (zero: never)
 }
 
 func newHolding() *holding {
-	return &holding{cancel: make(chan struct{}), contested: make(chan struct{})}
+	return &holding{cancel: make(chan struct{}), foreign: make(chan struct{})}
 }
 
 // ErrContested: another MAC still answers for the address; it was not
 // taken.
 var ErrContested = errors.New("another host still answers for it")
+
+// ErrHandBack: another node of the cluster (a peer MAC) still answers for
+// the address, which it lets go once it sees this node elected; it was
+// not taken now, and no conflict is recorded: ask again soon.
+var ErrHandBack = errors.New("another node of the cluster still answers for it (a hand-back in progress)")
 
 // New opens the Announcer's sockets on cfg.Interface, in the network
 // namespace of the calling thread (callers in another namespace open it
@@ -248,6 +289,7 @@ func New(cfg Config) (*Announcer, error) {
 		log:       log.With("interface", ifi.Name),
 		held:      map[netip.Addr]*holding{},
 		conflicts: map[netip.Addr]*Conflict{},
+		peers:     map[string]bool{},
 		done:      make(chan struct{}),
 	}
 	has4, hasLL6, err := interfaceFamilies(ifi)
@@ -311,7 +353,8 @@ var ErrFamily = errors.New("the LAN interface has no address of this family")
 // Set makes addrs the addresses this node answers for. Addresses new to
 // the set are probed for ProbeWait, then taken and announced (the burst),
 // unless another MAC answered the probe: then they are left out, and the
-// error (ErrContested) names them; a later Set probes them again.
+// error names them (ErrHandBack for a peer node's MAC, ErrContested for
+// any other); a later Set probes them again.
 // Addresses no longer in the set stop being answered at once. It
 // tolerates repeats: the same set twice does nothing the second time. An
 // address of a family the interface cannot serve is refused with
@@ -396,7 +439,7 @@ func (a *Announcer) Set(addrs []netip.Addr) error {
 }
 
 // probeThenTake asks the LAN for ip twice within ProbeWait and takes it
-// unless another MAC answered (or announced it) meanwhile.
+// unless another MAC answered (or announced or probed it) meanwhile.
 func (a *Announcer) probeThenTake(ip netip.Addr, h *holding) error {
 	deadline := time.Now().Add(a.cfg.ProbeWait)
 	for i := range 2 {
@@ -407,13 +450,16 @@ func (a *Announcer) probeThenTake(ip netip.Addr, h *holding) error {
 			a.log.Warn("probing address", "address", ip, "err", err)
 		}
 	}
+	if a.waitEnded != nil {
+		a.waitEnded(ip, deadline)
+	}
+	// A foreign answer ends the wait; a peer's does not, so that a host
+	// answering beside a peer during a hand-back is still seen.
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	contested := false
 	select {
 	case <-t.C:
-	case <-h.contested:
-		contested = true
+	case <-h.foreign:
 	case <-h.cancel:
 		return nil
 	case <-a.done:
@@ -424,15 +470,27 @@ func (a *Announcer) probeThenTake(ip netip.Addr, h *holding) error {
 	if a.held[ip] != h {
 		return nil // released or replaced meanwhile
 	}
-	if contested {
+	// What was heard decides, not which of the select's ready cases it
+	// picked: a wait that ended late (a loaded node) finds the deadline
+	// and the answer both ready, and the answer must win.
+	switch {
+	case h.by != nil:
 		delete(a.held, ip)
 		_ = a.leave(ip)
 		a.counters.Contested++
 		c := a.conflictLocked(ip, h.by)
 		a.changed()
 		return fmt.Errorf("announce %s on %s: %w (MAC %s)", ip, a.ifi.Name, ErrContested, c.MAC)
+	case h.peerBy != nil:
+		delete(a.held, ip)
+		_ = a.leave(ip)
+		a.counters.HandBacks++
+		return fmt.Errorf("announce %s on %s: %w (node MAC %s)", ip, a.ifi.Name, ErrHandBack, h.peerBy)
 	}
 	h.held = true
+	if n := len(a.cfg.Burst); n > 0 {
+		h.taking = time.Now().Add(a.cfg.Burst[n-1])
+	}
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.announceLoop(ip, h) }()
 	a.log.Info("answering for address", "address", ip)
@@ -509,50 +567,115 @@ func (a *Announcer) Holds(ip netip.Addr) bool { return a.holds(ip.Unmap()) }
 
 // contest records that mac, not ours, claims ip: it answered or
 // announced it, used it as its sender address, or (probe) probed it
-// itself. An address being probed is then left to it (RFC 5227 2.1.1,
-// RFC 4862 5.4.3 and 5.4.4; a probe against ours counts: both hosts
-// back off and try again after a random delay). A held address is
-// defended once; a second claim within DefendInterval makes this node
-// yield it (RFC 5227 2.4 (b)). Another host's probe of a held address is
-// no claim: it is answered.
+// itself.
+//
+// An address being probed is then left to it (RFC 5227 2.1.1, RFC 4862
+// 5.4.3 and 5.4.4; a probe against ours counts: both hosts back off and
+// try again after a random delay); when mac is a peer node's, as a
+// hand-back, asked again soon and no conflict.
+//
+// A held address is defended once against a foreign MAC; a second claim
+// within DefendInterval, and beyond DefendGrace of the defence, makes this
+// node yield it (RFC 5227 2.4 (b)). While its takeover burst runs, the
+// first foreign claim makes it leave instead: it raced a holder and lost.
+// Another host's probe of a held address is no claim: it is answered. A
+// peer node's claim on a held address is left to the election: whichever
+// node it picks keeps or lets go, through Set.
 func (a *Announcer) contest(ip netip.Addr, mac net.HardwareAddr, probe bool) {
 	if macEqual(mac, a.ifi.HardwareAddr) || len(mac) == 0 {
 		return
 	}
 	a.mu.Lock()
 	h := a.held[ip]
-	if h == nil || (h.held && probe) {
+	if h == nil {
 		a.mu.Unlock()
 		return
 	}
-	if !h.held {
-		select {
-		case <-h.contested:
-		default:
-			h.by = slices.Clone(mac)
-			close(h.contested)
+	peer := a.peers[string(mac)]
+	switch {
+	case !h.held && peer:
+		if h.peerBy == nil {
+			h.peerBy = slices.Clone(mac)
 		}
+		a.mu.Unlock()
+		return
+	case !h.held:
+		if h.by == nil {
+			h.by = slices.Clone(mac)
+			close(h.foreign)
+		}
+		a.mu.Unlock()
+		return
+	case peer:
+		a.counters.PeerClaims++
+		a.mu.Unlock()
+		return
+	case probe:
 		a.mu.Unlock()
 		return
 	}
 	now := time.Now()
-	if h.defended.IsZero() || now.Sub(h.defended) >= a.cfg.Conflict.DefendInterval {
+	switch {
+	case now.Before(h.taking):
+		// Claimed while this node sends its takeover burst: another host
+		// held it, and its answer to the probe was not heard in time.
+		a.yieldLocked(ip, h, mac)
+		a.mu.Unlock()
+		a.log.Warn("no longer answering for address: another host claimed it while this node took it", "address", ip, "mac", mac.String())
+		a.changed()
+	case h.defended.IsZero() || now.Sub(h.defended) >= a.cfg.Conflict.DefendInterval:
 		h.defended = now
 		a.counters.Defended++
 		a.mu.Unlock()
 		a.log.Warn("defending address against another host", "address", ip, "mac", mac.String())
 		a.announce(ip)
-		return
+	case now.Sub(h.defended) < a.cfg.Conflict.DefendGrace:
+		a.mu.Unlock() // the claim just defended against
+	default:
+		// Claimed again within DefendInterval: yield.
+		a.yieldLocked(ip, h, mac)
+		a.mu.Unlock()
+		a.log.Warn("no longer answering for address: another host claims it", "address", ip, "mac", mac.String())
+		a.changed()
 	}
-	// Claimed again within DefendInterval: yield.
+}
+
+// yieldLocked stops answering for the held ip, left to mac, and records
+// the conflict. a.mu is held.
+func (a *Announcer) yieldLocked(ip netip.Addr, h *holding, mac net.HardwareAddr) {
 	close(h.cancel)
 	delete(a.held, ip)
 	_ = a.leave(ip)
 	a.counters.Yielded++
 	a.conflictLocked(ip, mac)
+}
+
+// SetPeers replaces the LAN MACs of the cluster's other nodes (each Node's
+// village.cni.io/lan-mac, read from the API server). Their frames are a
+// hand-back between nodes, left to the election, never a conflict; a MAC
+// not among them is another host's. Conflicts recorded against a MAC that
+// is now a peer's (a node heard before its Node published it) are
+// dropped: they were a hand-back, and hold up no probe.
+func (a *Announcer) SetPeers(macs []net.HardwareAddr) {
+	peers := make(map[string]bool, len(macs))
+	for _, m := range macs {
+		if len(m) == 6 && !macEqual(m, a.ifi.HardwareAddr) {
+			peers[string(m)] = true
+		}
+	}
+	a.mu.Lock()
+	a.peers = peers
+	dropped := false
+	for ip, c := range a.conflicts {
+		if peers[string(c.MAC)] {
+			delete(a.conflicts, ip)
+			dropped = true
+		}
+	}
 	a.mu.Unlock()
-	a.log.Warn("no longer answering for address: another host claims it", "address", ip, "mac", mac.String())
-	a.changed()
+	if dropped {
+		a.changed()
+	}
 }
 
 // probe asks the LAN once whether anyone answers for ip.

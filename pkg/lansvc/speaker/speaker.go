@@ -195,10 +195,11 @@ func (s *Speaker) sync() {
 		mine = elect.Mine(s.cfg.Node, wants, s.cfg.Members.Alive)
 	}
 	err := s.cfg.Announcer.Set(mine)
-	if errors.Is(err, announce.ErrContested) {
+	if errors.Is(err, announce.ErrHandBack) || errors.Is(err, announce.ErrContested) {
 		// Another node still answers for an address this one should
-		// take: it lets go as soon as it sees the same members. Try
-		// again soon rather than at the next period.
+		// take (a hand-back: it lets go as soon as it sees the same
+		// members), or another host does (the Announcer paces those
+		// probes itself). Try again soon rather than at the next period.
 		time.AfterFunc(retryContested, s.Kick)
 	}
 	msg := ""
