@@ -150,13 +150,19 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		logf("LAN Services: the kept state: %v (starting without)", keptErr)
 	case kept != nil:
 		ls.mem.SetPeers(kept.Peers)
+		if kept.Nodes != nil {
+			ls.mem.SetNodes(kept.Nodes)
+		}
 		logf("LAN Services: %d addresses and %d peers kept from %s, until the API server answers", len(kept.Wants), len(kept.Peers), kept.Time.Format(time.RFC3339))
 	}
-	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log}); err != nil {
+	if ls.ann, err = announce.New(announce.Config{Interface: ifname, Log: log, OnChange: kick}); err != nil {
 		off(err)
 		return
 	}
 	defer ls.ann.Close()
+	if kept != nil {
+		ls.ann.SetPeers(parseMACs(kept.MACs))
+	}
 	s, err := speaker.New(speaker.Config{Node: c.Node, Interface: ifname, Announcer: ls.ann, Members: ls.mem, Log: log})
 	if err != nil {
 		off(err)
@@ -170,14 +176,21 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	ls.ctl, err = lbcontroller.New(lbcontroller.Config{Node: c.Node, Client: side.cs,
 		Services: side.services(), EndpointSlices: side.endpointSlices(), Nodes: side.nodes(), Namespaces: side.namespaces(),
 		Events: side.rec, Alloc: &alloc.Allocator{Store: st, Sets: svc.Sets}, RequireClass: svc.RequireClass,
-		Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: s, Logf: logf})
+		Live: ls.mem.Live, Alive: ls.mem.Alive, Settled: ls.mem.Settled, Speaker: s, Logf: logf,
+		Holds: ls.ann.Holds, InUseBy: ls.ann.InUseBy})
 	if err != nil {
 		off(err)
 		return
 	}
 	ctl.Store(ls.ctl)
 	self := net.JoinHostPort(addr.String(), strconv.Itoa(members.DefaultPort))
-	setPeers := func() { ls.mem.SetPeers(peers(side.nodes(), c.Node)) }
+	setPeers := func() {
+		ls.mem.SetPeers(peers(side.nodes(), c.Node))
+		if side.nodes().HasSynced() {
+			ls.mem.SetNodes(nodeMembers(side.nodes()))
+			ls.ann.SetPeers(parseMACs(peerMACs(side.nodes(), c.Node)))
+		}
+	}
 	if _, err := side.nodes().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { setPeers() }, UpdateFunc: func(any, any) { setPeers() }, DeleteFunc: func(any) { setPeers() },
 	}); err != nil {
@@ -187,14 +200,22 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { ls.ctl.Run(ctx) })
+	wg.Go(func() {
+		// The handlers' calls before the sync set no Nodes; one after it
+		// does, with no Node event needed.
+		if cache.WaitForCacheSync(ctx.Done(), side.nodes().HasSynced) {
+			setPeers()
+		}
+	})
 	logf("LAN Services: Service addresses %s on %s (gossip %s, %s), requireClass %v", svc, ifname, self, gossip, svc.RequireClass)
-	publishMember(ctx, side, c.Node, self, logf)
+	publishMember(ctx, side, c.Node, self, ls.ann.HardwareAddr().String(), logf)
 	ls.ipvsCheck(side, c.Node, logf)
 	ls.statusLoop(ctx, a.opts.RunDir, c.Net.Name, func() *KeptLANServices {
 		if !ls.ctl.Known() || !side.nodes().HasSynced() {
 			return nil
 		}
-		return &KeptLANServices{Wants: ls.ctl.Wants(), Peers: peers(side.nodes(), c.Node)}
+		return &KeptLANServices{Wants: ls.ctl.Wants(), Peers: peers(side.nodes(), c.Node), Nodes: nodeMembers(side.nodes()),
+			MACs: peerMACs(side.nodes(), c.Node)}
 	})
 }
 
@@ -273,13 +294,25 @@ func (a *agent) openLANStore() (store.Store, error) {
 
 // peers are the other agents' gossip addresses, from their Nodes.
 func peers(nodes cache.SharedIndexInformer, self string) []string {
+	return othersAnnotation(nodes, self, kubenames.AnnotationLANMember)
+}
+
+// peerMACs are the LAN MACs the other Nodes published
+// (village.cni.io/lan-mac), sorted.
+func peerMACs(nodes cache.SharedIndexInformer, self string) []string {
+	return othersAnnotation(nodes, self, kubenames.AnnotationLANMAC)
+}
+
+// othersAnnotation is the annotation key of every Node but self that has
+// it, sorted.
+func othersAnnotation(nodes cache.SharedIndexInformer, self, key string) []string {
 	var out []string
 	for _, obj := range nodes.GetStore().List() {
 		n, ok := obj.(*corev1.Node)
 		if !ok || n.Name == self {
 			continue
 		}
-		if v := n.Annotations[kubenames.AnnotationLANMember]; v != "" {
+		if v := n.Annotations[key]; v != "" {
 			out = append(out, v)
 		}
 	}
@@ -287,17 +320,42 @@ func peers(nodes cache.SharedIndexInformer, self string) []string {
 	return out
 }
 
-// publishMember writes this node's gossip address on its Node (a merge
-// patch through nodes/status, as the kubernetes registry does), retrying
-// until it is there.
-func publishMember(ctx context.Context, side *kubeSide, node, self string, logf func(string, ...any)) {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{kubenames.AnnotationLANMember: self}}})
+// parseMACs parses the Ethernet MACs among macs; anything else a Node
+// carries there is no MAC of a peer, and is left out.
+func parseMACs(macs []string) []net.HardwareAddr {
+	var out []net.HardwareAddr
+	for _, s := range macs {
+		if m, err := net.ParseMAC(s); err == nil && len(m) == 6 {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// nodeMembers are the Nodes, each with the gossip address it published
+// ("" while none), for members.SetNodes.
+func nodeMembers(nodes cache.SharedIndexInformer) map[string]string {
+	out := map[string]string{}
+	for _, obj := range nodes.GetStore().List() {
+		if n, ok := obj.(*corev1.Node); ok {
+			out[n.Name] = n.Annotations[kubenames.AnnotationLANMember]
+		}
+	}
+	return out
+}
+
+// publishMember writes this node's gossip address and its LAN interface's
+// MAC on its Node (a merge patch through nodes/status, as the kubernetes
+// registry does), retrying until they are there.
+func publishMember(ctx context.Context, side *kubeSide, node, self, mac string, logf func(string, ...any)) {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		kubenames.AnnotationLANMember: self, kubenames.AnnotationLANMAC: mac}}})
 	for {
 		_, err := side.cs.CoreV1().Nodes().Patch(ctx, node, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}, "status")
 		if err == nil || ctx.Err() != nil {
 			return
 		}
-		logf("LAN Services: publishing the gossip address on Node %s: %v (retrying)", node, err)
+		logf("LAN Services: publishing the gossip address and LAN MAC on Node %s: %v (retrying)", node, err)
 		select {
 		case <-ctx.Done():
 			return
@@ -347,9 +405,12 @@ type LANServicesStatus struct {
 	Time      time.Time    `json:"time"`
 	Off       string       `json:"off,omitempty"` // why the feature is off on this node, "" while it runs
 	Answering []netip.Addr `json:"answering"`
-	Wants     []elect.Want `json:"wants"`
-	Live      []string     `json:"live"`
-	Warnings  []string     `json:"warnings,omitempty"`
+	// Contested: addresses this node was elected for that another MAC
+	// answers for (it does not).
+	Contested []announce.Conflict `json:"contested,omitempty"`
+	Wants     []elect.Want        `json:"wants"`
+	Live      []string            `json:"live"`
+	Warnings  []string            `json:"warnings,omitempty"`
 }
 
 // KeptLANServices is what the LAN Services last knew from the API server,
@@ -359,6 +420,14 @@ type KeptLANServices struct {
 	Time  time.Time    `json:"time"`
 	Wants []elect.Want `json:"wants"`
 	Peers []string     `json:"peers"` // the other agents' gossip addresses
+	// Nodes are the Kubernetes Nodes with the gossip address each
+	// published: only they count as live agents (members.SetNodes), also
+	// after a restart with the API server down.
+	Nodes map[string]string `json:"nodes,omitempty"`
+	// MACs are the LAN MACs the other Nodes published: their frames are
+	// a hand-back between nodes, no conflict (announce.SetPeers), also
+	// after a restart with the API server down.
+	MACs []string `json:"macs,omitempty"`
 }
 
 // readKept reads network's kept state; nil, nil when there is none.
@@ -392,7 +461,7 @@ func (ls *lanServices) statusLoop(ctx context.Context, runDir, network string, k
 		if k := keep(); k != nil {
 			writeChanged(keptPath, k, func() { k.Time = time.Now() }, &lastKept)
 		}
-		st := LANServicesStatus{Answering: ls.ann.Held(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warnings: ls.warnings}
+		st := LANServicesStatus{Answering: ls.ann.Held(), Contested: ls.ann.Contested(), Wants: ls.ctl.Wants(), Live: ls.mem.Live(), Warnings: ls.warnings}
 		writeChanged(path, &st, func() { st.Time = time.Now() }, &last)
 		select {
 		case <-ctx.Done():
@@ -453,8 +522,19 @@ func lanServicesStatus(c *Conf, runDir string) []string {
 	for _, a := range st.Answering {
 		lines = append(lines, "  "+a.String())
 	}
+	lines = append(lines, contestedLines(st.Contested)...)
 	for _, w := range st.Warnings {
 		lines = append(lines, "LAN Services: WARNING: "+w)
+	}
+	return lines
+}
+
+// contestedLines are the status lines of addresses another MAC holds.
+func contestedLines(cs []announce.Conflict) []string {
+	var lines []string
+	for _, c := range cs {
+		lines = append(lines, fmt.Sprintf("  %s CONTESTED: in use by MAC %s, not answered by this node (%d conflicts, the last at %s; probed again after %s)",
+			c.Addr, c.MACText, c.Conflicts, c.Last.Format("15:04:05"), c.NextProbe.Format("15:04:05")))
 	}
 	return lines
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/village-cni/village/pkg/lansvc/announce"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/nodelocal"
 )
@@ -67,6 +68,9 @@ func TestLANServicesStatusLines(t *testing.T) {
 			[]string{"LAN Services ([]): OFF: members: gossip key: open /etc/village/gossip/key: no such file or directory (as of "}},
 		{"in the clear", &LANServicesStatus{Answering: []netip.Addr{netip.MustParseAddr("192.168.50.240")}, Live: []string{"a", "b"}, Warnings: []string{GossipInTheClear}},
 			[]string{"LAN Services ([]): answering for 1 of 0 addresses; live agents [a b]", "  192.168.50.240", "LAN Services: WARNING: the agents' gossip (port 7947) is neither encrypted nor authenticated"}},
+		{"contested", &LANServicesStatus{Answering: []netip.Addr{}, Live: []string{"a"},
+			Contested: []announce.Conflict{{Addr: netip.MustParseAddr("192.168.50.241"), MACText: "02:00:00:00:00:99", Conflicts: 3}}},
+			[]string{"LAN Services ([]): answering for 0 of 0 addresses", "  192.168.50.241 CONTESTED: in use by MAC 02:00:00:00:00:99, not answered by this node (3 conflicts"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			run := t.TempDir()

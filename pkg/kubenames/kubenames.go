@@ -59,6 +59,11 @@ const (
 	// LAN address and gossip port ("192.168.50.11:7947"), which the other
 	// agents join.
 	AnnotationLANMember = Prefix + "lan-member"
+	// AnnotationLANMAC is written by each agent on its own Node: the MAC
+	// of its LAN interface. The other agents' announcers take a frame
+	// from it for a hand-back between nodes of the cluster, never for a
+	// conflict; only the API server's word counts, never the gossip's.
+	AnnotationLANMAC = Prefix + "lan-mac"
 	// LabelExcludeFromLB is the well-known Node label that keeps a node
 	// from announcing with externalTrafficPolicy Cluster (Kubernetes' own
 	// name, not Village's).
@@ -91,6 +96,10 @@ const (
 	ReasonLANAssigned = "LANAddressAssigned"
 	// ReasonLANAnnounced: this node now answers for the address.
 	ReasonLANAnnounced = "LANAnnounced"
+	// ReasonLANAddressInUse (Warning): the node elected for the address
+	// found another MAC answering for it (another cluster with an
+	// overlapping range, a host that took it) and does not answer.
+	ReasonLANAddressInUse = "LANAddressInUse"
 )
 
 // The labels and annotations of the kubernetes IPAM store's Leases

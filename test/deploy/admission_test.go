@@ -276,6 +276,8 @@ func TestAdmissionPolicyDecisions(t *testing.T) {
 		{"own Node, Village annotation changed", "village-agent", node("n1", ann2), node("n1", ann), nodes, "status", admission.Update, agent, true},
 		{"own Node, first Village annotation", "village-agent", node("n1", map[string]any{"village.cni.io/underlay-ip": "1"}), node("n1", nil), nodes, "status", admission.Update, agent, true},
 		{"own Node, Village annotation removed", "village-agent", node("n1", map[string]any{"example.com/x": "1"}), node("n1", ann), nodes, "status", admission.Update, agent, true},
+		{"own Node, its gossip address and LAN MAC", "village-agent", node("n1", map[string]any{"village.cni.io/lan-member": "192.0.2.11:7947", "village.cni.io/lan-mac": "02:00:00:00:00:11"}), node("n1", nil), nodes, "status", admission.Update, agent, true},
+		{"another Node, its LAN MAC", "village-agent", node("n2", map[string]any{"village.cni.io/lan-mac": "02:00:00:00:00:11"}), node("n2", nil), nodes, "status", admission.Update, agent, false},
 		{"another Node, Village annotation", "village-agent", node("n2", ann2), node("n2", ann), nodes, "status", admission.Update, agent, false},
 		{"another Node through nodes", "village-agent", node("n2", ann2), node("n2", ann), nodes, "", admission.Update, agent, false},
 		{"own Node, foreign annotation changed", "village-agent", node("n1", map[string]any{"village.cni.io/underlay-ip": "10.1.1.1", "example.com/x": "2"}), node("n1", ann), nodes, "status", admission.Update, agent, false},

@@ -26,6 +26,45 @@
 // starved agent declared dead while it still answers) never answer side
 // by side: the address moves only once its holder has let it go.
 //
+// Conflicts are resolved as RFC 5227 (IPv4 Address Conflict Detection)
+// and RFC 4862 5.4 (IPv6 duplicate address detection) say, with the
+// timings of ConflictTiming (Config.Conflict):
+//
+//   - The probe is an ARP request from 0.0.0.0, or a neighbour
+//     solicitation from :: with no link-layer option to the address's
+//     solicited-node group: it teaches no cache anything.
+//   - While probing, any claim from another MAC (an ARP packet with the
+//     address as sender, an advertisement of it, a solicitation from it)
+//     or another host's probe for the same address (two nodes, or two
+//     clusters, probing at the same moment) is a conflict: the address
+//     is not taken, and is probed again only after a random delay below
+//     RetryJitter, so two probers part; after MaxConflicts, at most once
+//     per RateLimitInterval.
+//   - Once held, a claim from another MAC is answered with one
+//     announcement (defence); a second claim within DefendInterval makes
+//     the node yield: it stops answering and reports the address
+//     contested (Contested, InUseBy), for the Service's Warning Event and
+//     `villaged status`. Claims within DefendGrace of the defence are the
+//     same claim (a takeover's burst sends two frames a round, and its
+//     sender needs a moment to hear the defence and leave). A probe from
+//     another host is no claim: it is answered, which is how the holder
+//     defends against a newcomer.
+//   - While its takeover burst runs, a node that hears another MAC claim
+//     the address leaves it at once, contested: it took the address in a
+//     race it lost (its probe's answer came too late to be heard), and
+//     the holder it raced against keeps it.
+//
+// The other nodes of the cluster are no conflict (SetPeers: the LAN MACs
+// their Nodes published, from the API server, never from the gossip).
+// Which of them answers is the election's to decide, and during a
+// hand-back (a node that returns after a failover is elected again, and
+// the node that stood in for it lets go once it sees it) the two see each
+// other's frames: a peer's answer to a probe means "ask again soon"
+// (Set reports ErrHandBack, the speaker asks again within 200 ms), and a
+// peer's claim on a held address is neither defended against nor yielded
+// to; the node lets go when its own election says so, at once. Only MACs
+// that no Node published count as conflicts.
+//
 // Taking an address over sends a burst of gratuitous ARP, in both the request and the reply form
 // (hosts differ in which one they learn from), and unsolicited neighbour
 // advertisements to all nodes. While held, each address is announced again
@@ -41,6 +80,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -61,6 +101,13 @@ type Config struct {
 	// ProbeWait is how long an address new to the set is probed for
 	// before it is taken; zero means DefaultProbeWait.
 	ProbeWait time.Duration
+	// Conflict holds the timings of conflict resolution; zero fields
+	// mean those of DefaultConflictTiming. Tests shorten them here.
+	Conflict ConflictTiming
+	// OnChange, when set, is called (it must not block) whenever an
+	// address is taken, yielded or found contested, so that the caller
+	// can report it (the controller's Events) without polling.
+	OnChange func()
 	// Log receives what the Announcer does; nil means slog.Default.
 	Log *slog.Logger
 }
@@ -80,12 +127,82 @@ const DefaultProbeWait = 150 * time.Millisecond
 // switches, so the port of the MAC stays learnt while the address is held.
 const DefaultRefresh = 30 * time.Second
 
+// ConflictTiming is the timing of address conflict resolution, after RFC
+// 5227 (IPv4 Address Conflict Detection) and RFC 4862 5.4 (IPv6 DAD), in
+// one place.
+type ConflictTiming struct {
+	// DefendInterval (RFC 5227 DEFEND_INTERVAL): a held address is
+	// defended once (one announcement) against another MAC; a second
+	// conflict within this interval makes the Announcer yield it.
+	DefendInterval time.Duration
+	// MaxConflicts (RFC 5227 MAX_CONFLICTS): after this many conflicts
+	// on an address, none more than twice RateLimitInterval after the
+	// one before, it is probed again at most once per RateLimitInterval.
+	MaxConflicts int
+	// RateLimitInterval (RFC 5227 RATE_LIMIT_INTERVAL).
+	RateLimitInterval time.Duration
+	// RetryJitter: before MaxConflicts, a contested address is probed
+	// again after a random delay below this (RFC 5227 PROBE_WAIT), so
+	// two hosts that probed at the same moment do not again.
+	RetryJitter time.Duration
+	// DefendGrace: claims heard within this of a defence count as the
+	// claim defended against, not as a second one. It covers the frames
+	// of one takeover round and the time its sender takes to hear the
+	// defence and leave.
+	DefendGrace time.Duration
+}
+
+// DefaultConflictTiming is RFC 5227's.
+var DefaultConflictTiming = ConflictTiming{
+	DefendInterval:    10 * time.Second,
+	MaxConflicts:      10,
+	RateLimitInterval: 60 * time.Second,
+	RetryJitter:       time.Second,
+	DefendGrace:       500 * time.Millisecond,
+}
+
+func (t ConflictTiming) withDefaults() ConflictTiming {
+	d := DefaultConflictTiming
+	if t.DefendInterval == 0 {
+		t.DefendInterval = d.DefendInterval
+	}
+	if t.MaxConflicts == 0 {
+		t.MaxConflicts = d.MaxConflicts
+	}
+	if t.RateLimitInterval == 0 {
+		t.RateLimitInterval = d.RateLimitInterval
+	}
+	if t.RetryJitter == 0 {
+		t.RetryJitter = d.RetryJitter
+	}
+	if t.DefendGrace == 0 {
+		t.DefendGrace = d.DefendGrace
+	}
+	return t
+}
+
+// Conflict is an address another MAC answers for, that this node was
+// elected for but does not hold.
+type Conflict struct {
+	Addr      netip.Addr       `json:"addr"`
+	MAC       net.HardwareAddr `json:"-"`
+	MACText   string           `json:"mac"`
+	Last      time.Time        `json:"last"`      // the last conflict
+	Conflicts int              `json:"conflicts"` // in a row, none more than 2 RateLimitInterval after the last
+	NextProbe time.Time        `json:"nextProbe"` // no probe for it before
+}
+
 // Counters are what an Announcer has sent and answered, for metrics and
 // tests.
 type Counters struct {
 	ARPReplies   uint64 // ARP requests answered
 	NDPAdverts   uint64 // neighbour solicitations answered
 	Contested    uint64 // probes another MAC answered: the address was left to it
+	HandBacks    uint64 // probes a peer node answered: asked again later, no conflict
+	PeerClaims   uint64 // a peer node's frames naming a held address (claims, probes): left to the election
+	Defended     uint64 // announcements sent against another MAC's claim on a held address
+	Yielded      uint64 // held addresses left to another MAC that claimed them again, or while taking them
+	Probes       uint64 // probes sent
 	Gratuitous   uint64 // gratuitous ARP frames sent (both forms count)
 	Unsolicited  uint64 // unsolicited neighbour advertisements sent
 	SendFailures uint64
@@ -101,10 +218,16 @@ type Announcer struct {
 	v4 *arpSide // nil when the interface has no IPv4 address
 	v6 *ndpSide // nil when the interface has no IPv6 link-local address
 
-	mu       sync.Mutex
-	held     map[netip.Addr]*holding
-	counters Counters
-	closed   bool
+	mu        sync.Mutex
+	held      map[netip.Addr]*holding
+	conflicts map[netip.Addr]*Conflict // addresses lost to another MAC, kept for the rate limit and reports
+	peers     map[string]bool          // the other nodes' LAN MACs (SetPeers), as strings
+	counters  Counters
+	closed    bool
+
+	// waitEnded, when set (tests), is called after the probes of ip are
+	// sent and before the wait for answers ends at deadline.
+	waitEnded func(ip netip.Addr, deadline time.Time)
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -113,18 +236,27 @@ type Announcer struct {
 // holding is one address of the set: probed, then held with its burst
 // and refresh timer.
 type holding struct {
-	cancel    chan struct{}
-	held      bool          // probed and taken: answered for
-	contested chan struct{} // closed when another MAC answers while probing
+	cancel   chan struct{}
+	held     bool             // probed and taken: answered for
+	foreign  chan struct{}    // closed when, while probing, a MAC of no peer node answers, claims or probes it
+	by       net.HardwareAddr // that MAC (set under a.mu before foreign is closed)
+	peerBy   net.HardwareAddr // a peer node's MAC heard while probing: a hand-back, unless a foreign one was heard too
+	taking   time.Time        // the end of the takeover burst: a foreign claim before it makes this node leave
+	defended time.Time        // when this node last defended it (zero: never)
 }
 
 func newHolding() *holding {
-	return &holding{cancel: make(chan struct{}), contested: make(chan struct{})}
+	return &holding{cancel: make(chan struct{}), foreign: make(chan struct{})}
 }
 
 // ErrContested: another MAC still answers for the address; it was not
 // taken.
 var ErrContested = errors.New("another host still answers for it")
+
+// ErrHandBack: another node of the cluster (a peer MAC) still answers for
+// the address, which it lets go once it sees this node elected; it was
+// not taken now, and no conflict is recorded: ask again soon.
+var ErrHandBack = errors.New("another node of the cluster still answers for it (a hand-back in progress)")
 
 // New opens the Announcer's sockets on cfg.Interface, in the network
 // namespace of the calling thread (callers in another namespace open it
@@ -139,6 +271,7 @@ func New(cfg Config) (*Announcer, error) {
 	if cfg.ProbeWait == 0 {
 		cfg.ProbeWait = DefaultProbeWait
 	}
+	cfg.Conflict = cfg.Conflict.withDefaults()
 	log := cfg.Log
 	if log == nil {
 		log = slog.Default()
@@ -151,11 +284,13 @@ func New(cfg Config) (*Announcer, error) {
 		return nil, fmt.Errorf("announce: LAN interface %s has no Ethernet address", ifi.Name)
 	}
 	a := &Announcer{
-		cfg:  cfg,
-		ifi:  ifi,
-		log:  log.With("interface", ifi.Name),
-		held: map[netip.Addr]*holding{},
-		done: make(chan struct{}),
+		cfg:       cfg,
+		ifi:       ifi,
+		log:       log.With("interface", ifi.Name),
+		held:      map[netip.Addr]*holding{},
+		conflicts: map[netip.Addr]*Conflict{},
+		peers:     map[string]bool{},
+		done:      make(chan struct{}),
 	}
 	has4, hasLL6, err := interfaceFamilies(ifi)
 	if err != nil {
@@ -218,7 +353,8 @@ var ErrFamily = errors.New("the LAN interface has no address of this family")
 // Set makes addrs the addresses this node answers for. Addresses new to
 // the set are probed for ProbeWait, then taken and announced (the burst),
 // unless another MAC answered the probe: then they are left out, and the
-// error (ErrContested) names them; a later Set probes them again.
+// error names them (ErrHandBack for a peer node's MAC, ErrContested for
+// any other); a later Set probes them again.
 // Addresses no longer in the set stop being answered at once. It
 // tolerates repeats: the same set twice does nothing the second time. An
 // address of a family the interface cannot serve is refused with
@@ -259,9 +395,21 @@ func (a *Announcer) Set(addrs []netip.Addr) error {
 			a.log.Info("no longer answering for address", "address", ip)
 		}
 	}
+	now := time.Now()
+	for ip, c := range a.conflicts {
+		if !want[ip] && now.Sub(c.Last) > 2*a.cfg.Conflict.RateLimitInterval {
+			delete(a.conflicts, ip)
+		}
+	}
 	probing := map[netip.Addr]*holding{}
 	for ip := range want {
 		if a.held[ip] != nil {
+			continue
+		}
+		if c := a.conflicts[ip]; c != nil && now.Before(c.NextProbe) {
+			// Lost to another MAC a moment ago: not probed again before
+			// its time (RFC 5227's rate limit after MAX_CONFLICTS).
+			errs = append(errs, fmt.Errorf("announce %s on %s: %w (MAC %s; probed again after %s)", ip, a.ifi.Name, ErrContested, c.MAC, c.NextProbe.Format(time.TimeOnly)))
 			continue
 		}
 		h := newHolding()
@@ -291,7 +439,7 @@ func (a *Announcer) Set(addrs []netip.Addr) error {
 }
 
 // probeThenTake asks the LAN for ip twice within ProbeWait and takes it
-// unless another MAC answered (or announced it) meanwhile.
+// unless another MAC answered (or announced or probed it) meanwhile.
 func (a *Announcer) probeThenTake(ip netip.Addr, h *holding) error {
 	deadline := time.Now().Add(a.cfg.ProbeWait)
 	for i := range 2 {
@@ -302,13 +450,16 @@ func (a *Announcer) probeThenTake(ip netip.Addr, h *holding) error {
 			a.log.Warn("probing address", "address", ip, "err", err)
 		}
 	}
+	if a.waitEnded != nil {
+		a.waitEnded(ip, deadline)
+	}
+	// A foreign answer ends the wait; a peer's does not, so that a host
+	// answering beside a peer during a hand-back is still seen.
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	contested := false
 	select {
 	case <-t.C:
-	case <-h.contested:
-		contested = true
+	case <-h.foreign:
 	case <-h.cancel:
 		return nil
 	case <-a.done:
@@ -319,40 +470,217 @@ func (a *Announcer) probeThenTake(ip netip.Addr, h *holding) error {
 	if a.held[ip] != h {
 		return nil // released or replaced meanwhile
 	}
-	if contested {
+	// What was heard decides, not which of the select's ready cases it
+	// picked: a wait that ended late (a loaded node) finds the deadline
+	// and the answer both ready, and the answer must win.
+	switch {
+	case h.by != nil:
 		delete(a.held, ip)
 		_ = a.leave(ip)
 		a.counters.Contested++
-		return fmt.Errorf("announce %s on %s: %w", ip, a.ifi.Name, ErrContested)
+		c := a.conflictLocked(ip, h.by)
+		a.changed()
+		return fmt.Errorf("announce %s on %s: %w (MAC %s)", ip, a.ifi.Name, ErrContested, c.MAC)
+	case h.peerBy != nil:
+		delete(a.held, ip)
+		_ = a.leave(ip)
+		a.counters.HandBacks++
+		return fmt.Errorf("announce %s on %s: %w (node MAC %s)", ip, a.ifi.Name, ErrHandBack, h.peerBy)
 	}
 	h.held = true
+	if n := len(a.cfg.Burst); n > 0 {
+		h.taking = time.Now().Add(a.cfg.Burst[n-1])
+	}
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.announceLoop(ip, h) }()
 	a.log.Info("answering for address", "address", ip)
+	a.changed()
 	return nil
 }
 
-// contest records that mac, not ours, answered or announced ip: an
-// address being probed is then left to it.
-func (a *Announcer) contest(ip netip.Addr, mac net.HardwareAddr) {
-	if macEqual(mac, a.ifi.HardwareAddr) {
+// changed tells the caller that what is held or contested changed.
+func (a *Announcer) changed() {
+	if a.cfg.OnChange != nil {
+		go a.cfg.OnChange()
+	}
+}
+
+// conflictLocked records a conflict on ip with mac and sets when ip may
+// be probed again: after a random delay below RetryJitter, or, once
+// MaxConflicts came within RateLimitInterval of each other, after
+// RateLimitInterval. a.mu is held.
+func (a *Announcer) conflictLocked(ip netip.Addr, mac net.HardwareAddr) *Conflict {
+	t := a.cfg.Conflict
+	now := time.Now()
+	c := a.conflicts[ip]
+	// The count restarts only after a quiet spell longer than the rate
+	// limit's period: a rate-limited address's conflicts come one
+	// interval apart.
+	if c == nil || now.Sub(c.Last) > 2*t.RateLimitInterval {
+		c = &Conflict{Addr: ip}
+		a.conflicts[ip] = c
+	}
+	c.MAC, c.MACText, c.Last = slices.Clone(mac), mac.String(), now
+	c.Conflicts++
+	if c.Conflicts >= t.MaxConflicts {
+		c.NextProbe = now.Add(t.RateLimitInterval)
+	} else {
+		c.NextProbe = now.Add(rand.N(t.RetryJitter))
+	}
+	a.log.Warn("address in use by another host", "address", ip, "mac", c.MACText, "conflicts", c.Conflicts, "nextProbe", c.NextProbe.Format(time.TimeOnly))
+	return c
+}
+
+// Contested lists the addresses lost to another MAC (while probing, or
+// yielded after a defence), sorted; an address taken since is not
+// listed.
+func (a *Announcer) Contested() []Conflict {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Conflict, 0, len(a.conflicts))
+	for ip, c := range a.conflicts {
+		if h := a.held[ip]; h != nil && h.held {
+			continue
+		}
+		out = append(out, *c)
+	}
+	slices.SortFunc(out, func(x, y Conflict) int { return x.Addr.Compare(y.Addr) })
+	return out
+}
+
+// InUseBy is the MAC that holds ip instead of this node, or nil when ip
+// is not contested.
+func (a *Announcer) InUseBy(ip netip.Addr) net.HardwareAddr {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if h := a.held[ip]; h != nil && h.held {
+		return nil
+	}
+	if c := a.conflicts[ip]; c != nil {
+		return c.MAC
+	}
+	return nil
+}
+
+// Holds reports whether this node answers for ip now.
+func (a *Announcer) Holds(ip netip.Addr) bool { return a.holds(ip.Unmap()) }
+
+// contest records that mac, not ours, claims ip: it answered or
+// announced it, used it as its sender address, or (probe) probed it
+// itself.
+//
+// An address being probed is then left to it (RFC 5227 2.1.1, RFC 4862
+// 5.4.3 and 5.4.4; a probe against ours counts: both hosts back off and
+// try again after a random delay); when mac is a peer node's, as a
+// hand-back, asked again soon and no conflict.
+//
+// A held address is defended once against a foreign MAC; a second claim
+// within DefendInterval, and beyond DefendGrace of the defence, makes this
+// node yield it (RFC 5227 2.4 (b)). While its takeover burst runs, the
+// first foreign claim makes it leave instead: it raced a holder and lost.
+// Another host's probe of a held address is no claim: it is answered. A
+// peer node's claim on a held address is left to the election: whichever
+// node it picks keeps or lets go, through Set.
+func (a *Announcer) contest(ip netip.Addr, mac net.HardwareAddr, probe bool) {
+	if macEqual(mac, a.ifi.HardwareAddr) || len(mac) == 0 {
 		return
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	h := a.held[ip]
-	if h == nil || h.held {
+	if h == nil {
+		a.mu.Unlock()
 		return
 	}
-	select {
-	case <-h.contested:
+	peer := a.peers[string(mac)]
+	switch {
+	case !h.held && peer:
+		if h.peerBy == nil {
+			h.peerBy = slices.Clone(mac)
+		}
+		a.mu.Unlock()
+		return
+	case !h.held:
+		if h.by == nil {
+			h.by = slices.Clone(mac)
+			close(h.foreign)
+		}
+		a.mu.Unlock()
+		return
+	case peer:
+		a.counters.PeerClaims++
+		a.mu.Unlock()
+		return
+	case probe:
+		a.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	switch {
+	case now.Before(h.taking):
+		// Claimed while this node sends its takeover burst: another host
+		// held it, and its answer to the probe was not heard in time.
+		a.yieldLocked(ip, h, mac)
+		a.mu.Unlock()
+		a.log.Warn("no longer answering for address: another host claimed it while this node took it", "address", ip, "mac", mac.String())
+		a.changed()
+	case h.defended.IsZero() || now.Sub(h.defended) >= a.cfg.Conflict.DefendInterval:
+		h.defended = now
+		a.counters.Defended++
+		a.mu.Unlock()
+		a.log.Warn("defending address against another host", "address", ip, "mac", mac.String())
+		a.announce(ip)
+	case now.Sub(h.defended) < a.cfg.Conflict.DefendGrace:
+		a.mu.Unlock() // the claim just defended against
 	default:
-		close(h.contested)
+		// Claimed again within DefendInterval: yield.
+		a.yieldLocked(ip, h, mac)
+		a.mu.Unlock()
+		a.log.Warn("no longer answering for address: another host claims it", "address", ip, "mac", mac.String())
+		a.changed()
+	}
+}
+
+// yieldLocked stops answering for the held ip, left to mac, and records
+// the conflict. a.mu is held.
+func (a *Announcer) yieldLocked(ip netip.Addr, h *holding, mac net.HardwareAddr) {
+	close(h.cancel)
+	delete(a.held, ip)
+	_ = a.leave(ip)
+	a.counters.Yielded++
+	a.conflictLocked(ip, mac)
+}
+
+// SetPeers replaces the LAN MACs of the cluster's other nodes (each Node's
+// village.cni.io/lan-mac, read from the API server). Their frames are a
+// hand-back between nodes, left to the election, never a conflict; a MAC
+// not among them is another host's. Conflicts recorded against a MAC that
+// is now a peer's (a node heard before its Node published it) are
+// dropped: they were a hand-back, and hold up no probe.
+func (a *Announcer) SetPeers(macs []net.HardwareAddr) {
+	peers := make(map[string]bool, len(macs))
+	for _, m := range macs {
+		if len(m) == 6 && !macEqual(m, a.ifi.HardwareAddr) {
+			peers[string(m)] = true
+		}
+	}
+	a.mu.Lock()
+	a.peers = peers
+	dropped := false
+	for ip, c := range a.conflicts {
+		if peers[string(c.MAC)] {
+			delete(a.conflicts, ip)
+			dropped = true
+		}
+	}
+	a.mu.Unlock()
+	if dropped {
+		a.changed()
 	}
 }
 
 // probe asks the LAN once whether anyone answers for ip.
 func (a *Announcer) probe(ip netip.Addr) error {
+	a.count(func(c *Counters) { c.Probes++ })
 	if ip.Is4() {
 		return a.v4.probe(ip)
 	}

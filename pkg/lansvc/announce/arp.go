@@ -73,8 +73,14 @@ func (a *Announcer) serveARP() {
 			// is not the end of the socket.
 			continue
 		}
-		if p.SenderIP.IsValid() && !p.SenderIP.IsUnspecified() {
-			a.contest(p.SenderIP, p.SenderHardwareAddr)
+		switch {
+		case p.SenderIP.IsValid() && !p.SenderIP.IsUnspecified():
+			// An answer, an announcement or any use of the address as
+			// a sender: a claim (RFC 5227 2.1.1, 2.4).
+			a.contest(p.SenderIP, p.SenderHardwareAddr, false)
+		case p.Operation == arp.OperationRequest && p.TargetIP.IsValid():
+			// Another host's probe (sender 0.0.0.0) for the address.
+			a.contest(p.TargetIP, p.SenderHardwareAddr, true)
 		}
 		if !answerARP(p, a.v4.mac) || !a.holds(p.TargetIP) {
 			continue

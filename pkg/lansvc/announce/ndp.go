@@ -157,18 +157,33 @@ func (s *ndpSide) unsolicited(ip netip.Addr) error {
 	return nil
 }
 
-// probe asks the LAN who holds ip: a solicitation to its solicited-node
-// group, which the holder answers.
+// probe asks the LAN who holds ip as RFC 4862 5.4.2's duplicate address
+// detection does: a solicitation from the unspecified address, with no
+// link-layer option, to ip's solicited-node group. The holder answers to
+// all nodes, and another host probing at the same moment sees a probe,
+// not a claim. The kernel would put a source address of its own on a
+// socket's packet, so the packet is built whole and sent on the packet
+// socket.
 func (s *ndpSide) probe(ip netip.Addr) error {
 	g, err := solicitedNode(ip)
 	if err != nil {
 		return err
 	}
-	m := &ndp.NeighborSolicitation{
-		TargetAddress: ip,
-		Options:       []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: s.ifi.HardwareAddr}},
+	body, err := ndp.MarshalMessageChecksum(&ndp.NeighborSolicitation{TargetAddress: ip}, netip.IPv6Unspecified(), g)
+	if err != nil {
+		return fmt.Errorf("neighbour solicitation probing %s: %w", ip, err)
 	}
-	if err := s.c.WriteTo(m, s.cm(), g.WithZone(s.zone)); err != nil {
+	pkt := make([]byte, ipv6.HeaderLen, ipv6.HeaderLen+len(body))
+	pkt[0] = 6 << 4
+	pkt[4], pkt[5] = byte(len(body)>>8), byte(len(body))
+	pkt[6], pkt[7] = 58, ndp.HopLimit // ICMPv6
+	// source: the unspecified address, zero already
+	g16 := g.As16()
+	copy(pkt[24:40], g16[:])
+	pkt = append(pkt, body...)
+	// RFC 2464 7: 33:33 and the group's low 32 bits.
+	dst := net.HardwareAddr{0x33, 0x33, g16[12], g16[13], g16[14], g16[15]}
+	if _, err := s.rx.WriteTo(pkt, &packet.Addr{HardwareAddr: dst}); err != nil {
 		return fmt.Errorf("neighbour solicitation probing %s on %s: %w", ip, s.ifi.Name, err)
 	}
 	return nil
@@ -200,14 +215,24 @@ func (a *Announcer) serveNDP() {
 		if !ok {
 			continue
 		}
+		var mac net.HardwareAddr
+		if pa, ok := from.(*packet.Addr); ok {
+			mac = pa.HardwareAddr
+		}
 		if na, isNA := m.(*ndp.NeighborAdvertisement); isNA {
-			if pa, ok := from.(*packet.Addr); ok {
-				a.contest(na.TargetAddress, pa.HardwareAddr)
-			}
+			a.contest(na.TargetAddress, mac, false) // RFC 4862 5.4.4
 			continue
 		}
 		ns, isNS := m.(*ndp.NeighborSolicitation)
-		if !isNS || !a.holds(ns.TargetAddress) {
+		if !isNS {
+			continue
+		}
+		if src.IsUnspecified() {
+			a.contest(ns.TargetAddress, mac, true) // another host's DAD, RFC 4862 5.4.3
+		} else {
+			a.contest(src, mac, false) // another host using the address as its source
+		}
+		if !a.holds(ns.TargetAddress) {
 			continue
 		}
 		// RFC 4861 7.2.4: a solicitation from the unspecified address

@@ -40,6 +40,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -96,6 +97,13 @@ type Config struct {
 	Settled func() bool
 	// Speaker gets the wants; nil: none (tests).
 	Speaker Speaker
+	// Holds says whether this node answers for an address now
+	// (announce.Announcer.Holds): the announcer annotation is written
+	// only then. InUseBy is the MAC that answers for it instead, nil
+	// when none does: the Service then gets a Warning Event. nil: the
+	// election's word is taken (tests).
+	Holds   func(netip.Addr) bool
+	InUseBy func(netip.Addr) net.HardwareAddr
 	Resync  time.Duration // 0: DefaultResync
 	Logf    func(string, ...any)
 }
@@ -277,9 +285,36 @@ func (c *Controller) pass(ctx context.Context) {
 		return
 	}
 	for _, m := range mine {
+		if c.cfg.Holds != nil && !c.cfg.Holds(m.ip) {
+			var mac net.HardwareAddr
+			if c.cfg.InUseBy != nil {
+				mac = c.cfg.InUseBy(m.ip)
+			}
+			if mac != nil {
+				for _, a := range m.acc {
+					c.contested(ctx, a.svc, m.ip, mac)
+				}
+			}
+			continue // probing still, or contested
+		}
 		for _, a := range m.acc {
 			c.markAnnouncer(ctx, a.svc, m.ip)
 		}
+	}
+}
+
+// contested reports on svc that mac, not this node, answers for ip: a
+// Warning Event, and the announcer annotation removed if it names this
+// node.
+func (c *Controller) contested(ctx context.Context, svc *corev1.Service, ip netip.Addr, mac net.HardwareAddr) {
+	c.event(svc, corev1.EventTypeWarning, kubenames.ReasonLANAddressInUse,
+		fmt.Sprintf("address %s in use by MAC %s: node %s, elected for it, does not answer (another cluster with an overlapping range, or a host that took it)", ip, mac, c.cfg.Node))
+	if svc.Annotations[kubenames.AnnotationLANAnnouncer] != c.cfg.Node {
+		return
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{kubenames.AnnotationLANAnnouncer: nil}}})
+	if _, err := c.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}); err != nil {
+		c.cfg.Logf("LAN Services: announcer of %s/%s: %v", svc.Namespace, svc.Name, err)
 	}
 }
 

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,7 +53,7 @@ type env struct {
 
 // start runs a real kube-apiserver, a disk store (the LAN pool's) in a
 // temp dir and the controller over shared informers, as the agent does.
-func start(t *testing.T, ranges string, requireClass bool) *env {
+func start(t *testing.T, ranges string, requireClass bool, opts ...func(*Config)) *env {
 	kube := kubetest.Start(t, kubetest.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -68,13 +71,17 @@ func start(t *testing.T, ranges string, requireClass bool) *env {
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.Client.CoreV1().Events("")})
 	t.Cleanup(b.Shutdown)
 	e := &env{t: t, ctx: ctx, cs: kube.Client, store: st, sp: &speakerRec{}}
-	e.ctl, err = New(Config{Node: "n1", Client: kube.Client,
+	cfg := Config{Node: "n1", Client: kube.Client,
 		Services: f.Core().V1().Services().Informer(), EndpointSlices: f.Discovery().V1().EndpointSlices().Informer(),
 		Nodes: f.Core().V1().Nodes().Informer(), Namespaces: f.Core().V1().Namespaces().Informer(),
 		Events:       b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: kubenames.Agent, Host: "n1"}),
 		Alloc:        &alloc.Allocator{Store: st, Sets: sets},
 		RequireClass: requireClass, Speaker: e.sp, Resync: time.Second, Logf: t.Logf,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	e.ctl, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,4 +416,59 @@ func TestControllerKeepsForeignIngress(t *testing.T) {
 	if err := e.cs.CoreV1().Services("home").Delete(e.ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestControllerContestedAddress: the node elected for an address that
+// another MAC answers for (the announcer yielded it, or lost its probe)
+// writes a Warning Event naming the address and the MAC, and no announcer
+// annotation; once it holds the address the annotation names it, and when
+// it loses the address again the annotation goes.
+func TestControllerContestedAddress(t *testing.T) {
+	var holds atomic.Bool
+	foreign := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x99}
+	e := start(t, `[[{"subnet":"192.168.50.0/24","rangeStart":"192.168.50.241","rangeEnd":"192.168.50.241"}]]`, false, func(c *Config) {
+		c.Holds = func(netip.Addr) bool { return holds.Load() }
+		c.InUseBy = func(netip.Addr) net.HardwareAddr {
+			if holds.Load() {
+				return nil
+			}
+			return foreign
+		}
+	})
+	e.ns("home", true)
+	e.node("n1", true, nil)
+	e.svc("home", "web")
+	e.wantIngress("home", "web", "[192.168.50.241]")
+	e.event("home", "web", kubenames.ReasonLANAddressInUse)
+	evs, err := e.cs.CoreV1().Events("home").List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs.Items {
+		switch ev.Reason {
+		case kubenames.ReasonLANAddressInUse:
+			if ev.Type != corev1.EventTypeWarning || !strings.HasPrefix(ev.Message, "address 192.168.50.241 in use by MAC 02:00:00:00:00:99") {
+				t.Errorf("Event %s %s: %q", ev.Type, ev.Reason, ev.Message)
+			}
+		case kubenames.ReasonLANAnnounced:
+			t.Errorf("Event %q while another MAC holds the address", ev.Message)
+		}
+	}
+	annotation := func() string {
+		s, err := e.cs.CoreV1().Services("home").Get(e.ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return s.Annotations[kubenames.AnnotationLANAnnouncer]
+	}
+	if a := annotation(); a != "" {
+		t.Fatalf("announcer annotation %q while another MAC holds the address", a)
+	}
+	holds.Store(true)
+	e.ctl.Kick()
+	within(t, "the announcer annotation once held", func() bool { return annotation() == "n1" })
+	e.event("home", "web", kubenames.ReasonLANAnnounced)
+	holds.Store(false)
+	e.ctl.Kick()
+	within(t, "the announcer annotation gone once yielded", func() bool { return annotation() == "" })
 }

@@ -36,6 +36,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -86,7 +87,15 @@ type Config struct {
 	// Log receives the gossip's own log lines at debug level; nil means
 	// slog.Default.
 	Log *slog.Logger
+	// MaxMembers bounds the members this agent keeps (besides itself);
+	// 0 means DefaultMaxMembers. Beyond it a new name is refused, and a
+	// known Node pushes out a member that is none, else the oldest.
+	MaxMembers int
 }
+
+// DefaultMaxMembers is far above the nodes of a LAN, and keeps a host
+// that joins under ever new names from growing the map without bound.
+const DefaultMaxMembers = 256
 
 // Timings of the gossip; see the package comment.
 const (
@@ -107,9 +116,18 @@ type Members struct {
 	peers     []string
 	settledAt time.Time         // zero: not settled, and no exchange with a peer yet
 	waiting   time.Time         // the start or last Reset: when settling alone is measured from
-	alive     map[string]string // live agents: name -> gossip address
+	alive     map[string]member // live agents, Nodes only once nodes is known
+	nodes     map[string]string // the Kubernetes Nodes: name -> published gossip address; nil: not known yet
 	joinAll   bool              // the next rejoin joins every peer, alive or not
 	kick      chan struct{}
+
+	refused atomic.Uint64 // alive messages refused: no Node, not its address, or beyond MaxMembers
+}
+
+// member is a live agent in this agent's view.
+type member struct {
+	addr  string // its gossip address
+	since time.Time
 }
 
 // Start joins the gossip on cfg.Addr. It returns at once: peers that do
@@ -130,11 +148,14 @@ func Start(cfg Config) (*Members, error) {
 	if cfg.Alone == 0 {
 		cfg.Alone = DefaultAlone
 	}
+	if cfg.MaxMembers == 0 {
+		cfg.MaxMembers = DefaultMaxMembers
+	}
 	lg := cfg.Log
 	if lg == nil {
 		lg = slog.Default()
 	}
-	m := &Members{cfg: cfg, log: lg.With("component", "members"), done: make(chan struct{}), alive: map[string]string{}, kick: make(chan struct{}, 1)}
+	m := &Members{cfg: cfg, log: lg.With("component", "members"), done: make(chan struct{}), alive: map[string]member{}, kick: make(chan struct{}, 1)}
 	m.peers = m.normalise(cfg.Peers)
 	m.waiting = time.Now()
 
@@ -158,6 +179,7 @@ func Start(cfg Config) (*Members, error) {
 	// (DHCP on the LAN) is the same node.
 	mc.DeadNodeReclaimTime = time.Second
 	mc.Events = &events{m: m}
+	mc.Alive = &events{m: m}
 	mc.Logger = log.New(slogWriter{m.log}, "", 0)
 	if len(cfg.Key) > 0 {
 		mc.SecretKey = cfg.Key
@@ -209,6 +231,74 @@ func (m *Members) SetPeers(peers []string) {
 	m.mu.Lock()
 	m.peers = n
 	m.mu.Unlock()
+}
+
+// SetNodes tells which members may count: the Kubernetes Nodes, each
+// with the gossip address it published (village.cni.io/lan-member; ""
+// while it has published none). From then on only an agent whose name is
+// a Node and whose address is the one that Node published counts as
+// alive (and so as a writer or announcer): a LAN host without the gossip
+// key joining under a new name, or under a Node's name from another
+// address, is refused. nil means not known (the API server has not
+// answered and nothing was kept): every member counts, up to MaxMembers.
+func (m *Members) SetNodes(nodes map[string]string) {
+	m.mu.Lock()
+	if nodes != nil {
+		nodes = maps.Clone(nodes)
+	}
+	m.nodes = nodes
+	dropped := false
+	for name, mb := range m.alive {
+		if m.refuseLocked(name, mb.addr) != nil {
+			delete(m.alive, name)
+			dropped = true
+		}
+	}
+	m.mu.Unlock()
+	if dropped {
+		m.changed()
+	}
+}
+
+// refuseLocked says why the agent name at addr does not count, or nil
+// when it does. m.mu is held.
+func (m *Members) refuseLocked(name, addr string) error {
+	if m.nodes == nil || name == m.cfg.Name {
+		return nil
+	}
+	want, ok := m.nodes[name]
+	switch {
+	case !ok:
+		return fmt.Errorf("%q is no Kubernetes Node", name)
+	case want != addr:
+		return fmt.Errorf("Node %s published gossip address %q, not %s", name, want, addr)
+	}
+	return nil
+}
+
+// admitLocked makes room for name among the alive, under MaxMembers: a
+// member that is no Node goes first, else the oldest; a name that is no
+// Node is refused instead when full. m.mu is held.
+func (m *Members) admitLocked(name string) error {
+	if _, ok := m.alive[name]; ok || len(m.alive) < m.cfg.MaxMembers {
+		return nil
+	}
+	if _, isNode := m.nodes[name]; !isNode {
+		return fmt.Errorf("%d members already (the most kept): %q refused", len(m.alive), name)
+	}
+	victim := ""
+	for n, mb := range m.alive {
+		_, isNode := m.nodes[n]
+		if !isNode {
+			victim = n
+			break
+		}
+		if victim == "" || mb.since.Before(m.alive[victim].since) {
+			victim = n
+		}
+	}
+	delete(m.alive, victim)
+	return nil
 }
 
 // Alive reports whether the agent of node is alive in this agent's view.
@@ -284,8 +374,8 @@ func (m *Members) rejoin() {
 	alive := map[string]bool{}
 	m.mu.Lock()
 	others := 0
-	for n, addr := range m.alive {
-		alive[addr] = true
+	for n, mb := range m.alive {
+		alive[mb.addr] = true
 		if n != m.cfg.Name {
 			others++
 		}
@@ -392,18 +482,56 @@ func (m *Members) changed() {
 // them in place later, so the view is a copy.
 type events struct{ m *Members }
 
-func (e *events) set(n *memberlist.Node, alive bool) {
+// set records n alive or not, and says whether it counts.
+func (e *events) set(n *memberlist.Node, alive bool) bool {
 	e.m.mu.Lock()
-	if alive {
-		e.m.alive[n.Name] = n.Address()
-	} else {
+	defer e.m.mu.Unlock()
+	if !alive {
 		delete(e.m.alive, n.Name)
+		return false
 	}
-	e.m.mu.Unlock()
+	if e.m.refuseLocked(n.Name, n.Address()) != nil || e.m.admitLocked(n.Name) != nil {
+		delete(e.m.alive, n.Name)
+		return false
+	}
+	since := time.Now()
+	if old, ok := e.m.alive[n.Name]; ok {
+		since = old.since
+	}
+	e.m.alive[n.Name] = member{addr: n.Address(), since: since}
+	return true
 }
 
+// NotifyAlive (memberlist.AliveDelegate) keeps out of memberlist's own
+// member map an agent that does not count, and any new name beyond
+// MaxMembers: a LAN host cannot grow it without bound.
+func (e *events) NotifyAlive(n *memberlist.Node) error {
+	if n.Name == e.m.cfg.Name {
+		return nil
+	}
+	e.m.mu.Lock()
+	err := e.m.refuseLocked(n.Name, n.Address())
+	if _, ok := e.m.alive[n.Name]; err == nil && !ok && len(e.m.alive) >= e.m.cfg.MaxMembers {
+		if _, isNode := e.m.nodes[n.Name]; !isNode {
+			err = fmt.Errorf("%d members already (the most kept): %q refused", len(e.m.alive), n.Name)
+		}
+	}
+	e.m.mu.Unlock()
+	if err != nil {
+		e.m.refused.Add(1)
+	}
+	return err
+}
+
+// Refused counts the alive messages refused so far: agents that are no
+// Node, or not at the address their Node published, or new names beyond
+// MaxMembers.
+func (m *Members) Refused() uint64 { return m.refused.Load() }
+
 func (e *events) NotifyJoin(n *memberlist.Node) {
-	e.set(n, true)
+	if !e.set(n, true) {
+		return
+	}
 	if n.Name != e.m.cfg.Name {
 		e.m.startSettle()
 	}
@@ -421,6 +549,8 @@ func (e *events) NotifyUpdate(n *memberlist.Node) {
 	e.set(n, true)
 	e.m.changed()
 }
+
+var _ memberlist.AliveDelegate = (*events)(nil)
 
 // dialTransport is the NetTransport with its dials replaced.
 type dialTransport struct {

@@ -32,8 +32,10 @@ import (
 	"github.com/village-cni/village/pkg/lansvc/elect"
 )
 
-// retryContested is how soon an address left to another holder is
-// probed again.
+// retryContested is how soon the speaker asks the Announcer again for an
+// address left to another holder; the Announcer itself decides when it is
+// probed again (its random delay, and its rate limit after repeated
+// conflicts), so a contested address is not probed at this pace forever.
 const retryContested = 200 * time.Millisecond
 
 // Announcer is what the speaker needs of pkg/lansvc/announce.
@@ -193,10 +195,11 @@ func (s *Speaker) sync() {
 		mine = elect.Mine(s.cfg.Node, wants, s.cfg.Members.Alive)
 	}
 	err := s.cfg.Announcer.Set(mine)
-	if errors.Is(err, announce.ErrContested) {
+	if errors.Is(err, announce.ErrHandBack) || errors.Is(err, announce.ErrContested) {
 		// Another node still answers for an address this one should
-		// take: it lets go as soon as it sees the same members. Try
-		// again soon rather than at the next period.
+		// take (a hand-back: it lets go as soon as it sees the same
+		// members), or another host does (the Announcer paces those
+		// probes itself). Try again soon rather than at the next period.
 		time.AfterFunc(retryContested, s.Kick)
 	}
 	msg := ""
