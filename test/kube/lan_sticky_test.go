@@ -25,12 +25,23 @@ import (
 // image), with that ConfigMap and NetworkPolicy on, and is upgraded to the
 // checkout first (checkUpgrade, upgrade_test.go): the sticky pods run on
 // the upgraded cluster.
+// noBandwidth takes the chained bandwidth plugin out of the home-lab
+// ConfigMap: the release's image ships no bandwidth binary, so the
+// ConfigMap its users run (and keep over the upgrade) chains none, and a
+// pod's ADD and DEL through one that did would fail on the release.
+var noBandwidth = [2]string{`,
+        {
+          "type": "bandwidth",
+          "capabilities": { "bandwidth": true }
+        }`, ``}
+
 func TestLANStickyPods(t *testing.T) {
 	release := kubecluster.LastRelease(t)
 	c := kubecluster.Start(t, kubecluster.Options{Release: release})
 	config := installLANConfig(t, c,
 		[2]string{`"store": { "type": "kubernetes"`, `"sticky": "10m", "store": { "type": "kubernetes"`},
-		[2]string{`"hairpinMode": true,`, `"hairpinMode": true, "networkPolicy": true,`})
+		[2]string{`"hairpinMode": true,`, `"hairpinMode": true, "networkPolicy": true,`},
+		noBandwidth)
 	if !t.Run("UpgradeFromRelease", func(t *testing.T) { checkUpgrade(t, c, release, config) }) {
 		t.FailNow()
 	}
