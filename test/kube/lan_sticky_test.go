@@ -14,6 +14,16 @@ import (
 	"github.com/village-cni/village/pkg/kubenames"
 )
 
+// noBandwidth takes the chained bandwidth plugin out of the home-lab
+// ConfigMap: the release's image ships no bandwidth binary, so the
+// ConfigMap its users run (and keep over the upgrade) chains none, and a
+// pod's ADD and DEL through one that did would fail on the release.
+var noBandwidth = [2]string{`,
+        {
+          "type": "bandwidth",
+          "capabilities": { "bandwidth": true }
+        }`, ``}
+
 // TestLANStickyPods: the home-lab ConfigMap with "sticky" in its LAN pool
 // (kept as Leases): a pod deleted on node-1 and created again with the same
 // namespace/name on node-2 gets its LAN address back without naming it,
@@ -25,16 +35,6 @@ import (
 // image), with that ConfigMap and NetworkPolicy on, and is upgraded to the
 // checkout first (checkUpgrade, upgrade_test.go): the sticky pods run on
 // the upgraded cluster.
-// noBandwidth takes the chained bandwidth plugin out of the home-lab
-// ConfigMap: the release's image ships no bandwidth binary, so the
-// ConfigMap its users run (and keep over the upgrade) chains none, and a
-// pod's ADD and DEL through one that did would fail on the release.
-var noBandwidth = [2]string{`,
-        {
-          "type": "bandwidth",
-          "capabilities": { "bandwidth": true }
-        }`, ``}
-
 func TestLANStickyPods(t *testing.T) {
 	release := kubecluster.LastRelease(t)
 	c := kubecluster.Start(t, kubecluster.Options{Release: release})
