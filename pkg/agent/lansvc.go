@@ -208,7 +208,9 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 		}
 	})
 	logf("LAN Services: Service addresses %s on %s (gossip %s, %s), requireClass %v", svc, ifname, self, gossip, svc.RequireClass)
-	publishMember(ctx, side, c.Node, self, ls.ann.HardwareAddr().String(), logf)
+	// Published beside the status, not before it: the status file says
+	// what this node answers for even while the API server is away.
+	wg.Go(func() { publishMember(ctx, side, c.Node, self, ls.ann.HardwareAddr().String(), logf) })
 	ls.ipvsCheck(side, c.Node, logf)
 	ls.statusLoop(ctx, a.opts.RunDir, c.Net.Name, func() *KeptLANServices {
 		if !ls.ctl.Known() || !side.nodes().HasSynced() {

@@ -162,6 +162,9 @@ func (lab *agentLab) setup(lan *LAN, conflist func(dataDir string) string, count
 	}
 	t.Cleanup(func() {
 		for _, n := range lab.nodes {
+			if t.Failed() && os.Getenv("VILLAGE_DEBUG_QUIT") != "" {
+				n.stop(t, syscall.SIGQUIT)
+			}
 			n.stop(t, syscall.SIGTERM)
 			if t.Failed() {
 				t.Logf("villaged log of %s:\n%s", n.name, n.log.String())

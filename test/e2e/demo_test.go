@@ -58,8 +58,36 @@ func TestDemo(t *testing.T) {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
-		if err == nil && strings.Contains(string(b), "mdnsdemo") {
+		if err == nil && runsDemoBinary(string(b)) {
 			t.Errorf("demo.sh left a process behind: %s %q", p, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+}
+
+// runsDemoBinary reports whether a process's command line (NUL-separated)
+// runs the demo's mDNS binary, which demo.sh builds as <its temporary
+// directory>/mdnsdemo and starts through "ip netns exec". A "go test" of
+// every package names the package path internal/mdnsdemo, which is no
+// such process.
+func runsDemoBinary(cmdline string) bool {
+	for _, arg := range strings.Split(cmdline, "\x00") {
+		if filepath.IsAbs(arg) && filepath.Base(arg) == "mdnsdemo" {
+			return true
+		}
+	}
+	return false
+}
+
+func TestRunsDemoBinary(t *testing.T) {
+	for cmdline, want := range map[string]bool{
+		"/tmp/vdemo.123/mdnsdemo\x00serve\x00-iface\x00net1\x00":                         true,
+		"ip\x00netns\x00exec\x00vdemo1-lanpod\x00/tmp/vdemo.123/mdnsdemo\x00serve\x00":   true,
+		"go\x00test\x00-count=1\x00github.com/village-cni/village/internal/mdnsdemo\x00": false,
+		"go\x00build\x00-o\x00/tmp/x/other\x00./internal/mdnsdemo\x00":                   false,
+		"": false,
+	} {
+		if got := runsDemoBinary(cmdline); got != want {
+			t.Errorf("runsDemoBinary(%q) = %v, want %v", cmdline, got, want)
 		}
 	}
 }

@@ -30,6 +30,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
 	"./pkg/landhcp":         {"FuzzReadRequest"},
+	"./internal/mdnsdemo":   {"FuzzAnswer"},
 	"./pkg/validate": {"FuzzLinkName", "FuzzMAC", "FuzzMTU", "FuzzNodeName", "FuzzNamespaceName",
 		"FuzzNetworkName", "FuzzContainerID", "FuzzLogLevel"},
 }

@@ -332,10 +332,28 @@ func (m *Members) Live() []string {
 func (m *Members) Settled() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.peers) == 0 {
+	if !m.othersLocked() {
 		return true
 	}
 	return !m.settledAt.IsZero() && !time.Now().Before(m.settledAt)
+}
+
+// othersLocked reports whether there are other agents to wait for: a
+// peer address, or another Node that has published none yet. On a fresh
+// cluster every agent starts at once, before any has published its
+// gossip address; each alone would claim every Service address, and the
+// claims would flap until the gossip formed. Such an agent waits for a
+// peer's exchange or for Alone, as one with peers does. m.mu is held.
+func (m *Members) othersLocked() bool {
+	if len(m.peers) > 0 {
+		return true
+	}
+	for name := range m.nodes {
+		if name != m.cfg.Name {
+			return true
+		}
+	}
+	return false
 }
 
 // Close leaves the gossip (telling the others at once, so they need not
@@ -367,8 +385,9 @@ func (m *Members) rejoin() {
 	m.mu.Lock()
 	peers := slices.Clone(m.peers)
 	all := m.joinAll
+	waits := m.othersLocked()
 	m.mu.Unlock()
-	if len(peers) == 0 {
+	if !waits {
 		return
 	}
 	alive := map[string]bool{}

@@ -152,3 +152,46 @@ func TestKeyKeepsOthersOut(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitsForUnpublishedNodes: an agent that knows of no peer address
+// but of another Node (which has published no gossip address yet, as
+// every Node of a cluster whose agents all start at once) is not settled
+// at once: it waits for an exchange or for Alone. An agent whose Nodes
+// are only itself settles at once.
+func TestWaitsForUnpublishedNodes(t *testing.T) {
+	l := testenv.NewLAN(t)
+	start := func(name, addr string) *members.Members {
+		h := l.Host("eth0", addr+"/24")
+		var m *members.Members
+		if err := testenv.InNS(h.NS, func() (err error) {
+			m, err = members.Start(members.Config{Name: name, Addr: netip.MustParseAddr(addr), Key: testKey,
+				Alone: 2 * time.Second, Dial: testenv.DialerIn(h.NS)})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		return m
+	}
+	single := start("node-1", "192.168.78.21")
+	single.SetNodes(map[string]string{"node-1": "192.168.78.21:7947"})
+	if !single.Settled() {
+		t.Errorf("the only Node's agent is not settled at once")
+	}
+
+	m := start("node-2", "192.168.78.22")
+	began := time.Now()
+	m.SetNodes(map[string]string{"node-2": "192.168.78.22:7947", "node-3": ""})
+	if m.Settled() {
+		t.Fatalf("an agent with another Node that published no gossip address is settled at once")
+	}
+	testenv.WaitFor(t, "node-2 settles alone", func() error {
+		if !m.Settled() {
+			return fmt.Errorf("not settled")
+		}
+		return nil
+	})
+	if d := time.Since(began); d < 2*time.Second {
+		t.Errorf("settled after %v, before Alone (2s)", d)
+	}
+}
