@@ -99,7 +99,7 @@ func (a *agent) runLANServices(ctx context.Context, side *kubeSide, ifname strin
 	c, logf := a.c, a.opts.logf
 	svc := c.Net.LAN.Services
 	defer st.Close()
-	log := slog.New(slog.NewTextHandler(logWriter{logf}, nil))
+	log := slog.New(newLogfHandler(logf, "LAN Services"))
 	ls := &lanServices{}
 	// The members' changes kick the speaker and the controller, made after
 	// the members.
@@ -539,12 +539,4 @@ func contestedLines(cs []announce.Conflict) []string {
 			c.Addr, c.MACText, c.Conflicts, c.Last.Format("15:04:05"), c.NextProbe.Format("15:04:05")))
 	}
 	return lines
-}
-
-// logWriter turns the lansvc packages' slog lines into the agent's log.
-type logWriter struct{ logf func(string, ...any) }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	w.logf("%s", strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
