@@ -1,0 +1,434 @@
+package wireguard
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/device"
+	"golang.zx2c4.com/wireguard/ipc"
+	"golang.zx2c4.com/wireguard/tun"
+	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// Userspace policies: when Ensure uses the kernel's WireGuard and when
+// wireguard-go.
+const (
+	UserspaceAuto   = "auto"   // the kernel's when it can make the device, wireguard-go otherwise
+	UserspaceNever  = "never"  // the kernel's or an error
+	UserspaceAlways = "always" // wireguard-go even where the kernel has WireGuard
+)
+
+// ErrNoKernel is wrapped by Ensure's error when the policy is "never" and
+// the kernel cannot make a WireGuard device (no module).
+var ErrNoKernel = errors.New("the kernel has no WireGuard support")
+
+// ErrInUse is wrapped by Ensure's error when the name is taken by a link
+// that is not a WireGuard device this process can manage.
+var ErrInUse = errors.New("interface name in use")
+
+// DeviceConfig is what Ensure makes a device have.
+type DeviceConfig struct {
+	Name       string      // interface name, at most 15 bytes
+	PrivateKey wgtypes.Key // see LoadOrCreateKey
+	ListenPort int         // UDP port the device receives on (1-65535)
+	MTU        int         // 0: leave the device's (1420 when made)
+	Userspace  string      // UserspaceAuto ("" too), UserspaceNever, UserspaceAlways
+	// Logf receives wireguard-go's error lines and the reason auto fell back to
+	// userspace; nil drops them.
+	Logf func(format string, args ...any)
+}
+
+// Peer is one remote node as the device should know it.
+type Peer struct {
+	PublicKey           wgtypes.Key
+	Endpoint            *net.UDPAddr // nil: learnt when the peer sends first
+	AllowedIPs          []net.IPNet  // the peer's pod subnets
+	PersistentKeepalive time.Duration
+}
+
+// Device is a WireGuard interface in the current network namespace, made
+// by Ensure.
+type Device struct {
+	name   string
+	client *wgctrl.Client
+	us     *userspace // nil for a kernel device
+}
+
+// userspace is a wireguard-go device this process runs.
+type userspace struct {
+	dev  *device.Device
+	uapi net.Listener
+	done chan struct{} // closed when the UAPI accept loop ends
+}
+
+// running holds the userspace devices of this process by name: Ensure
+// returns the same one until it is closed.
+var (
+	runningMu sync.Mutex
+	running   = map[string]*Device{}
+)
+
+const defaultMTU = 1420
+
+// Ensure makes the device cfg names exist (or takes the existing one),
+// gives it the private key and listen port, sets its MTU and brings it up.
+// It is idempotent: a second call with the same config changes nothing,
+// and one with another key, port or MTU changes just that. Peers are set
+// with SetPeers. A userspace device lives as long as this process (or
+// until Close): Ensure returns the same *Device for it each time, so its
+// callers share it.
+func Ensure(cfg DeviceConfig) (*Device, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	runningMu.Lock()
+	defer runningMu.Unlock()
+	_, existed := running[cfg.Name]
+	d, err := cfg.device()
+	if err != nil {
+		return nil, err
+	}
+	if err := d.configure(cfg); err != nil {
+		if d.us != nil && !existed {
+			_ = d.closeLocked()
+		}
+		return nil, err
+	}
+	return d, nil
+}
+
+func (cfg *DeviceConfig) check() error {
+	if cfg.Name == "" || len(cfg.Name) > unix.IFNAMSIZ-1 || strings.ContainsAny(cfg.Name, "/ \t\n:") {
+		return fmt.Errorf("wireguard: invalid interface name %q (1-15 bytes, no '/', ':' or spaces)", cfg.Name)
+	}
+	if cfg.ListenPort < 1 || cfg.ListenPort > 65535 {
+		return fmt.Errorf("wireguard: listen port %d out of range 1-65535", cfg.ListenPort)
+	}
+	if cfg.MTU != 0 && (cfg.MTU < 576 || cfg.MTU > 65535) {
+		return fmt.Errorf("wireguard: MTU %d out of range 576-65535", cfg.MTU)
+	}
+	if cfg.PrivateKey == (wgtypes.Key{}) {
+		return fmt.Errorf("wireguard: no private key")
+	}
+	switch cfg.Userspace {
+	case "":
+		cfg.Userspace = UserspaceAuto
+	case UserspaceAuto, UserspaceNever, UserspaceAlways:
+	default:
+		return fmt.Errorf("wireguard: userspace policy %q is none of auto, never, always", cfg.Userspace)
+	}
+	return nil
+}
+
+func (cfg DeviceConfig) logf(format string, args ...any) {
+	if cfg.Logf != nil {
+		cfg.Logf(format, args...)
+	}
+}
+
+// device finds or makes the device (runningMu held).
+func (cfg DeviceConfig) device() (*Device, error) {
+	link, err := netlink.LinkByName(cfg.Name)
+	if err != nil && !errors.As(err, &netlink.LinkNotFoundError{}) {
+		return nil, fmt.Errorf("wireguard: looking up %s: %w", cfg.Name, err)
+	}
+	own := running[cfg.Name]
+	if own != nil && (link == nil || link.Type() != "tuntap") {
+		// Someone deleted our TUN: the wireguard-go device is dead.
+		_ = own.closeLocked()
+		own = nil
+	}
+	switch {
+	case own != nil && cfg.Userspace == UserspaceNever:
+		return nil, fmt.Errorf("wireguard: %s is a userspace device but the policy is never: %w", cfg.Name, ErrInUse)
+	case own != nil:
+		return own, nil
+	case link != nil && link.Type() == "wireguard" && cfg.Userspace != UserspaceAlways:
+		return newDevice(cfg.Name, nil)
+	case link != nil:
+		return nil, fmt.Errorf("wireguard: %s exists as a %s link that this process does not run: %w", cfg.Name, link.Type(), ErrInUse)
+	}
+	if cfg.Userspace != UserspaceAlways {
+		err := netlink.LinkAdd(&netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{Name: cfg.Name}})
+		switch {
+		case err == nil:
+			return newDevice(cfg.Name, nil)
+		case !errors.Is(err, unix.EOPNOTSUPP):
+			return nil, fmt.Errorf("wireguard: making kernel device %s: %w", cfg.Name, err)
+		case cfg.Userspace == UserspaceNever:
+			return nil, fmt.Errorf("wireguard: making kernel device %s: %w (%v); the userspace policy never forbids wireguard-go", cfg.Name, ErrNoKernel, err)
+		}
+		cfg.logf("wireguard: the kernel cannot make %s (%v): using wireguard-go", cfg.Name, err)
+	}
+	return cfg.startUserspace()
+}
+
+func newDevice(name string, us *userspace) (*Device, error) {
+	c, err := wgctrl.New()
+	if err != nil {
+		return nil, fmt.Errorf("wireguard: opening the control client: %w", err)
+	}
+	return &Device{name: name, client: c, us: us}, nil
+}
+
+// startUserspace runs wireguard-go on a new TUN device and serves its UAPI
+// socket (/var/run/wireguard/<name>.sock), through which wgctrl, like the
+// wg tool, configures and reads it.
+//
+// wireguard-go opens its UDP sockets (and the TUN's netlink and ioctl
+// sockets) from its own goroutines, on whatever OS thread they run: they
+// land in that thread's network namespace. A device is therefore only
+// correct in a process whose every thread is in the namespace the device
+// lives in, as villaged is on its node; Ensure does not switch
+// namespaces, and tests run each node as its own process.
+func (cfg DeviceConfig) startUserspace() (*Device, error) {
+	mtu := cfg.MTU
+	if mtu == 0 {
+		mtu = defaultMTU
+	}
+	tdev, err := tun.CreateTUN(cfg.Name, mtu)
+	if err != nil {
+		return nil, fmt.Errorf("wireguard: making TUN device %s: %w", cfg.Name, err)
+	}
+	name := cfg.Name
+	logger := &device.Logger{
+		Verbosef: device.DiscardLogf,
+		Errorf: func(format string, args ...any) {
+			cfg.logf("wireguard-go %s: "+format, append([]any{name}, args...)...)
+		},
+	}
+	dev := device.NewDevice(tdev, conn.NewDefaultBind(), logger) // owns tdev from here
+	f, err := ipc.UAPIOpen(cfg.Name)
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("wireguard: opening the UAPI socket of %s: %w", cfg.Name, err)
+	}
+	l, err := ipc.UAPIListen(cfg.Name, f)
+	if err != nil {
+		f.Close()
+		dev.Close()
+		return nil, fmt.Errorf("wireguard: listening on the UAPI socket of %s: %w", cfg.Name, err)
+	}
+	us := &userspace{dev: dev, uapi: l, done: make(chan struct{})}
+	go func() {
+		defer close(us.done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go dev.IpcHandle(c)
+		}
+	}()
+	d, err := newDevice(cfg.Name, us)
+	if err != nil {
+		us.close(cfg.Name)
+		return nil, err
+	}
+	running[cfg.Name] = d
+	return d, nil
+}
+
+func (us *userspace) close(name string) {
+	_ = us.uapi.Close() // removes the socket file
+	<-us.done
+	us.dev.Close() // closes the TUN: the kernel removes the interface
+	_ = os.Remove(fmt.Sprintf("/var/run/wireguard/%s.sock", name))
+}
+
+// configure sets key, port, MTU and up.
+func (d *Device) configure(cfg DeviceConfig) error {
+	cur, err := d.client.Device(d.name)
+	if err != nil {
+		return fmt.Errorf("wireguard: reading %s: %w", d.name, err)
+	}
+	var c wgtypes.Config
+	if cur.PrivateKey != cfg.PrivateKey {
+		c.PrivateKey = &cfg.PrivateKey
+	}
+	if cur.ListenPort != cfg.ListenPort {
+		c.ListenPort = &cfg.ListenPort
+	}
+	if c.PrivateKey != nil || c.ListenPort != nil {
+		if err := d.client.ConfigureDevice(d.name, c); err != nil {
+			return fmt.Errorf("wireguard: configuring %s: %w", d.name, err)
+		}
+	}
+	link, err := netlink.LinkByName(d.name)
+	if err != nil {
+		return fmt.Errorf("wireguard: looking up %s: %w", d.name, err)
+	}
+	if cfg.MTU != 0 && link.Attrs().MTU != cfg.MTU {
+		if err := netlink.LinkSetMTU(link, cfg.MTU); err != nil {
+			return fmt.Errorf("wireguard: setting the MTU of %s to %d: %w", d.name, cfg.MTU, err)
+		}
+	}
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("wireguard: setting %s up: %w", d.name, err)
+		}
+	}
+	if d.us != nil {
+		// wireguard-go comes up on the TUN's up event; this makes it up
+		// (and its UDP port bound) before Ensure returns.
+		if err := d.us.dev.Up(); err != nil {
+			return fmt.Errorf("wireguard: bringing wireguard-go %s up: %w", d.name, err)
+		}
+	}
+	return nil
+}
+
+// Name is the interface name.
+func (d *Device) Name() string { return d.name }
+
+// Userspace tells whether the device is wireguard-go's (a TUN this process
+// serves) rather than the kernel's.
+func (d *Device) Userspace() bool { return d.us != nil }
+
+// Index is the interface index, for routes through the device.
+func (d *Device) Index() (int, error) {
+	link, err := netlink.LinkByName(d.name)
+	if err != nil {
+		return 0, fmt.Errorf("wireguard: looking up %s: %w", d.name, err)
+	}
+	return link.Attrs().Index, nil
+}
+
+// Peers reads the device's peers as the kernel or wireguard-go has them.
+func (d *Device) Peers() ([]wgtypes.Peer, error) {
+	cur, err := d.client.Device(d.name)
+	if err != nil {
+		return nil, fmt.Errorf("wireguard: reading %s: %w", d.name, err)
+	}
+	return cur.Peers, nil
+}
+
+// SetPeers makes peers the device's whole peer list, and returns how many
+// peers it added, changed or removed. Peers that already have exactly the
+// wanted endpoint, allowed IPs and keepalive are not touched (their
+// sessions go on); the others are written in one configuration, additions
+// and changes before removals, so a pod subnet that moves from a removed
+// peer to another (a node that got a new key) always has one. Two peers
+// with one public key are an error and nothing is written.
+func (d *Device) SetPeers(peers []Peer) (int, error) {
+	want := make(map[wgtypes.Key]Peer, len(peers))
+	for _, p := range peers {
+		if _, dup := want[p.PublicKey]; dup {
+			return 0, fmt.Errorf("wireguard: %s: public key %s is listed twice", d.name, p.PublicKey)
+		}
+		if p.PublicKey == (wgtypes.Key{}) {
+			return 0, fmt.Errorf("wireguard: %s: a peer has no public key", d.name)
+		}
+		want[p.PublicKey] = p
+	}
+	cur, err := d.Peers()
+	if err != nil {
+		return 0, err
+	}
+	have := make(map[wgtypes.Key]wgtypes.Peer, len(cur))
+	for _, p := range cur {
+		have[p.PublicKey] = p
+	}
+	var changes []wgtypes.PeerConfig
+	keys := make([]wgtypes.Key, 0, len(want))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b wgtypes.Key) int { return strings.Compare(a.String(), b.String()) })
+	for _, k := range keys {
+		p := want[k]
+		if h, ok := have[k]; ok && samePeer(h, p) {
+			continue
+		}
+		ka := p.PersistentKeepalive
+		changes = append(changes, wgtypes.PeerConfig{
+			PublicKey:                   k,
+			Endpoint:                    p.Endpoint,
+			PersistentKeepaliveInterval: &ka,
+			ReplaceAllowedIPs:           true,
+			AllowedIPs:                  p.AllowedIPs,
+		})
+	}
+	for _, h := range cur {
+		if _, ok := want[h.PublicKey]; !ok {
+			changes = append(changes, wgtypes.PeerConfig{PublicKey: h.PublicKey, Remove: true})
+		}
+	}
+	if len(changes) == 0 {
+		return 0, nil
+	}
+	if err := d.client.ConfigureDevice(d.name, wgtypes.Config{Peers: changes}); err != nil {
+		return 0, fmt.Errorf("wireguard: setting the peers of %s: %w", d.name, err)
+	}
+	return len(changes), nil
+}
+
+func samePeer(h wgtypes.Peer, p Peer) bool {
+	if h.PersistentKeepaliveInterval != p.PersistentKeepalive {
+		return false
+	}
+	if (h.Endpoint == nil) != (p.Endpoint == nil) ||
+		(p.Endpoint != nil && (!h.Endpoint.IP.Equal(p.Endpoint.IP) || h.Endpoint.Port != p.Endpoint.Port)) {
+		return false
+	}
+	return slices.Equal(prefixSet(h.AllowedIPs), prefixSet(p.AllowedIPs))
+}
+
+func prefixSet(ips []net.IPNet) []string {
+	s := make([]string, 0, len(ips))
+	for _, n := range ips {
+		ip := n.IP.Mask(n.Mask)
+		if ip4 := ip.To4(); ip4 != nil && len(n.Mask) == net.IPv4len {
+			ip = ip4
+		}
+		s = append(s, (&net.IPNet{IP: ip, Mask: n.Mask}).String())
+	}
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+// Close releases the device. A userspace device stops and its interface
+// and UAPI socket go away (routes through it with them); a kernel device
+// stays, with its peers, for the next Ensure (use Delete to remove it).
+func (d *Device) Close() error {
+	runningMu.Lock()
+	defer runningMu.Unlock()
+	return d.closeLocked()
+}
+
+func (d *Device) closeLocked() error {
+	if d.us != nil {
+		if running[d.name] == d {
+			delete(running, d.name)
+		}
+		d.us.close(d.name)
+		d.us = nil
+	}
+	return d.client.Close()
+}
+
+// Delete closes the device and removes its interface, kernel or userspace.
+func (d *Device) Delete() error {
+	userspace := d.Userspace()
+	err := d.Close()
+	if userspace {
+		return err
+	}
+	link, lerr := netlink.LinkByName(d.name)
+	if lerr == nil && link.Type() == "wireguard" {
+		lerr = netlink.LinkDel(link)
+	} else if errors.As(lerr, &netlink.LinkNotFoundError{}) {
+		lerr = nil
+	}
+	return errors.Join(err, lerr)
+}

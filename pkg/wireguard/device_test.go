@@ -1,0 +1,339 @@
+package wireguard
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/village-cni/village/internal/testenv"
+)
+
+// devName is a device name no other test process on this machine uses: the
+// UAPI socket directory is shared by all namespaces.
+func devName(suffix string) string { return fmt.Sprintf("wgt%d%s", os.Getpid()%100000, suffix) }
+
+func nsName(n ns.NetNS) string { return filepath.Base(n.Path()) }
+
+func inNS(t *testing.T, n ns.NetNS, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", nsName(n)}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s in %s: %v: %s", strings.Join(args, " "), nsName(n), err, out)
+	}
+	return string(out)
+}
+
+// Two nodes joined by a veth (the underlay) each run a userspace device;
+// each routes the other's pod subnet through its device. Pings and a TCP
+// answer cross, and a capture on the underlay holds nothing but UDP
+// between the two WireGuard ports, without the plaintext.
+func TestTunnelEncrypts(t *testing.T) {
+	a, b := testenv.NewNS(t), testenv.NewNS(t)
+	testenv.MustIP(t, a, "link", "add", "ul0", "type", "veth", "peer", "name", "ul0", "netns", nsName(b))
+	under := map[ns.NetNS]string{a: "192.168.90.1", b: "192.168.90.2"}
+	for n, ip := range under {
+		// No IPv6 on the underlay: its neighbour discovery would be the
+		// only other traffic on it.
+		inNS(t, n, "sysctl", "-qw", "net.ipv6.conf.ul0.disable_ipv6=1")
+		testenv.MustIP(t, n, "addr", "add", ip+"/24", "dev", "ul0")
+		testenv.MustIP(t, n, "link", "set", "ul0", "up")
+	}
+	keys := t.TempDir()
+	na, nb := startNode(t, a), startNode(t, b)
+	wa, wb := devName("a"), devName("b")
+	ra := na.must(nodeCmd{Op: "ensure", Name: wa, KeyFile: keys + "/a.key", Port: 51820, MTU: 1420, Userspace: UserspaceAlways})
+	rb := nb.must(nodeCmd{Op: "ensure", Name: wb, KeyFile: keys + "/b.key", Port: 51820, MTU: 1420, Userspace: UserspaceAlways})
+	if !ra.Userspace || !rb.Userspace {
+		t.Fatalf("userspace policy always made a kernel device: %+v %+v", ra, rb)
+	}
+	// The pod addresses sit on the devices themselves.
+	testenv.MustIP(t, a, "addr", "add", "10.244.1.1/32", "dev", wa)
+	testenv.MustIP(t, a, "route", "add", "10.244.2.0/24", "dev", wa, "src", "10.244.1.1")
+	testenv.MustIP(t, b, "addr", "add", "10.244.2.1/32", "dev", wb)
+	testenv.MustIP(t, b, "route", "add", "10.244.1.0/24", "dev", wb, "src", "10.244.2.1")
+	na.must(nodeCmd{Op: "peers", Peers: []nodePeer{{Key: rb.Public, Endpoint: "192.168.90.2:51820", Allowed: []string{"10.244.2.0/24"}}}})
+	nb.must(nodeCmd{Op: "peers", Peers: []nodePeer{{Key: ra.Public, Endpoint: "192.168.90.1:51820", Allowed: []string{"10.244.1.0/24"}}}})
+
+	canary := "village-wireguard-plaintext-canary-" + fmt.Sprint(time.Now().UnixNano())
+	testenv.ServeTCP(t, b, "10.244.2.1:7777", canary)
+	capt := startPcap(t, a, "ul0")
+	took := testenv.WaitFor(t, "ping through the tunnel", func() error { return testenv.Ping(a, "10.244.2.1", 1) })
+	t.Logf("first ping answered after %v (handshake included)", took)
+	c, err := testenv.DialerIn(a)("10.244.2.1:7777", 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(c)
+	c.Close()
+	if err != nil || string(got) != canary {
+		t.Fatalf("TCP through the tunnel read %q (%v), want %q", got, err, canary)
+	}
+	raw, lines := capt.stop()
+
+	udp := regexp.MustCompile(`^\S+ IP 192\.168\.90\.[12]\.51820 > 192\.168\.90\.[12]\.51820: UDP, length \d+$`)
+	var wg int
+	for _, l := range lines {
+		switch {
+		case udp.MatchString(l):
+			wg++
+		case strings.Contains(l, " ARP, "):
+		default:
+			t.Errorf("underlay carried something other than WireGuard's UDP: %s", l)
+		}
+	}
+	if wg == 0 {
+		t.Fatalf("no WireGuard packet on the underlay: %q", lines)
+	}
+	if bytes.Contains(raw, []byte(canary)) {
+		t.Fatalf("the plaintext crossed the underlay")
+	}
+	t.Logf("underlay: %d WireGuard UDP packets, no plaintext", wg)
+
+	// The check can see plaintext: the same canary sent in clear over the
+	// underlay is in the capture.
+	ctl := startPcap(t, a, "ul0")
+	if err := testenv.InNS(a, func() error {
+		u, err := net.Dial("udp", "192.168.90.2:9")
+		if err != nil {
+			return err
+		}
+		defer u.Close()
+		_, err = u.Write([]byte(canary))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if raw, _ := ctl.stop(); !bytes.Contains(raw, []byte(canary)) {
+		t.Fatalf("control: plaintext sent on the underlay is not in the capture")
+	}
+
+	out := inNS(t, a, "ping", "-q", "-c", "20", "-i", "0.05", "10.244.2.1")
+	if m := regexp.MustCompile(`= [\d.]+/([\d.]+)/`).FindStringSubmatch(out); m != nil {
+		t.Logf("ping RTT through userspace WireGuard: avg %s ms", m[1])
+	}
+}
+
+// pcap is tcpdump writing every frame of one interface to a file.
+type pcap struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	file string
+	done chan struct{}
+}
+
+func startPcap(t *testing.T, n ns.NetNS, iface string) *pcap {
+	t.Helper()
+	p := &pcap{t: t, file: filepath.Join(t.TempDir(), "underlay.pcap"), done: make(chan struct{})}
+	p.cmd = exec.Command("ip", "netns", "exec", nsName(n), "tcpdump", "-i", iface, "-nn", "-p", "--immediate-mode", "-U", "-Z", "root", "-s", "0", "-w", p.file)
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("tcpdump: %v", err)
+	}
+	var head bytes.Buffer
+	listening := make(chan bool, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		said := false
+		for {
+			k, err := stderr.Read(buf)
+			head.Write(buf[:k])
+			if !said && strings.Contains(head.String(), "listening on") {
+				said = true
+				listening <- true
+			}
+			if err != nil {
+				if !said {
+					listening <- false
+				}
+				break
+			}
+		}
+		_ = p.cmd.Wait()
+		close(p.done)
+	}()
+	if !<-listening {
+		<-p.done
+		t.Fatalf("tcpdump did not start: %s", head.String())
+	}
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		<-p.done
+	})
+	return p
+}
+
+// stop ends the capture and returns the file's bytes and tcpdump's reading
+// of it, a line per frame.
+func (p *pcap) stop() ([]byte, []string) {
+	p.t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGINT) // flushes and exits
+	<-p.done
+	raw, err := os.ReadFile(p.file)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	out, err := exec.Command("tcpdump", "-nn", "-r", p.file).Output()
+	if err != nil {
+		p.t.Fatalf("reading the capture: %v", err)
+	}
+	var lines []string
+	for l := range strings.Lines(string(out)) {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return raw, lines
+}
+
+// Ensure is idempotent and changes only what differs; SetPeers makes the
+// given list the whole peer list, touches nothing when it already is, and a
+// node's new key replaces its old peer.
+func TestEnsureAndSetPeers(t *testing.T) {
+	n := testenv.NewNS(t)
+	nd := startNode(t, n)
+	name := devName("p")
+	key := t.TempDir() + "/k.key"
+	r1 := nd.must(nodeCmd{Op: "ensure", Name: name, KeyFile: key, Port: 51820, MTU: 1420, Userspace: UserspaceAlways})
+	r2 := nd.must(nodeCmd{Op: "ensure", Name: name, KeyFile: key, Port: 51820, MTU: 1420, Userspace: UserspaceAlways})
+	if r1.Index != r2.Index || r1.Public != r2.Public {
+		t.Fatalf("second Ensure made another device or key: %+v then %+v", r1, r2)
+	}
+	r3 := nd.must(nodeCmd{Op: "ensure", Name: name, KeyFile: key, Port: 51821, MTU: 1380, Userspace: UserspaceAlways})
+	if r3.Index != r1.Index {
+		t.Fatalf("changing port and MTU remade the device: index %d then %d", r1.Index, r3.Index)
+	}
+	if out := testenv.MustIP(t, n, "link", "show", name); !strings.Contains(out, " mtu 1380 ") || !strings.Contains(out, ",UP") {
+		t.Fatalf("device not up with MTU 1380: %s", out)
+	}
+	wc, err := wgctrl.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wc.Close()
+	show := func() *wgtypes.Device {
+		t.Helper()
+		d, err := wc.Device(name) // through the UAPI socket the node serves
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := show(); d.ListenPort != 51821 || d.PublicKey.String() != r1.Public || d.Type != wgtypes.Userspace {
+		t.Fatalf("device %s: port %d key %s type %v, want 51821 %s userspace", name, d.ListenPort, d.PublicKey, d.Type, r1.Public)
+	}
+
+	k := func() string {
+		pk, err := wgtypes.GeneratePrivateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pk.PublicKey().String()
+	}
+	p1, p2, p3 := k(), k(), k()
+	// The endpoints are documentation addresses: this namespace has no
+	// route to them, so nothing is sent.
+	set := func(want int, peers ...nodePeer) {
+		t.Helper()
+		if r := nd.must(nodeCmd{Op: "peers", Peers: peers}); r.Changed != want {
+			t.Errorf("SetPeers changed %d peers, want %d", r.Changed, want)
+		}
+		var got, exp []string
+		for _, p := range show().Peers {
+			got = append(got, describe(p.PublicKey.String(), p.Endpoint, p.AllowedIPs, p.PersistentKeepaliveInterval))
+		}
+		for _, p := range peers {
+			var ep *net.UDPAddr
+			if p.Endpoint != "" {
+				ep, _ = net.ResolveUDPAddr("udp", p.Endpoint)
+			}
+			var nets []net.IPNet
+			for _, a := range p.Allowed {
+				_, c, _ := net.ParseCIDR(a)
+				nets = append(nets, *c)
+			}
+			exp = append(exp, describe(p.Key, ep, nets, p.Keepalive))
+		}
+		slices.Sort(got)
+		slices.Sort(exp)
+		if !slices.Equal(got, exp) {
+			t.Fatalf("device peers\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(exp, "\n"))
+		}
+	}
+	one := nodePeer{Key: p1, Endpoint: "192.0.2.1:51820", Allowed: []string{"10.244.1.0/24"}, Keepalive: 25 * time.Second}
+	two := nodePeer{Key: p2, Endpoint: "192.0.2.2:51820", Allowed: []string{"10.244.2.0/24", "fd44:2::/64"}}
+	set(2, one, two)
+	set(0, one, two) // nothing differs: nothing written
+	moved := one
+	moved.Endpoint = "192.0.2.11:51820"
+	rekeyed := two // node two came back with a new key
+	rekeyed.Key = p3
+	set(3, moved, rekeyed) // p1 changed, p3 added, p2 removed
+	if r := nd.do(nodeCmd{Op: "peers", Peers: []nodePeer{moved, moved}}); !strings.Contains(r.Err, "listed twice") {
+		t.Fatalf("a key listed twice: err %q", r.Err)
+	}
+	set(0, moved, rekeyed) // the refused list wrote nothing
+	set(2)                 // none left
+}
+
+func describe(key string, ep *net.UDPAddr, allowed []net.IPNet, ka time.Duration) string {
+	return fmt.Sprintf("%s %v %v %v", key, ep, prefixSet(allowed), ka)
+}
+
+// The userspace policy: never gives the kernel's device or ErrNoKernel,
+// auto gives the kernel's when the kernel can make one and wireguard-go
+// otherwise; a name taken by another link (a veth) is ErrInUse; Close removes a
+// userspace device and its UAPI socket.
+func TestUserspacePolicy(t *testing.T) {
+	n := testenv.NewNS(t)
+	_, err := testenv.IP(n, "link", "add", "wgprobe", "type", "wireguard")
+	kernel := err == nil
+	t.Logf("kernel WireGuard here: %v", kernel)
+	nd := startNode(t, n)
+	key := t.TempDir() + "/k.key"
+	never, auto := devName("n"), devName("u")
+	r := nd.do(nodeCmd{Op: "ensure", Name: never, KeyFile: key, Port: 51820, Userspace: UserspaceNever})
+	if kernel && (r.Err != "" || r.Userspace) || !kernel && !r.NoKernel {
+		t.Fatalf("policy never with kernel WireGuard %v: %+v", kernel, r)
+	}
+	if _, err := testenv.IP(n, "link", "show", never); kernel != (err == nil) {
+		t.Fatalf("policy never: link %s exists %v, want %v", never, err == nil, kernel)
+	}
+	testenv.MustIP(t, n, "link", "add", "taken0", "type", "veth", "peer", "name", "taken1")
+	if r := nd.do(nodeCmd{Op: "ensure", Name: "taken0", KeyFile: key, Port: 51820}); !r.InUse {
+		t.Fatalf("a dummy's name: %+v, want ErrInUse", r)
+	}
+	r = nd.must(nodeCmd{Op: "ensure", Name: auto, KeyFile: key, Port: 51822})
+	if r.Userspace == kernel {
+		t.Fatalf("policy auto with kernel WireGuard %v made userspace %v", kernel, r.Userspace)
+	}
+	sock := "/var/run/wireguard/" + auto + ".sock"
+	if _, err := os.Stat(sock); r.Userspace && err != nil {
+		t.Fatalf("userspace device serves no UAPI socket: %v", err)
+	}
+	nd.must(nodeCmd{Op: "close"})
+	if !kernel {
+		if _, err := testenv.IP(n, "link", "show", auto); err == nil {
+			t.Fatalf("closed userspace device %s still exists", auto)
+		}
+		if _, err := os.Stat(sock); err == nil {
+			t.Fatalf("closed userspace device left its socket %s", sock)
+		}
+	}
+}
