@@ -266,6 +266,14 @@ func (c *compiler) rule(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, i 
 	dir := map[bool]string{false: "ingress", true: "egress"}[egress]
 	field := map[bool]string{false: "from", true: "to"}[egress]
 	origin := fmt.Sprintf("%s|%s|%d|%s", key(pol), dir, i, fmt.Sprintf("spec.%s[%d].%s", dir, i, field))
+	return c.ruleOf(pol, p, egress, i, origin, list, ports)
+}
+
+// ruleOf is rule with the peer list's origin (which names its peer sets)
+// given: the Model (why.go) compiles each peer of a rule on its own, under
+// an origin of its own, to say which peer admits a packet.
+func (c *compiler) ruleOf(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, i int, origin string, list []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) []table.Clause {
+	dir := map[bool]string{false: "ingress", true: "egress"}[egress]
 	ps := c.peers(pol, origin, list)
 	allPorts := len(ports) == 0
 	if allPorts {

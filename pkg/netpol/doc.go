@@ -67,6 +67,18 @@
 // other nodes (their hostNetwork pods, their kubelets) are forwarded and
 // follow the policies like any other source.
 //
+// # Why a connection is allowed or denied
+//
+// BuildModel runs the same compiler over every pod of the cluster and
+// keeps, per pod and direction, the policies that isolate it and each
+// rule's peer addresses and ports with where it comes from
+// (spec.ingress[0].from[1]). The agent writes it beside the table
+// (<run dir>/<network>/policy-model.json) after each compile it put in the
+// kernel, and Explain, which is pure, reads it to say whether a connection
+// is allowed and which policy and rule decide: `villaged why` answers on
+// the node from what the node enforces, API server or not. Its tests
+// check Explain against the compiled Ruleset packet by packet.
+//
 // # What is not covered
 //
 // The LAN interface (net1, a macvlan) hands frames to the master's driver

@@ -13,6 +13,7 @@
 //	<run dir>/<network>/node-name        this node's name, as the agent resolved it
 //	<run dir>/<network>/policy-namespaces  namespaces holding a NetworkPolicy (pkg/netpol/table)
 //	<run dir>/<network>/policy-status.json what the policy controller last did
+//	<run dir>/<network>/policy-model.json  what it compiled, per pod and rule, for `villaged why` (pkg/netpol Model)
 //	<run dir>/macspoofchk/<network>/<veth> a pod port's MAC for macspoofchk (pkg/masq)
 //	<run dir>/kube/{kubeconfig,token,ca.crt} the host-side credentials of a kubernetes LAN pool
 //
@@ -47,6 +48,9 @@ const (
 	PolicyNamespacesName = "policy-namespaces"
 	// PolicyStatusName is the policy controller's status file.
 	PolicyStatusName = "policy-status.json"
+	// PolicyModelName is what the policy controller last put in the
+	// kernel, per pod and rule (pkg/netpol Model), read by `villaged why`.
+	PolicyModelName = "policy-model.json"
 	// PolicyReadyName is the file the policy controller holds locked
 	// from its first compile in the kernel on (fail-closed start-up).
 	PolicyReadyName = "policy-ready"
@@ -115,6 +119,11 @@ func PolicyReady(runDir, network string) string {
 // PolicyStatus is network's policy status file.
 func PolicyStatus(runDir, network string) string {
 	return filepath.Join(NetworkDir(runDir, network), PolicyStatusName)
+}
+
+// PolicyModel is network's policy model file.
+func PolicyModel(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), PolicyModelName)
 }
 
 // LANServicesStatus is network's LAN Services status file.

@@ -26,7 +26,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/agentsock":       {"FuzzHandle", "FuzzDecode"},
 	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
 	"./pkg/subnetfile":      {"FuzzRead"},
-	"./pkg/netpol":          {"FuzzCompile"},
+	"./pkg/netpol":          {"FuzzCompile", "FuzzExplain"},
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
 	"./pkg/landhcp":         {"FuzzReadRequest"},
