@@ -3,8 +3,9 @@
 // informers, compiles them with pkg/netpol for this node's pods whenever
 // they change (a burst of changes is one compile), installs the result with pkg/netpol/table, repairs the
 // kernel when it drifts, reports what it cannot enforce as Events and log
-// lines, and writes the namespaces file ADD reads and a status file
-// `villaged status` reads.
+// lines, and writes the namespaces file ADD reads, a status file
+// `villaged status` reads and the model of what is in the kernel
+// (netpol.Model) `villaged why` reads.
 package controller
 
 import (
@@ -100,13 +101,17 @@ type Status struct {
 // StatusPath is the status file of network (nodelocal.PolicyStatus).
 func StatusPath(runDir, network string) string { return nodelocal.PolicyStatus(runDir, network) }
 
+// ModelPath is the model file of network (nodelocal.PolicyModel).
+func ModelPath(runDir, network string) string { return nodelocal.PolicyModel(runDir, network) }
+
 // Disable removes everything the controller installs: both tables, the
-// namespaces file (so ADD marks nothing), the ready file and the status
-// file.
+// namespaces file (so ADD marks nothing), the ready file, the status file
+// and the model file (so `villaged why` says policy is not compiled).
 func Disable(runDir, network string) error {
 	_ = os.Remove(table.NamespacesPath(runDir, network))
 	_ = os.Remove(table.ReadyPath(runDir, network))
 	_ = os.Remove(StatusPath(runDir, network))
+	_ = os.Remove(ModelPath(runDir, network))
 	return table.Remove(network)
 }
 
@@ -196,6 +201,8 @@ type ctl struct {
 	last            *table.Ruleset
 	lastCounts      [2]int // policies, local pods of last
 	failed          bool
+	// model is the model file's content as last written (nil: to write).
+	model []byte
 	// ready is the ready file, held from the first compile in the
 	// kernel until Run returns (ready.go).
 	ready *os.File
@@ -263,6 +270,9 @@ func (c *ctl) sync(why string) {
 	// the counts too: the status file reports them
 	counts := [2]int{len(in.Policies), len(in.Local)}
 	if !c.failed && c.last != nil && counts == c.lastCounts && table.Equal(rs, c.last) {
+		// The kernel holds it already; the model may still change (a
+		// policy that selects only other nodes' pods, a rule's place).
+		c.writeModel(in)
 		return
 	}
 	c.report(rs)
@@ -287,6 +297,7 @@ func (c *ctl) sync(why string) {
 		c.cfg.Logf("network policy (%s): %v", why, err)
 	} else {
 		c.last, c.lastCounts = rs, counts
+		c.writeModel(in)
 		c.cfg.Logf("network policy (%s): %d policies, %d of %d local pods isolated, %d peer sets, in the kernel after %s", why, len(in.Policies), len(rs.Pods), countLocal(in), len(rs.Sets), d.Round(time.Microsecond))
 	}
 	c.writeStatus(in, rs, err)
@@ -375,6 +386,42 @@ func (c *ctl) writeStatus(in netpol.Input, rs *table.Ruleset, err error) {
 	if werr := nodelocal.WriteFile(path, b, 0o644); werr != nil {
 		c.cfg.Logf("policy status: %v", werr)
 	}
+}
+
+// writeModel writes the model of in, which the kernel holds, when it
+// differs from the one last written.
+func (c *ctl) writeModel(in netpol.Input) {
+	b, err := json.Marshal(netpol.BuildModel(in))
+	if err != nil {
+		c.cfg.Logf("policy model: %v", err)
+		return
+	}
+	if c.model != nil && string(b) == string(c.model) {
+		return
+	}
+	if err := nodelocal.WriteFile(ModelPath(c.cfg.RunDir, c.cfg.Network), b, 0o644); err != nil {
+		c.cfg.Logf("policy model: %v", err)
+		c.model = nil
+		return
+	}
+	c.model = b
+}
+
+// ReadModel reads the model file of network (nil, nil when missing).
+func ReadModel(runDir, network string) (*netpol.Model, error) {
+	path := ModelPath(runDir, network)
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var m netpol.Model
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &m, nil
 }
 
 // ReadStatus reads the status file of network (nil, nil when missing).
