@@ -5,6 +5,7 @@
 //	villaged run        keep this node's registration, peer routes and masquerade right
 //	villaged sync       one reconcile pass, then exit
 //	villaged status     what this node has and what drifted
+//	villaged why        whether NetworkPolicy allows a connection, and which rule decides
 //	villaged install    put binaries and conflist in place atomically
 //	villaged uninstall  remove exactly what install added
 //	villaged version
@@ -78,6 +79,10 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		fmt.Fprintf(stderr, "villaged %s: %v\n", c.name, err)
+		var ee exitError
+		if errors.As(err, &ee) {
+			return ee.code
+		}
 		return 1
 	}
 	return 0

@@ -27,6 +27,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
 	"./pkg/subnetfile":      {"FuzzRead"},
 	"./pkg/netpol":          {"FuzzCompile", "FuzzExplain"},
+	"./cmd/villaged":        {"FuzzParsePortProto"},
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
 	"./pkg/landhcp":         {"FuzzReadRequest"},
