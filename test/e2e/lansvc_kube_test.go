@@ -22,6 +22,7 @@ import (
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/agent"
 	"github.com/village-cni/village/pkg/kubenames"
+	"github.com/village-cni/village/pkg/lansvc/elect"
 )
 
 // lanServicesBlock is a LAN (the nodes' lan0) whose pool is in the API
@@ -106,12 +107,20 @@ func TestLANServicesFailover(t *testing.T) {
 		}
 	}
 	// One MAC answers, the annotation names its node, and `villaged
-	// status` there lists the address, all at one moment: while the
-	// agents' gossip forms at start-up the election may still move the
-	// address once.
+	// status` there lists the address and every agent live, all at one
+	// moment, and that node is the election's owner with every node
+	// alive: while the agents' gossip forms at start-up another node may
+	// answer for a moment, and the failback below needs the owner.
+	var names []string
+	for _, n := range lab.nodes {
+		names = append(names, n.name)
+	}
+	slices.Sort(names)
+	owner := elect.Owner(ip, names, func(string) bool { return true })
+	allLive := fmt.Sprintf("live agents %v", names)
 	var announcer string
 	var holder *agentNode
-	waitFor(t, time.Minute, "one node answers ARP for "+vip+", is home/web's lan-announcer and lists it in villaged status", func() (bool, string) {
+	waitFor(t, time.Minute, "the elected "+owner+" answers ARP for "+vip+" alone, is home/web's lan-announcer and lists it and every agent live in villaged status", func() (bool, string) {
 		s, err := cs.CoreV1().Services("home").Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -123,14 +132,14 @@ func TestLANServicesFailover(t *testing.T) {
 				holder = n
 			}
 		}
-		if holder == nil {
-			return false, fmt.Sprintf("announcer annotation %q names no node", announcer)
+		if holder == nil || announcer != owner {
+			return false, fmt.Sprintf("announcer annotation %q, want %s", announcer, owner)
 		}
 		if ok, state := answers(macs[announcer])(); !ok {
 			return false, state
 		}
 		out, _ := holder.villaged(t, "status", "--conf", lab.conf, "--node-name", holder.name, "--run-dir", holder.runDir).CombinedOutput()
-		return strings.Contains(string(out), "answering for 1 of 1") && strings.Contains(string(out), "  "+vip), "villaged status on " + announcer + ":\n" + string(out)
+		return strings.Contains(string(out), "answering for 1 of 1") && strings.Contains(string(out), "  "+vip) && strings.Contains(string(out), allLive), "villaged status on " + announcer + ":\n" + string(out)
 	})
 	for _, n := range lab.nodes {
 		if log := n.log.String(); !strings.Contains(log, "encrypted and authenticated") || strings.Contains(log, agent.GossipInTheClear) {

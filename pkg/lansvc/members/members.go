@@ -21,7 +21,8 @@
 // its first successful exchange with a peer. Meanwhile the node that
 // holds an address keeps it, so a returning node never answers beside the
 // current holder: a gap of at most Settle, never two MACs. A node that
-// no peer answers for Alone after its start or Reset settles by itself:
+// no peer answers for Alone after its start, a Reset, or learning a new
+// peer address (SetPeers) settles by itself:
 // its peers are down (the other node of a two-node cluster died, or every
 // other node is off), and it must answer for them. Losing every peer once
 // settled does not unsettle a node either: in a two-node cluster that is
@@ -226,9 +227,22 @@ func (m *Members) normalise(peers []string) []string {
 }
 
 // SetPeers replaces the known peer addresses (from the node registry).
+// While this node has not settled, a peer address it did not know gives
+// that peer Alone to answer, from now: on a fresh cluster the agents
+// publish their gossip addresses only once the API server lets them
+// write, and an agent that counted Alone from its own start would settle
+// by itself just as its peers became reachable, and claim beside them.
 func (m *Members) SetPeers(peers []string) {
 	n := m.normalise(peers)
 	m.mu.Lock()
+	if m.settledAt.IsZero() {
+		for _, p := range n {
+			if !slices.Contains(m.peers, p) {
+				m.waiting = time.Now()
+				break
+			}
+		}
+	}
 	m.peers = n
 	m.mu.Unlock()
 }

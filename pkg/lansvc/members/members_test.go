@@ -185,13 +185,53 @@ func TestWaitsForUnpublishedNodes(t *testing.T) {
 	if m.Settled() {
 		t.Fatalf("an agent with another Node that published no gossip address is settled at once")
 	}
-	testenv.WaitFor(t, "node-2 settles alone", func() error {
+	settlesAloneAfter(t, m, began, 2*time.Second)
+}
+
+// TestNewPeerRestartsAlone: a peer address learned while the agent has
+// not settled gives that peer Alone to answer from then, not from the
+// agent's start: on a fresh cluster the gossip addresses are published
+// only once the agents may write, and an agent must not settle alone just
+// as its peers become known. Once settled, a new peer changes nothing.
+func TestNewPeerRestartsAlone(t *testing.T) {
+	l := testenv.NewLAN(t)
+	h := l.Host("eth0", "192.168.78.31/24")
+	var m *members.Members
+	if err := testenv.InNS(h.NS, func() (err error) {
+		m, err = members.Start(members.Config{Name: "node-1", Addr: netip.MustParseAddr("192.168.78.31"), Key: testKey,
+			Alone: 2 * time.Second, Dial: testenv.DialerIn(h.NS)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	m.SetNodes(map[string]string{"node-1": "192.168.78.31:7947", "node-2": ""})
+	time.Sleep(time.Second) // half of Alone gone before the peer is known
+	if m.Settled() {
+		t.Fatalf("settled before Alone")
+	}
+	// node-2 publishes an address nothing answers on.
+	learnt := time.Now()
+	m.SetPeers([]string{"192.168.78.32"})
+	m.SetNodes(map[string]string{"node-1": "192.168.78.31:7947", "node-2": "192.168.78.32:7947"})
+	settlesAloneAfter(t, m, learnt, 2*time.Second)
+	m.SetPeers([]string{"192.168.78.32", "192.168.78.33"})
+	if !m.Settled() {
+		t.Errorf("a new peer unsettled a settled agent")
+	}
+}
+
+// settlesAloneAfter waits for m to settle, and fails when that came
+// sooner than alone after since.
+func settlesAloneAfter(t *testing.T, m *members.Members, since time.Time, alone time.Duration) {
+	t.Helper()
+	testenv.WaitFor(t, "the agent settles alone", func() error {
 		if !m.Settled() {
 			return fmt.Errorf("not settled")
 		}
 		return nil
 	})
-	if d := time.Since(began); d < 2*time.Second {
-		t.Errorf("settled after %v, before Alone (2s)", d)
+	if d := time.Since(since); d < alone {
+		t.Errorf("settled %v after the wait began, before Alone (%v)", d, alone)
 	}
 }
