@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 )
 
 // A child is the test binary run again inside a test node's namespace with
@@ -153,4 +154,16 @@ func (s *syncBuf) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// PrivateWireGuardRun gives a child its own empty /var/run/wireguard (a
+// tmpfs in the mount namespace `ip netns exec` made for it), so that test
+// nodes on one machine can each run a userspace WireGuard device of the
+// same name: its UAPI socket lives there. Call it in the child, first.
+func PrivateWireGuardRun() error {
+	const dir = "/var/run/wireguard"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755")
 }

@@ -15,7 +15,7 @@ import (
 
 // Backend is the `backend` section: how pod traffic reaches other nodes.
 type Backend struct {
-	// Type is none (single node), vxlan, host-gw or auto.
+	// Type is none (single node), vxlan, host-gw, auto or wireguard.
 	Type string `json:"type"`
 	// Underlay is the interface carrying node-to-node traffic; empty: the
 	// interface of the default route.
@@ -26,6 +26,9 @@ type Backend struct {
 	// underlay is this node.
 	Nodes    []StaticNode `json:"nodes,omitempty"`
 	Registry *Registry    `json:"registry,omitempty"`
+	// WireGuard configures type wireguard (defaults filled in by
+	// ParseBackend; nil for the other types).
+	WireGuard *WireGuard `json:"wireguard,omitempty"`
 }
 
 // StaticNode is one node of a static peer list.
@@ -105,6 +108,9 @@ func ParseBackend(raw json.RawMessage) (*Backend, error) {
 		if err := validate.LinkName(b.Underlay); err != nil {
 			return nil, Error("invalid \"backend.underlay\": %v", err)
 		}
+	}
+	if err := b.parseWireGuard(); err != nil {
+		return nil, err
 	}
 	// Type, VNI and port: what the reconciler accepts (one set of limits).
 	if err := b.OverlayConfig("").Validate(); err != nil {

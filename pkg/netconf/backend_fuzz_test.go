@@ -29,6 +29,8 @@ func FuzzParseBackend(f *testing.F) {
 		`{"type":"vxlan","registry":{"type":"kubernetes","kubeconfig":"/etc/village/kubeconfig"}}`,
 		`{"registry":{"type":"kubernetes","endpoints":["http://x"]}}`,
 		`{"type":"frob"}`, `[`, `"vxlan"`,
+		`{"type":"wireguard","registry":{"type":"kubernetes"},"wireguard":{"port":51821,"keyFile":"/var/lib/village/wg.key","persistentKeepalive":"10s","userspace":"always","endpoint":"203.0.113.7:51820"}}`,
+		`{"type":"wireguard","registry":{"type":"kubernetes"},"wireguard":{"persistentKeepalive":-1,"endpoint":"x:1"}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -45,7 +47,7 @@ func FuzzParseBackend(f *testing.F) {
 			return
 		}
 		switch b.Type {
-		case string(overlay.ModeNone), string(overlay.ModeVXLAN), string(overlay.ModeHostGW), string(overlay.ModeAuto):
+		case string(overlay.ModeNone), string(overlay.ModeVXLAN), string(overlay.ModeHostGW), string(overlay.ModeAuto), string(overlay.ModeWireGuard):
 		default:
 			t.Fatalf("accepted backend type %q", b.Type)
 		}

@@ -15,5 +15,9 @@ func (b *Backend) Peers() []overlay.Node {
 // OverlayConfig is the reconciler configuration of the backend section;
 // network names the objects' owner (route metric, device alias).
 func (b *Backend) OverlayConfig(network string) overlay.Config {
-	return overlay.Config{Mode: overlay.Mode(b.Type), Underlay: b.Underlay, VNI: b.VNI, Port: b.Port, Network: network}
+	c := overlay.Config{Mode: overlay.Mode(b.Type), Underlay: b.Underlay, VNI: b.VNI, Port: b.Port, Network: network}
+	if b.Type == BackendWireGuard && b.WireGuard != nil {
+		c.Port, c.WireGuard = b.WireGuard.Port, b.WireGuard.overlayConfig(network)
+	}
+	return c
 }

@@ -12,6 +12,7 @@ import (
 type env struct {
 	u      underlay
 	vtep   linkRef // zero when the mode has no VXLAN device (or Status finds it missing)
+	wg     linkRef // the WireGuard device under ModeWireGuard
 	metric int     // the network's route metric
 }
 
@@ -43,6 +44,8 @@ func backendFor(m Mode) backend {
 		return vxlanBackend{}
 	case ModeAuto:
 		return autoBackend{}
+	case ModeWireGuard:
+		return wgBackend{}
 	}
 	return nil
 }

@@ -1,7 +1,7 @@
 // Package overlay reconciles the kernel state that carries pod traffic
-// between Village nodes: one VXLAN device per network, and per peer node a
-// route for each of its pod subnets plus, for VXLAN, one neighbour entry and
-// one FDB entry.
+// between Village nodes: one VXLAN or WireGuard device per network, and per
+// peer node a route for each of its pod subnets plus, for VXLAN, one
+// neighbour entry and one FDB entry (for WireGuard, one peer of the device).
 //
 // # Packet paths
 //
@@ -48,6 +48,25 @@
 // added now gets. auto assumes the nodes agree on who is on-link (one prefix
 // length per segment): a node that sees a peer on-link sends it plain
 // packets and has no device to receive that peer's VXLAN.
+//
+// wireguard. A's routing table has
+//
+//	10.244.2.0/24 dev villagewg.51820 proto 86
+//
+// and the WireGuard device (the kernel's, or wireguard-go run by the
+// agent, package wireguard) has B as a peer: B's public key, B's endpoint
+// (its underlay address at the port, or the endpoint B published) and as
+// allowed IPs B's pod subnets. The device encrypts the packet and sends it
+// in UDP to B's endpoint; B decrypts it, checks that its source is one of
+// A's allowed IPs and routes it to its pod bridge. A peer without a public
+// key gets no route and no peer entry (ErrNoKey): its pods are unreachable
+// from here, and nothing is ever sent to them in the clear. The device
+// carries the network address of each own pod subnet, as the VXLAN device
+// does, so what the node itself sends to a peer's pods has a source the
+// peer accepts. Its MTU, and the pods', is the underlay's less 60 (IPv4
+// underlay: IP 20, UDP 8, WireGuard header 16, authentication tag 16) or
+// 80 (IPv6 underlay: IP 40). The peer list is set from the same plan as
+// the routes, before them, on every Set; Update answers ErrNeedSet.
 //
 // IPv4 and IPv6 pod subnets and underlays go through the same code: an
 // address family only changes the VTEP address length, the MTU overhead and

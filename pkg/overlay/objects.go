@@ -35,6 +35,9 @@ func defaultPriority(ip net.IP) int {
 
 func (rt route) object() Object {
 	desc := fmt.Sprintf("%s via %s dev %s", rt.dst, rt.gw, rt.link.name)
+	if rt.gw == nil {
+		desc = fmt.Sprintf("%s dev %s", rt.dst, rt.link.name)
+	}
 	if rt.onlink {
 		desc += " onlink"
 	}
@@ -54,6 +57,9 @@ func (rt route) spec() *netlink.Route {
 	}
 	if rt.onlink {
 		r.Flags = int(netlink.FLAG_ONLINK)
+	}
+	if rt.gw == nil {
+		r.Scope = netlink.SCOPE_LINK // through a point-to-point device
 	}
 	return r
 }

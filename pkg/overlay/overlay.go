@@ -12,9 +12,11 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/village-cni/village/pkg/owner"
 	"github.com/village-cni/village/pkg/validate"
+	"github.com/village-cni/village/pkg/wireguard"
 )
 
 // RouteProtocol marks the routes this package owns (86, ASCII 'V'; unused by
@@ -42,6 +44,9 @@ const (
 	ModeVXLAN  Mode = "vxlan"   // every peer over the VXLAN device
 	ModeHostGW Mode = "host-gw" // every peer routed via its underlay address
 	ModeAuto   Mode = "auto"    // host-gw on the underlay's L2 subnet, vxlan otherwise
+	// ModeWireGuard: every peer through this node's WireGuard device,
+	// encrypted (peers need a WireGuardKey).
+	ModeWireGuard Mode = "wireguard"
 )
 
 // Sentinel errors, matched with errors.Is on what Set and Status return.
@@ -59,6 +64,12 @@ type Node struct {
 	PodCIDRs []*net.IPNet // the node's pod subnets (IPv4 and/or IPv6)
 	// VtepMAC is the MAC of the node's VXLAN device; nil means DeriveMAC(IP).
 	VtepMAC net.HardwareAddr
+	// WireGuardKey is the node's WireGuard public key (ModeWireGuard; zero:
+	// none published, the node is not routed).
+	WireGuardKey wgtypes.Key
+	// WireGuardEndpoint is where the node receives WireGuard; nil means
+	// IP at this network's port.
+	WireGuardEndpoint *net.UDPAddr
 }
 
 // Config selects the backend and the VXLAN parameters.
@@ -66,7 +77,9 @@ type Config struct {
 	Mode     Mode
 	Underlay string // interface name; "" = the interface of the default route
 	VNI      int    // 0 = DefaultVNI
-	Port     int    // 0 = DefaultPort
+	// Port is the VXLAN port (0 = DefaultPort), or under ModeWireGuard the
+	// WireGuard listen port (0 = DefaultWireGuardPort).
+	Port int
 	// Network names the network these objects belong to (the conflist's
 	// name). It sets the metric of every route ([Metric]) and the alias of
 	// the VXLAN device ([Alias]), which is how a network tells its objects
@@ -74,8 +87,11 @@ type Config struct {
 	Network string
 	// NetNS is the path of the network namespace to manage ("" = the
 	// namespace of the thread calling New). Sockets are bound to it once, so
-	// the Reconciler can be used from any goroutine.
+	// the Reconciler can be used from any goroutine. ModeWireGuard needs
+	// "": its device lives in the process's own namespace.
 	NetNS string
+	// WireGuard configures ModeWireGuard's device.
+	WireGuard WireGuardConfig
 }
 
 // Validate reports (wrapping ErrConfig) what New would reject in c: the
@@ -88,17 +104,25 @@ func (c Config) Validate() error {
 
 func (c Config) normalize() (Config, error) {
 	switch c.Mode {
-	case ModeNone, ModeVXLAN, ModeHostGW, ModeAuto:
+	case ModeNone, ModeVXLAN, ModeHostGW, ModeAuto, ModeWireGuard:
 	case "":
 		c.Mode = ModeNone
 	default:
-		return c, fmt.Errorf("%w: mode %q (want none, vxlan, host-gw or auto)", ErrConfig, c.Mode)
+		return c, fmt.Errorf("%w: mode %q (want none, vxlan, host-gw, auto or wireguard)", ErrConfig, c.Mode)
 	}
 	if c.VNI == 0 {
 		c.VNI = DefaultVNI
 	}
 	if c.Port == 0 {
 		c.Port = DefaultPort
+		if c.Mode == ModeWireGuard {
+			c.Port = DefaultWireGuardPort
+		}
+	}
+	if c.Mode == ModeWireGuard {
+		if err := c.WireGuard.validate(c); err != nil {
+			return c, err
+		}
 	}
 	switch {
 	case c.VNI < 1 || c.VNI > 1<<24-1:
@@ -161,6 +185,9 @@ type Reconciler struct {
 	h    *netlink.Handle
 	dump *nl.SocketHandle // the neighbour dumps' socket (neighDump), opened on first use
 	base *baseline        // last successful Set or Update; nil: Update needs a Set
+
+	wg    *wireguard.Device // ModeWireGuard's device once a Set made it
+	wgKey wgtypes.Key       // this node's private key, loaded on first use
 }
 
 // New opens a netlink socket in cfg.NetNS (or the current namespace).
@@ -215,7 +242,9 @@ func (r *Reconciler) Config() Config { return r.cfg }
 // Device is the name of this network's VXLAN device.
 func (r *Reconciler) Device() string { return DeviceName(r.cfg.VNI) }
 
-// Close releases the netlink socket. Kernel state stays as it is.
+// Close releases the netlink socket. Kernel state stays as it is, except
+// that a userspace WireGuard device (wireguard-go, run by this process)
+// stops: its interface, and the routes through it, go away.
 func (r *Reconciler) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -226,6 +255,10 @@ func (r *Reconciler) Close() error {
 	if r.dump != nil {
 		r.dump.Close()
 		r.dump = nil
+	}
+	if r.wg != nil {
+		_ = r.wg.Close() // a userspace device stops with it
+		r.wg = nil
 	}
 	r.base = nil
 	return nil

@@ -105,9 +105,17 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 		e.vtep = r.ensureVTEP(rc, spec)
 		out.device, out.mtu = spec.name, spec.mtu
 	}
+	if mode == ModeWireGuard {
+		e.wg = r.ensureWG(rc, u, self)
+		out.device, out.mtu = e.wg.name, u.mtu()-WireGuardOverhead(u.ip)
+	}
 	d, problems, again := r.planFor(mode, e, self, peers)
 	out.problems, out.env, out.d, out.again = problems, e, d, again
-	o, err := r.observe(e.vtep, d, linkRef{index: u.link.Attrs().Index, name: u.name()})
+	if mode == ModeWireGuard {
+		// Peers before routes: a new route's traffic finds its peer.
+		r.setWGPeers(rc, e.wg, d, peers)
+	}
+	o, err := r.observe(e.vtep, d, linkRef{index: u.link.Attrs().Index, name: u.name()}, e.wg)
 	if err != nil {
 		return out, err
 	}
@@ -136,7 +144,7 @@ func (r *Reconciler) planFor(mode Mode, e env, self Node, peers []Node) (desired
 // underlay link, local address and subnets, VXLAN device and metric
 // (everything of env a backend reads).
 func sameEnv(a, b env) bool {
-	if a.vtep != b.vtep || a.metric != b.metric || !a.u.ip.Equal(b.u.ip) || (a.u.link == nil) != (b.u.link == nil) {
+	if a.vtep != b.vtep || a.wg != b.wg || a.metric != b.metric || !a.u.ip.Equal(b.u.ip) || (a.u.link == nil) != (b.u.link == nil) {
 		return false
 	}
 	if a.u.link != nil && (a.u.link.Attrs().Index != b.u.link.Attrs().Index || a.u.name() != b.u.name()) {
@@ -175,6 +183,9 @@ func (r *Reconciler) sweep(rc *recorder) error {
 	}
 	r.apply(rc, desired{}, o)
 	r.removeVTEP(rc)
+	if r.cfg.Mode == ModeWireGuard {
+		r.removeWG(rc)
+	}
 	return nil
 }
 

@@ -115,6 +115,8 @@ func (r *Reconciler) Update(ctx context.Context, self Node, change PeerChange) (
 		return Report{}, err
 	case !sameNode(b.self, self):
 		return Report{}, fmt.Errorf("%w: self changed from %v to %v", ErrNeedSet, describeNode(b.self), describeNode(self))
+	case b.mode == ModeWireGuard:
+		return Report{}, fmt.Errorf("%w: under wireguard every peer change also sets the device's peer list", ErrNeedSet)
 	}
 	touched := touchedBy(change)
 	rc := &recorder{ctx: ctx}
@@ -350,7 +352,12 @@ func (r *Reconciler) keepBaseline(rc *recorder, mode Mode, self Node, peers []No
 // sameNode reports whether two records say the same node.
 func sameNode(a, b Node) bool {
 	return a.Name == b.Name && a.IP.Equal(b.IP) && bytes.Equal(a.VtepMAC, b.VtepMAC) &&
-		slices.EqualFunc(a.PodCIDRs, b.PodCIDRs, sameNetOrNil)
+		slices.EqualFunc(a.PodCIDRs, b.PodCIDRs, sameNetOrNil) &&
+		a.WireGuardKey == b.WireGuardKey && sameUDPAddr(a.WireGuardEndpoint, b.WireGuardEndpoint)
+}
+
+func sameUDPAddr(a, b *net.UDPAddr) bool {
+	return a == b || (a != nil && b != nil && a.IP.Equal(b.IP) && a.Port == b.Port && a.Zone == b.Zone)
 }
 
 func describeNode(n Node) string { return fmt.Sprintf("%s %s %v", n.Name, n.IP, n.PodCIDRs) }
@@ -358,6 +365,11 @@ func describeNode(n Node) string { return fmt.Sprintf("%s %s %v", n.Name, n.IP, 
 func cloneNode(n Node) Node {
 	n.IP = slices.Clone(n.IP)
 	n.VtepMAC = slices.Clone(n.VtepMAC)
+	if n.WireGuardEndpoint != nil {
+		ep := *n.WireGuardEndpoint
+		ep.IP = slices.Clone(ep.IP)
+		n.WireGuardEndpoint = &ep
+	}
 	cidrs := make([]*net.IPNet, 0, len(n.PodCIDRs))
 	for _, c := range n.PodCIDRs {
 		if c != nil {

@@ -75,6 +75,9 @@ func (r *Reconciler) PodMTU(self Node) (int, error) {
 	if r.cfg.Mode == ModeHostGW {
 		return u.mtu(), nil
 	}
+	if r.cfg.Mode == ModeWireGuard {
+		return u.mtu() - WireGuardOverhead(u.ip), nil
+	}
 	link, mine, err := r.ownVTEP()
 	if err != nil {
 		return 0, err

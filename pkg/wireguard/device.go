@@ -288,6 +288,21 @@ func (d *Device) configure(cfg DeviceConfig) error {
 	return nil
 }
 
+// Open attaches to an existing WireGuard device (the kernel's, or a
+// userspace one through its UAPI socket, whichever process serves it) to
+// read or set its peers; its Close leaves the device as it is.
+func Open(name string) (*Device, error) {
+	d, err := newDevice(name, nil)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.client.Device(name); err != nil {
+		_ = d.client.Close()
+		return nil, fmt.Errorf("wireguard: reading %s: %w", name, err)
+	}
+	return d, nil
+}
+
 // Name is the interface name.
 func (d *Device) Name() string { return d.name }
 
@@ -321,19 +336,37 @@ func (d *Device) Peers() ([]wgtypes.Peer, error) {
 // peer to another (a node that got a new key) always has one. Two peers
 // with one public key are an error and nothing is written.
 func (d *Device) SetPeers(peers []Peer) (int, error) {
+	changes, err := d.peerChanges(peers)
+	if err != nil || len(changes) == 0 {
+		return 0, err
+	}
+	if err := d.client.ConfigureDevice(d.name, wgtypes.Config{Peers: changes}); err != nil {
+		return 0, fmt.Errorf("wireguard: setting the peers of %s: %w", d.name, err)
+	}
+	return len(changes), nil
+}
+
+// PeerChanges is how many peers SetPeers(peers) would add, change or
+// remove now, without writing anything.
+func (d *Device) PeerChanges(peers []Peer) (int, error) {
+	changes, err := d.peerChanges(peers)
+	return len(changes), err
+}
+
+func (d *Device) peerChanges(peers []Peer) ([]wgtypes.PeerConfig, error) {
 	want := make(map[wgtypes.Key]Peer, len(peers))
 	for _, p := range peers {
 		if _, dup := want[p.PublicKey]; dup {
-			return 0, fmt.Errorf("wireguard: %s: public key %s is listed twice", d.name, p.PublicKey)
+			return nil, fmt.Errorf("wireguard: %s: public key %s is listed twice", d.name, p.PublicKey)
 		}
 		if p.PublicKey == (wgtypes.Key{}) {
-			return 0, fmt.Errorf("wireguard: %s: a peer has no public key", d.name)
+			return nil, fmt.Errorf("wireguard: %s: a peer has no public key", d.name)
 		}
 		want[p.PublicKey] = p
 	}
 	cur, err := d.Peers()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	have := make(map[wgtypes.Key]wgtypes.Peer, len(cur))
 	for _, p := range cur {
@@ -364,13 +397,7 @@ func (d *Device) SetPeers(peers []Peer) (int, error) {
 			changes = append(changes, wgtypes.PeerConfig{PublicKey: h.PublicKey, Remove: true})
 		}
 	}
-	if len(changes) == 0 {
-		return 0, nil
-	}
-	if err := d.client.ConfigureDevice(d.name, wgtypes.Config{Peers: changes}); err != nil {
-		return 0, fmt.Errorf("wireguard: setting the peers of %s: %w", d.name, err)
-	}
-	return len(changes), nil
+	return changes, nil
 }
 
 func samePeer(h wgtypes.Peer, p Peer) bool {

@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -70,7 +69,7 @@ func TestTunnelEncrypts(t *testing.T) {
 
 	canary := "village-wireguard-plaintext-canary-" + fmt.Sprint(time.Now().UnixNano())
 	testenv.ServeTCP(t, b, "10.244.2.1:7777", canary)
-	capt := startPcap(t, a, "ul0")
+	capt := testenv.StartPcap(t, a, "ul0")
 	took := testenv.WaitFor(t, "ping through the tunnel", func() error { return testenv.Ping(a, "10.244.2.1", 1) })
 	t.Logf("first ping answered after %v (handshake included)", took)
 	c, err := testenv.DialerIn(a)("10.244.2.1:7777", 10*time.Second)
@@ -82,7 +81,7 @@ func TestTunnelEncrypts(t *testing.T) {
 	if err != nil || string(got) != canary {
 		t.Fatalf("TCP through the tunnel read %q (%v), want %q", got, err, canary)
 	}
-	raw, lines := capt.stop()
+	raw, lines := capt.Stop()
 
 	udp := regexp.MustCompile(`^\S+ IP 192\.168\.90\.[12]\.51820 > 192\.168\.90\.[12]\.51820: UDP, length \d+$`)
 	var wg int
@@ -105,7 +104,7 @@ func TestTunnelEncrypts(t *testing.T) {
 
 	// The check can see plaintext: the same canary sent in clear over the
 	// underlay is in the capture.
-	ctl := startPcap(t, a, "ul0")
+	ctl := testenv.StartPcap(t, a, "ul0")
 	if err := testenv.InNS(a, func() error {
 		u, err := net.Dial("udp", "192.168.90.2:9")
 		if err != nil {
@@ -117,7 +116,7 @@ func TestTunnelEncrypts(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if raw, _ := ctl.stop(); !bytes.Contains(raw, []byte(canary)) {
+	if raw, _ := ctl.Stop(); !bytes.Contains(raw, []byte(canary)) {
 		t.Fatalf("control: plaintext sent on the underlay is not in the capture")
 	}
 
@@ -125,81 +124,6 @@ func TestTunnelEncrypts(t *testing.T) {
 	if m := regexp.MustCompile(`= [\d.]+/([\d.]+)/`).FindStringSubmatch(out); m != nil {
 		t.Logf("ping RTT through userspace WireGuard: avg %s ms", m[1])
 	}
-}
-
-// pcap is tcpdump writing every frame of one interface to a file.
-type pcap struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	file string
-	done chan struct{}
-}
-
-func startPcap(t *testing.T, n ns.NetNS, iface string) *pcap {
-	t.Helper()
-	p := &pcap{t: t, file: filepath.Join(t.TempDir(), "underlay.pcap"), done: make(chan struct{})}
-	p.cmd = exec.Command("ip", "netns", "exec", nsName(n), "tcpdump", "-i", iface, "-nn", "-p", "--immediate-mode", "-U", "-Z", "root", "-s", "0", "-w", p.file)
-	stderr, err := p.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("tcpdump: %v", err)
-	}
-	var head bytes.Buffer
-	listening := make(chan bool, 1)
-	go func() {
-		buf := make([]byte, 4096)
-		said := false
-		for {
-			k, err := stderr.Read(buf)
-			head.Write(buf[:k])
-			if !said && strings.Contains(head.String(), "listening on") {
-				said = true
-				listening <- true
-			}
-			if err != nil {
-				if !said {
-					listening <- false
-				}
-				break
-			}
-		}
-		_ = p.cmd.Wait()
-		close(p.done)
-	}()
-	if !<-listening {
-		<-p.done
-		t.Fatalf("tcpdump did not start: %s", head.String())
-	}
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		<-p.done
-	})
-	return p
-}
-
-// stop ends the capture and returns the file's bytes and tcpdump's reading
-// of it, a line per frame.
-func (p *pcap) stop() ([]byte, []string) {
-	p.t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGINT) // flushes and exits
-	<-p.done
-	raw, err := os.ReadFile(p.file)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	out, err := exec.Command("tcpdump", "-nn", "-r", p.file).Output()
-	if err != nil {
-		p.t.Fatalf("reading the capture: %v", err)
-	}
-	var lines []string
-	for l := range strings.Lines(string(out)) {
-		if l = strings.TrimSpace(l); l != "" {
-			lines = append(lines, l)
-		}
-	}
-	return raw, lines
 }
 
 // Ensure is idempotent and changes only what differs; SetPeers makes the

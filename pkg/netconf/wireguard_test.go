@@ -1,0 +1,86 @@
+package netconf_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/overlay"
+)
+
+func TestWireGuardBackend(t *testing.T) {
+	const reg = `"registry":{"type":"kubernetes"}`
+	for _, tc := range []struct {
+		name string
+		raw  string
+		err  string         // substring of the error; "" accepts
+		want overlay.Config // for accepted ones: OverlayConfig("net1")
+	}{
+		{name: "defaults", raw: `{"type":"wireguard",` + reg + `}`, want: overlay.Config{
+			Mode: overlay.ModeWireGuard, Port: 51820, Network: "net1",
+			WireGuard: overlay.WireGuardConfig{KeyFile: "/var/lib/village/wireguard/net1.key", PersistentKeepalive: 25 * time.Second, Userspace: "auto"}}},
+		{name: "everything set", raw: `{"type":"wireguard","underlay":"eth1",` + reg + `,"wireguard":{"port":51900,"keyFile":"/etc/village/wg.key","persistentKeepalive":"10s","userspace":"always","endpoint":"203.0.113.7:51900"}}`,
+			want: overlay.Config{Mode: overlay.ModeWireGuard, Underlay: "eth1", Port: 51900, Network: "net1",
+				WireGuard: overlay.WireGuardConfig{KeyFile: "/etc/village/wg.key", PersistentKeepalive: 10 * time.Second, Userspace: "always"}}},
+		{name: "keepalive in seconds, 0 for none", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"persistentKeepalive":0,"userspace":"never"}}`,
+			want: overlay.Config{Mode: overlay.ModeWireGuard, Port: 51820, Network: "net1",
+				WireGuard: overlay.WireGuardConfig{KeyFile: "/var/lib/village/wireguard/net1.key", Userspace: "never"}}},
+		{name: "keepalive as a number", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"persistentKeepalive":15}}`,
+			want: overlay.Config{Mode: overlay.ModeWireGuard, Port: 51820, Network: "net1",
+				WireGuard: overlay.WireGuardConfig{KeyFile: "/var/lib/village/wireguard/net1.key", PersistentKeepalive: 15 * time.Second, Userspace: "auto"}}},
+		{name: "IPv6 endpoint", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"endpoint":"[2001:db8::7]:51820"}}`,
+			want: overlay.Config{Mode: overlay.ModeWireGuard, Port: 51820, Network: "net1",
+				WireGuard: overlay.WireGuardConfig{KeyFile: "/var/lib/village/wireguard/net1.key", PersistentKeepalive: 25 * time.Second, Userspace: "auto"}}},
+		{name: "no registry", raw: `{"type":"wireguard"}`, err: `needs a "registry"`},
+		{name: "static nodes", raw: `{"type":"wireguard",` + reg + `,"nodes":[{"name":"a","ip":"192.168.1.2","podCIDR":"10.244.2.0/24"}]}`, err: `"backend.nodes"`},
+		{name: "vxlan port", raw: `{"type":"wireguard",` + reg + `,"port":51820}`, err: `"backend.wireguard.port"`},
+		{name: "vni", raw: `{"type":"wireguard",` + reg + `,"vni":2}`, err: `no VNI`},
+		{name: "section with another type", raw: `{"type":"vxlan",` + reg + `,"wireguard":{}}`, err: `only for backend type "wireguard"`},
+		{name: "port out of range", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"port":65536}}`, err: `"backend.wireguard.port" 65536`},
+		{name: "negative port", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"port":-1}}`, err: `"backend.wireguard.port" -1`},
+		{name: "relative key file", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"keyFile":"wg.key"}}`, err: `"backend.wireguard.keyFile"`},
+		{name: "unclean key file", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"keyFile":"/etc/../wg.key"}}`, err: `"backend.wireguard.keyFile"`},
+		{name: "negative keepalive", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"persistentKeepalive":"-5s"}}`, err: `"backend.wireguard.persistentKeepalive"`},
+		{name: "fractional keepalive", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"persistentKeepalive":"1.5s"}}`, err: `whole seconds`},
+		{name: "huge keepalive", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"persistentKeepalive":70000}}`, err: `whole seconds`},
+		{name: "keepalive garbage", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"persistentKeepalive":"soon"}}`, err: `invalid "backend"`},
+		{name: "userspace unknown", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"userspace":"sometimes"}}`, err: `"backend.wireguard.userspace"`},
+		{name: "endpoint a name", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"endpoint":"node1.example:51820"}}`, err: `"backend.wireguard.endpoint"`},
+		{name: "endpoint without port", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"endpoint":"203.0.113.7"}}`, err: `"backend.wireguard.endpoint"`},
+		{name: "endpoint port 0", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"endpoint":"203.0.113.7:0"}}`, err: `"backend.wireguard.endpoint"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := netconf.ParseBackend(json.RawMessage(tc.raw))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want one mentioning %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := b.OverlayConfig("net1")
+			if got.Mode != tc.want.Mode || got.Underlay != tc.want.Underlay || got.Port != tc.want.Port || got.Network != tc.want.Network ||
+				got.WireGuard.KeyFile != tc.want.WireGuard.KeyFile || got.WireGuard.PersistentKeepalive != tc.want.WireGuard.PersistentKeepalive ||
+				got.WireGuard.Userspace != tc.want.WireGuard.Userspace {
+				t.Fatalf("OverlayConfig = %+v, want %+v", got, tc.want)
+			}
+			if err := got.Validate(); err != nil {
+				t.Fatalf("the reconciler rejects it: %v", err)
+			}
+		})
+	}
+}
+
+func TestWireGuardEndpoint(t *testing.T) {
+	b, err := netconf.ParseBackend(json.RawMessage(`{"type":"wireguard","registry":{"type":"kubernetes"},"wireguard":{"endpoint":"203.0.113.7:51900"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep := b.WireGuard.EndpointAddr; ep == nil || ep.String() != "203.0.113.7:51900" {
+		t.Fatalf("endpoint parsed as %v", ep)
+	}
+}
