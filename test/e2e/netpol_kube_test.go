@@ -38,8 +38,8 @@ import (
 // Pod objects with their addresses. Traffic proves what is enforced:
 // across nodes (the VXLAN overlay into node1's forward hook), on one
 // node (bridged), named ports, a deleted policy, an agent restart, the
-// pending mark of a new pod (a loop of connections while it starts), and
-// `villaged status`.
+// pending mark of a new pod (a loop of connections while it starts),
+// `villaged status`, and `villaged why`.
 func TestNetworkPolicyAgents(t *testing.T) {
 	lab := newKubeLab(t, "vxlan")
 	text := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"agt","plugins":[{"type":"village","bridge":"village0","isDefaultGateway":true,
@@ -82,6 +82,9 @@ func TestNetworkPolicyAgents(t *testing.T) {
 	np.reach(far, web, 80, false)
 	np.reach(local, web, 8080, false)
 	np.statusLine(n1, "network policy: 2 policies, 2 local pods compiled, 1 isolated; kernel matches")
+	// villaged why agrees with the traffic, API server or not
+	// (netpol_why_test.go)
+	np.why(n1, n2, far, web, local)
 
 	// restart: the tables stay while the agent is down, and it takes over
 	must(t, n1.stop(t, syscall.SIGTERM), "stopping villaged on node1")
