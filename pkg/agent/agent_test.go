@@ -153,7 +153,7 @@ func TestAgentPeersOfAndMerge(t *testing.T) {
 	if len(m) != 2 || m[0].IP.String() != "192.0.2.22" || m[1].Name != "a" {
 		t.Fatalf("merge: %+v", m)
 	}
-	r := record("self", net.ParseIP("192.0.2.9"), []*net.IPNet{sn})
+	r := record("self", net.ParseIP("192.0.2.9"), []*net.IPNet{sn}, wgID{})
 	if r.VtepMAC != overlay.DeriveMAC(net.ParseIP("192.0.2.9")).String() || r.PodCIDRs[0] != "10.1.7.0/24" {
 		t.Fatalf("record %+v", r)
 	}

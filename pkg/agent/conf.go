@@ -97,6 +97,9 @@ type Conf struct {
 	// DataDir is the disk store's directory (host-local's layout), read to
 	// report allocations per pool.
 	DataDir string
+	// wg is what this node publishes under the wireguard backend
+	// (loadWireGuard).
+	wg wgID
 	// Node is this node's name.
 	Node string
 	// LANStore is the store block of the macvlan LAN pool's IPAM, parsed

@@ -42,6 +42,9 @@ func readView(ctx context.Context, opts Options) (*view, error) {
 	c := n.c
 	v := &view{c: c, r: n.r, src: n.src, close: n.close, runDir: opts.RunDir}
 	fail := func(err error) (*view, error) { v.close(); return nil, err }
+	if err := c.loadWireGuard(false); err != nil {
+		return fail(err)
+	}
 	ip, err := n.underlayIP()
 	if err != nil {
 		return fail(err)
@@ -188,7 +191,7 @@ func (v *view) status(ctx context.Context) (*status, error) {
 	st.header += fmt.Sprintf(", underlay %s, pod MTU %d", d.Underlay, c.Net.PodMTU(d.MTU))
 	st.node = fmt.Sprintf("node %s: %s, pod subnets %s (%s)", c.Node, v.self.IP, cidrList(v.self.PodCIDRs), v.selfSrc)
 	if v.src != nil {
-		want := record(c.Node, v.self.IP, v.self.PodCIDRs)
+		want := record(c.Node, v.self.IP, v.self.PodCIDRs, c.wg)
 		switch {
 		case v.registered == nil:
 			st.clean = false

@@ -49,6 +49,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	defer n.close()
 	c, src := n.c, n.src
+	if err := c.loadWireGuard(true); err != nil {
+		return err
+	}
 	a := &agent{n: n, c: c, opts: opts, r: n.r, health: newHealth(c.Node), held: map[string]overlay.Node{}}
 
 	// Health from the first second: the probes answer while the agent still
@@ -164,7 +167,7 @@ func Run(ctx context.Context, opts Options) error {
 	if src != nil {
 		feed = registry.NewFeed()
 		records = make(chan registry.Node, 1)
-		first := record(c.Node, ip, cidrs)
+		first := record(c.Node, ip, cidrs, c.wg)
 		wg.Go(func() { src.follow(ctx, first, records, feed, a.m, opts.logf) })
 		opts.logf("node %s: %s, pods %s; registering in %s", c.Node, ip, cidrList(cidrs), src.where())
 		if es, ok := src.(*etcdSource); ok {
@@ -478,7 +481,7 @@ func (a *agent) checkSelf(records chan registry.Node) {
 	a.opts.logf("underlay address changed from %s to %s: registering again", a.self.IP, ip)
 	a.self.IP = ip
 	if records != nil {
-		latest(records, record(a.self.Name, ip, a.self.PodCIDRs))
+		latest(records, record(a.self.Name, ip, a.self.PodCIDRs, a.c.wg))
 	}
 }
 

@@ -2,21 +2,55 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
 	"github.com/village-cni/village/pkg/cidr"
+	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/subnetfile"
 	"github.com/village-cni/village/pkg/validate"
+	"github.com/village-cni/village/pkg/wireguard"
 )
 
+// wgID is what a node publishes under the wireguard backend: its public
+// key and, when configured, its endpoint (zero for the other backends).
+type wgID struct{ key, endpoint string }
+
+// loadWireGuard reads this node's WireGuard public key into c.wg under the
+// wireguard backend, making the key file when create (Run; the reconciler
+// uses the same file) and leaving the key empty when the file is missing
+// and not create (the read-only commands).
+func (c *Conf) loadWireGuard(create bool) error {
+	w := c.Backend.WireGuard
+	if c.Backend.Type != netconf.BackendWireGuard || w == nil {
+		return nil
+	}
+	load := wireguard.LoadKey
+	if create {
+		load = wireguard.LoadOrCreateKey
+	}
+	_, pub, err := load(w.KeyPath(c.Net.Name))
+	if !create && errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("backend wireguard of network %q: %w", c.Net.Name, err)
+	}
+	c.wg = wgID{key: pub.String(), endpoint: w.Endpoint}
+	return nil
+}
+
 // record is the registry entry of a node with these attributes.
-func record(name string, ip net.IP, cidrs []*net.IPNet) registry.Node {
-	n := registry.Node{Name: name, IP: ip.String(), VtepMAC: overlay.DeriveMAC(ip).String()}
+func record(name string, ip net.IP, cidrs []*net.IPNet, wg wgID) registry.Node {
+	n := registry.Node{Name: name, IP: ip.String(), VtepMAC: overlay.DeriveMAC(ip).String(), WireGuardKey: wg.key, WireGuardEndpoint: wg.endpoint}
 	for _, c := range cidrs {
 		n.PodCIDRs = append(n.PodCIDRs, c.String())
 	}
@@ -45,6 +79,20 @@ func overlayNode(n registry.Node) (overlay.Node, error) {
 			return o, fmt.Errorf("node %q: vtepMAC: %w", n.Name, err)
 		}
 		o.VtepMAC = mac
+	}
+	if n.WireGuardKey != "" {
+		k, err := wgtypes.ParseKey(n.WireGuardKey)
+		if err != nil {
+			return o, fmt.Errorf("node %q: wireguardKey: %w", n.Name, err)
+		}
+		o.WireGuardKey = k
+	}
+	if n.WireGuardEndpoint != "" {
+		ap, err := netip.ParseAddrPort(n.WireGuardEndpoint)
+		if err != nil {
+			return o, fmt.Errorf("node %q: wireguardEndpoint: %w", n.Name, err)
+		}
+		o.WireGuardEndpoint = net.UDPAddrFromAddrPort(ap)
 	}
 	return o, nil
 }

@@ -25,6 +25,13 @@ const (
 	AnnotationUnderlayIP = Prefix + "underlay-ip"
 	// AnnotationVtepMAC is the MAC of its VTEP (vxlan).
 	AnnotationVtepMAC = Prefix + "vtep-mac"
+	// AnnotationWireGuardKey is its WireGuard public key (backend
+	// wireguard; absent otherwise).
+	AnnotationWireGuardKey = Prefix + "wireguard-key"
+	// AnnotationWireGuardEndpoint is the address:port its peers send
+	// WireGuard to, when it is configured ("backend.wireguard.endpoint");
+	// absent: its underlay address at the network's port.
+	AnnotationWireGuardEndpoint = Prefix + "wireguard-endpoint"
 )
 
 // The LAN pods contract ("macvlan.pods": "annotated"; pkg/lanpods).

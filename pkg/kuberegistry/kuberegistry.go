@@ -179,16 +179,36 @@ func Record(n *corev1.Node) (rec registry.Node, ok bool, err error) {
 	if ip == "" || len(cidrs) == 0 {
 		return rec, false, nil
 	}
-	rec = registry.Node{Name: n.Name, IP: ip, PodCIDRs: slices.Clone(cidrs), VtepMAC: n.Annotations[kubenames.AnnotationVtepMAC]}
+	rec = registry.Node{Name: n.Name, IP: ip, PodCIDRs: slices.Clone(cidrs), VtepMAC: n.Annotations[kubenames.AnnotationVtepMAC],
+		WireGuardKey: n.Annotations[kubenames.AnnotationWireGuardKey], WireGuardEndpoint: n.Annotations[kubenames.AnnotationWireGuardEndpoint]}
 	if err := rec.Validate(); err != nil {
 		return rec, false, fmt.Errorf("Node %q: %w", n.Name, err)
 	}
 	return rec, true, nil
 }
 
-// annotations are the annotations that say rec.
-func annotations(rec registry.Node) map[string]string {
-	return map[string]string{kubenames.AnnotationUnderlayIP: rec.IP, kubenames.AnnotationVtepMAC: rec.VtepMAC}
+// annotations are the annotations that say rec, as a merge patch: an
+// empty field removes its annotation (null).
+func annotations(rec registry.Node) map[string]any {
+	a := map[string]any{kubenames.AnnotationUnderlayIP: rec.IP, kubenames.AnnotationVtepMAC: rec.VtepMAC}
+	for k, v := range map[string]string{kubenames.AnnotationWireGuardKey: rec.WireGuardKey, kubenames.AnnotationWireGuardEndpoint: rec.WireGuardEndpoint} {
+		a[k] = v
+		if v == "" {
+			a[k] = nil
+		}
+	}
+	return a
+}
+
+// annotated reports whether n's annotations say rec.
+func annotated(n *corev1.Node, rec registry.Node) bool {
+	for k, v := range annotations(rec) {
+		have, ok := n.Annotations[k]
+		if s, _ := v.(string); ok != (v != nil) || have != s {
+			return false
+		}
+	}
+	return true
 }
 
 // Nodes lists every Node that is a Village peer (one request), sorted by
@@ -306,7 +326,7 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 			return
 		}
 		n := obj.(*corev1.Node)
-		if n.Annotations[kubenames.AnnotationUnderlayIP] == want.IP && n.Annotations[kubenames.AnnotationVtepMAC] == want.VtepMAC {
+		if annotated(n, want) {
 			return
 		}
 		if err := r.Publish(ctx, want); err != nil {
@@ -316,7 +336,11 @@ func (r *Registry) Run(ctx context.Context, first registry.Node, records <-chan 
 			}
 			return
 		}
-		logf("annotated Node %q: %s=%s %s=%s", r.cfg.Node, kubenames.AnnotationUnderlayIP, want.IP, kubenames.AnnotationVtepMAC, want.VtepMAC)
+		var wg string
+		if want.WireGuardKey != "" {
+			wg = fmt.Sprintf(" %s=%s", kubenames.AnnotationWireGuardKey, want.WireGuardKey)
+		}
+		logf("annotated Node %q: %s=%s %s=%s%s", r.cfg.Node, kubenames.AnnotationUnderlayIP, want.IP, kubenames.AnnotationVtepMAC, want.VtepMAC, wg)
 	}
 	ensure()
 	for {

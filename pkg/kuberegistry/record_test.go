@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/village-cni/village/pkg/kubenames"
+	"github.com/village-cni/village/pkg/registry"
 )
 
 func node(name string, ann map[string]string, podCIDR string, podCIDRs ...string) *corev1.Node {
@@ -39,6 +40,38 @@ func TestRecord(t *testing.T) {
 		if ok && (rec.IP != tc.ip || fmtList(rec.PodCIDRs) != tc.cidrs || rec.Name != "a") {
 			t.Errorf("%s: %+v", tc.name, rec)
 		}
+	}
+}
+
+// The WireGuard key and endpoint go out as annotations (absent ones
+// removed by the merge patch) and come back in the record.
+func TestRecordWireGuard(t *testing.T) {
+	const key = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw="
+	want := registry.Node{Name: "a", IP: "192.168.1.2", PodCIDRs: []string{"10.244.1.0/24"}, VtepMAC: "0e:76:c0:a8:01:02",
+		WireGuardKey: key, WireGuardEndpoint: "203.0.113.7:51820"}
+	ann := map[string]string{}
+	for k, v := range annotations(want) {
+		ann[k] = v.(string)
+	}
+	n := node("a", ann, "10.244.1.0/24")
+	if !annotated(n, want) {
+		t.Fatalf("annotations %v do not say %+v", ann, want)
+	}
+	rec, ok, err := Record(n)
+	if !ok || err != nil || !rec.Equal(want) {
+		t.Fatalf("Record = %+v %v %v, want %+v", rec, ok, err, want)
+	}
+	plain := want
+	plain.WireGuardKey, plain.WireGuardEndpoint = "", ""
+	if annotated(n, plain) {
+		t.Fatalf("a Node with a WireGuard key says a record without one")
+	}
+	if a := annotations(plain); a[kubenames.AnnotationWireGuardKey] != nil || a[kubenames.AnnotationWireGuardEndpoint] != nil {
+		t.Fatalf("no key must remove the annotations (null in the patch): %v", a)
+	}
+	n.Annotations[kubenames.AnnotationWireGuardKey] = "x"
+	if _, ok, err := Record(n); ok || err == nil {
+		t.Fatalf("a bad key annotation: ok %v err %v", ok, err)
 	}
 }
 

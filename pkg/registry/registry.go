@@ -38,11 +38,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/village-cni/village/pkg/etcdclient"
 	"github.com/village-cni/village/pkg/validate"
@@ -71,6 +73,11 @@ type Node struct {
 	IP       string   `json:"ip"`
 	PodCIDRs []string `json:"podCIDRs"`
 	VtepMAC  string   `json:"vtepMAC,omitempty"`
+	// WireGuardKey is the node's WireGuard public key (base64) under the
+	// wireguard backend; WireGuardEndpoint the address:port it asks its
+	// peers to send to, "" for its IP at the network's port.
+	WireGuardKey      string `json:"wireguardKey,omitempty"`
+	WireGuardEndpoint string `json:"wireguardEndpoint,omitempty"`
 }
 
 // Validate checks that the record can be used: a name that is one key
@@ -92,12 +99,23 @@ func (n Node) Validate() error {
 			return fmt.Errorf("node %q: vtepMAC %q: %w", n.Name, n.VtepMAC, err)
 		}
 	}
+	if n.WireGuardKey != "" {
+		if _, err := wgtypes.ParseKey(n.WireGuardKey); err != nil {
+			return fmt.Errorf("node %q: wireguardKey %q: %w", n.Name, n.WireGuardKey, err)
+		}
+	}
+	if n.WireGuardEndpoint != "" {
+		if _, err := netip.ParseAddrPort(n.WireGuardEndpoint); err != nil {
+			return fmt.Errorf("node %q: wireguardEndpoint %q: %w", n.Name, n.WireGuardEndpoint, err)
+		}
+	}
 	return nil
 }
 
 // Equal reports whether two records say the same.
 func (n Node) Equal(o Node) bool {
-	return n.Name == o.Name && n.IP == o.IP && n.VtepMAC == o.VtepMAC && slices.Equal(n.PodCIDRs, o.PodCIDRs)
+	return n.Name == o.Name && n.IP == o.IP && n.VtepMAC == o.VtepMAC && slices.Equal(n.PodCIDRs, o.PodCIDRs) &&
+		n.WireGuardKey == o.WireGuardKey && n.WireGuardEndpoint == o.WireGuardEndpoint
 }
 
 // Registry reads and writes one network's node records and subnet leases.

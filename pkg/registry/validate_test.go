@@ -24,4 +24,26 @@ func TestNodeValidate(t *testing.T) {
 			t.Errorf("vtepMAC %q accepted", mac)
 		}
 	}
+	wg := good
+	wg.WireGuardKey, wg.WireGuardEndpoint = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=", "[2001:db8::7]:51820"
+	if err := wg.Validate(); err != nil {
+		t.Fatalf("%+v: %v", wg, err)
+	}
+	if wg.Equal(good) || !wg.Equal(wg) {
+		t.Errorf("Equal does not tell records by their WireGuard key and endpoint")
+	}
+	for _, key := range []string{"x", "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8yk=", "AAAA"} {
+		n := wg
+		n.WireGuardKey = key
+		if n.Validate() == nil {
+			t.Errorf("wireguardKey %q accepted", key)
+		}
+	}
+	for _, ep := range []string{"203.0.113.7", "node1:51820", "203.0.113.7:70000"} {
+		n := wg
+		n.WireGuardEndpoint = ep
+		if n.Validate() == nil {
+			t.Errorf("wireguardEndpoint %q accepted", ep)
+		}
+	}
 }

@@ -39,6 +39,16 @@ func LoadOrCreateKey(path string) (private, public wgtypes.Key, err error) {
 	return private, private.PublicKey(), nil
 }
 
+// LoadKey is LoadOrCreateKey without the create: a missing file is an
+// error wrapping os.ErrNotExist. For read-only callers (a status command).
+func LoadKey(path string) (private, public wgtypes.Key, err error) {
+	private, err = loadKey(path)
+	if err != nil {
+		return wgtypes.Key{}, wgtypes.Key{}, err
+	}
+	return private, private.PublicKey(), nil
+}
+
 func loadKey(path string) (wgtypes.Key, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, syscall.ELOOP) {
