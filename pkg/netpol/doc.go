@@ -17,7 +17,8 @@
 //	    ip daddr vmap @ingress4, ip6 daddr vmap @ingress6
 //	  chain ingress.<ns>.<pod>
 //	    ip saddr @s4-… tcp dport 80 return                     (one rule per peer set and port)
-//	    drop
+//	    limit rate 20/second burst 20 packets log prefix "village:in:<network>" group 22087   (a sample to NFLOG)
+//	    counter drop                                          (the exact count table.Drops reads)
 //	table inet village_pending-<network>           (kept; ADD adds, Apply removes)
 //	  set pending4 / pending6          addresses of new pods whose rules are not compiled yet
 //	  chain forward  type filter hook forward priority filter - 5; policy accept
@@ -78,6 +79,17 @@
 // is allowed and which policy and rule decide: `villaged why` answers on
 // the node from what the node enforces, API server or not. Its tests
 // check Explain against the compiled Ruleset packet by packet.
+//
+// # What was dropped
+//
+// Every per-pod chain counts what it drops, and the counts survive the
+// rewrites (table.Update keeps a refilled chain's last rules, table.Apply
+// carries the counts over). It also sends a sample of its drops (20 a
+// second at most) to NFLOG group table.LogGroup; the agent
+// (pkg/netpol/drops) names each sample's pods and the policies isolating
+// the dropping pod, keeps the latest in
+// <run dir>/<network>/policy-drops.json for `villaged drops`, and exports
+// the counts as village_policy_drops_total.
 //
 // # What is not covered
 //

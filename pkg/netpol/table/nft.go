@@ -204,8 +204,10 @@ func ifname(name string) []byte {
 	return b
 }
 
-// build queues the policy table of rs on c (after deleting what is there).
-func build(c *nftables.Conn, rs *Ruleset) error {
+// build queues the policy table of rs on c (after deleting what is there),
+// each per-pod chain's drop counter starting at its count in counts (by
+// chain name).
+func build(c *nftables.Conn, rs *Ruleset, counts map[string]Counts) error {
 	t := inet(PolicyTable(rs.Network))
 	c.AddTable(t)
 	c.DelTable(t)
@@ -234,7 +236,7 @@ func build(c *nftables.Conn, rs *Ruleset) error {
 				name := mapName(d.name, ip)
 				mapElems[name] = append(mapElems[name], jumpElement(ip, ch.Name))
 			}
-			addChainRules(c, ch, d, func(name string) *nftables.Set { return sets[name] })
+			addChainRules(c, ch, rs.Network, d, counts[ch.Name], func(name string) *nftables.Set { return sets[name] })
 		}
 	}
 	for _, name := range []string{"ingress4", "ingress6", "egress4", "egress6"} {
@@ -287,14 +289,25 @@ func jumpElement(ip netip.Addr, chain string) nftables.SetElement {
 	return nftables.SetElement{Key: ip.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}
 }
 
-// addChainRules queues the rules of d into ch (empty): one rule per clause
-// and family, then the counted drop. set gives the set a clause names.
-func addChainRules(c *nftables.Conn, ch *nftables.Chain, d direction, set func(string) *nftables.Set) {
+// addChainRules queues the rules of d into ch (empty): the clauses
+// (addClauses), then the tail, its drop counter starting at from. set
+// gives the set a clause names.
+func addChainRules(c *nftables.Conn, ch *nftables.Chain, network string, d direction, from Counts, set func(string) *nftables.Set) {
+	for _, r := range clauseRules(ch, d, set) {
+		c.AddRule(r)
+	}
+	addTail(c, ch, network, d.name, from)
+}
+
+// clauseRules are the rules of d's clauses in ch: one rule per clause and
+// family, returning what it matches.
+func clauseRules(ch *nftables.Chain, d direction, set func(string) *nftables.Set) []*nftables.Rule {
 	t := ch.Table
+	var out []*nftables.Rule
 	peerIsSrc := d.name == "ingress"
 	for _, cl := range d.chain.Clauses {
 		if cl.AnyPeer {
-			c.AddRule(rule(t, ch, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
+			out = append(out, rule(t, ch, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
 			continue
 		}
 		for _, fam := range []struct {
@@ -304,11 +317,36 @@ func addChainRules(c *nftables.Conn, ch *nftables.Chain, d direction, set func(s
 			if fam.set == "" {
 				continue
 			}
-			c.AddRule(rule(t, ch, nfproto(fam.v6), []expr.Any{addr(fam.v6, peerIsSrc), inSet(set(fam.set))}, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
+			out = append(out, rule(t, ch, nfproto(fam.v6), []expr.Any{addr(fam.v6, peerIsSrc), inSet(set(fam.set))}, ports(cl), []expr.Any{verdict(expr.VerdictReturn)}))
 		}
 	}
-	c.AddRule(rule(t, ch, []expr.Any{&expr.Counter{}, verdict(expr.VerdictDrop)}))
+	return out
 }
+
+// addTail queues the end of a per-pod chain: the sample of what it drops
+// sent to NFLOG, then the counted drop, its counter starting at from.
+func addTail(c *nftables.Conn, ch *nftables.Chain, network, dir string, from Counts) {
+	for _, r := range tail(ch, network, dir, from) {
+		c.AddRule(r)
+	}
+}
+
+// tail is the end of a per-pod chain (tailLen rules): a rule that sends at
+// most SampleRate packets a second (a burst of as many) to NFLOG group
+// LogGroup with LogPrefix and, having no verdict, lets them go on; then
+// the counted drop, the exact count of what the chain dropped.
+func tail(ch *nftables.Chain, network, dir string, from Counts) []*nftables.Rule {
+	return []*nftables.Rule{
+		rule(ch.Table, ch, []expr.Any{
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: SampleRate, Unit: expr.LimitTimeSecond, Burst: SampleRate},
+			&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX, Group: LogGroup, Data: []byte(LogPrefix(dir, network))},
+		}),
+		rule(ch.Table, ch, []expr.Any{&expr.Counter{Packets: from.Packets, Bytes: from.Bytes}, verdict(expr.VerdictDrop)}),
+	}
+}
+
+// tailLen is the number of rules tail makes.
+const tailLen = 2
 
 // chunk is how many elements go in one netlink message: the element list
 // is one attribute, whose length field has 16 bits (64 KiB), and an
@@ -384,7 +422,16 @@ func ensurePending(c *nftables.Conn, network, bridge string) error {
 // pending table made if missing, and the pending marks of the addresses
 // rs compiled removed. It works in the calling thread's network namespace.
 func Apply(rs *Ruleset) error {
-	return install(rs, true, func(c *nftables.Conn) error { return build(c, rs) })
+	return install(rs, true, func(c *nftables.Conn) error {
+		// The drop counts go on in the new table (drops.go). Apply is
+		// also the repair of a table that cannot be read: then they start
+		// again from zero rather than the repair failing.
+		tails, err := readTails(c, rs.Network, nil)
+		if err != nil {
+			tails = nil
+		}
+		return build(c, rs, counts(tails))
+	})
 }
 
 // install is one transaction of rs: the pending table ensured (always

@@ -12,8 +12,8 @@ import (
 // last installed, to rs in one transaction that touches only what
 // differs: the elements a peer set gained or lost, the verdict-map entries
 // of pods that came, went or changed address, the chains whose rules
-// changed (flushed and refilled) and the chains and sets that appeared or
-// went. The cost of a change thus follows the change, not the number of
+// changed (their rules replaced, their counted drop kept: drops.go) and
+// the chains and sets that appeared or went. The cost of a change thus follows the change, not the number of
 // pods on the node. The table's fixed part (the forward chain, the four
 // maps) is never touched; Apply remains the way to write the whole table
 // (the first time, after an error, when the kernel drifted).
@@ -210,12 +210,37 @@ func queueChanges(c *nftables.Conn, old, rs *Ruleset) error {
 	}
 	for _, ck := range d.newChains {
 		ch := c.AddChain(&nftables.Chain{Name: ck.name, Table: t})
-		addChainRules(c, ch, ck.dir, set)
+		addChainRules(c, ch, rs.Network, ck.dir, Counts{}, set)
+	}
+	// A refilled chain keeps its tail, and so its drop count and the
+	// sample's rate: the rules before it are replaced, the new ones
+	// inserted in order before the tail. A chain without a whole tail is
+	// flushed and filled, its count carried over.
+	refill := make([]string, len(d.refill))
+	for i, ck := range d.refill {
+		refill[i] = ck.name
+	}
+	tails, err := readTails(c, rs.Network, refill)
+	if err != nil {
+		return err
 	}
 	for _, ck := range d.refill {
 		ch := &nftables.Chain{Name: ck.name, Table: t}
-		c.FlushChain(ch)
-		addChainRules(c, ch, ck.dir, set)
+		tl := tails[ck.name]
+		if !tl.ok {
+			c.FlushChain(ch)
+			addChainRules(c, ch, rs.Network, ck.dir, tl.counts, set)
+			continue
+		}
+		for _, h := range tl.clauses {
+			if err := c.DelRule(&nftables.Rule{Table: t, Chain: ch, Handle: h}); err != nil {
+				return err
+			}
+		}
+		for _, r := range clauseRules(ch, ck.dir, set) {
+			r.Position = tl.first
+			c.InsertRule(r)
+		}
 	}
 	for _, name := range sortedKeys(d.mapElems) {
 		md, m := d.mapElems[name], vmapSpec(t, name, name[len(name)-1] == '6')
