@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,4 +90,36 @@ func (p *Pcap) Stop() ([]byte, []string) {
 		}
 	}
 	return raw, lines
+}
+
+// UnderlayChatter matches, in tcpdump's lines, what a link carries on its
+// own: ARP, IPv6 neighbour and router discovery, multicast listener and
+// IGMP reports.
+var UnderlayChatter = regexp.MustCompile(` ARP, | ICMP6, (neighbor|router) (solicitation|advertisement)| ICMP6, multicast listener| > 224\.0\.0\.22: igmp `)
+
+// OnlyCarried fails t unless every line of a capture (Stop's) matches want
+// or allowed, at least one matches want, and secret is nowhere in its
+// bytes; it returns how many lines matched want. An encryption test's
+// check: want the tunnel's packets, allowed the link's own chatter (and
+// whatever else the test knows crosses), secret a payload sent through
+// the tunnel.
+func OnlyCarried(t testing.TB, raw []byte, lines []string, want, allowed *regexp.Regexp, secret string) int {
+	t.Helper()
+	var n int
+	for _, l := range lines {
+		switch {
+		case want.MatchString(l):
+			n++
+		case allowed.MatchString(l):
+		default:
+			t.Errorf("the link carried something else: %s", l)
+		}
+	}
+	if n == 0 {
+		t.Errorf("none of the captured packets (%d) is the expected kind", len(lines))
+	}
+	if bytes.Contains(raw, []byte(secret)) {
+		t.Errorf("the plaintext %q crossed the link", secret)
+	}
+	return n
 }

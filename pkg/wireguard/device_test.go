@@ -84,23 +84,8 @@ func TestTunnelEncrypts(t *testing.T) {
 	raw, lines := capt.Stop()
 
 	udp := regexp.MustCompile(`^\S+ IP 192\.168\.90\.[12]\.51820 > 192\.168\.90\.[12]\.51820: UDP, length \d+$`)
-	var wg int
-	for _, l := range lines {
-		switch {
-		case udp.MatchString(l):
-			wg++
-		case strings.Contains(l, " ARP, "):
-		default:
-			t.Errorf("underlay carried something other than WireGuard's UDP: %s", l)
-		}
-	}
-	if wg == 0 {
-		t.Fatalf("no WireGuard packet on the underlay: %q", lines)
-	}
-	if bytes.Contains(raw, []byte(canary)) {
-		t.Fatalf("the plaintext crossed the underlay")
-	}
-	t.Logf("underlay: %d WireGuard UDP packets, no plaintext", wg)
+	n := testenv.OnlyCarried(t, raw, lines, udp, testenv.UnderlayChatter, canary)
+	t.Logf("underlay: %d WireGuard UDP packets, no plaintext", n)
 
 	// The check can see plaintext: the same canary sent in clear over the
 	// underlay is in the capture.

@@ -65,6 +65,9 @@ type agentNode struct {
 	// env is added to the environment of every villaged run here: in the
 	// kubernetes labs, the node's own API credential (kubetest.AgentOn).
 	env []string
+	// wrap runs before villaged inside the node, as `wrap... villaged
+	// args...` (nil: villaged directly): the wireguard lab's private mounts.
+	wrap []string
 }
 
 type lockedBuffer struct {
@@ -191,7 +194,7 @@ func (lab *agentLab) addNode() *agentNode {
 
 // villaged is the command line of the real binary inside node n.
 func (n *agentNode) villaged(t *testing.T, args ...string) *exec.Cmd {
-	full := append([]string{"netns", "exec", n.Name(), filepath.Join(testenv.Bins(t), "villaged")}, args...)
+	full := append(append(append([]string{"netns", "exec", n.Name()}, n.wrap...), filepath.Join(testenv.Bins(t), "villaged")), args...)
 	cmd := exec.Command("ip", full...)
 	if len(n.env) > 0 {
 		cmd.Env = append(os.Environ(), n.env...)

@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/village-cni/village/internal/kubetest"
+	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/kubenames"
+	"github.com/village-cni/village/pkg/wireguard"
+)
+
+// The kubernetes lab under backend wireguard. Every node namespace shares
+// this machine's file system, where a real node has its own: each agent
+// runs with a private /var/run/wireguard (its userspace device's UAPI
+// socket, named the same on every node) and its own directory mounted
+// over the conflist's key directory (so that each node has its own key,
+// kept across restarts), both mounts in the mount namespace `ip netns
+// exec` gives it.
+//
+// The agents publish their public keys as Node annotations, the pods of
+// three nodes ping each other and talk TCP; a capture of node1's underlay
+// holds nothing between the nodes but WireGuard's UDP port (no VXLAN, no
+// plaintext); node1's agent restarted keeps its key (the annotation stays
+// the same) and its pods are reachable again.
+func TestAgentWireGuard(t *testing.T) {
+	keyDir := t.TempDir()
+	keyFile := filepath.Join(keyDir, "agt.key")
+	lab := newKubeLabWith(t, "wireguard", func(conf string, _ *kubetest.Server) string {
+		return strings.Replace(conf, `"vni":9,`, fmt.Sprintf(`"wireguard":{"keyFile":%q},`, keyFile), 1)
+	})
+	for i, n := range lab.nodes {
+		lab.createNode(n, fmt.Sprintf("10.70.%d.0/24", i+1))
+		own := filepath.Join(n.Dir, "wg")
+		must(t, os.MkdirAll(own, 0o700), "key directory of %s", n.name)
+		n.wrap = []string{"sh", "-ec", `mkdir -p /var/run/wireguard
+mount -t tmpfs -o mode=0755 tmpfs /var/run/wireguard
+mount --bind "$0" "$1"
+shift
+exec "$@"`, own, keyDir}
+	}
+	subnets := lab.startAll()
+	keys := map[string]string{}
+	for _, n := range lab.nodes {
+		_, pub, err := wireguard.LoadKey(filepath.Join(n.Dir, "wg", "agt.key"))
+		must(t, err, "the key file of %s", n.name)
+		waitFor(t, 30*time.Second, n.name+" publishes its WireGuard key", func() (bool, string) {
+			a := lab.node(n.name).Annotations
+			return a[kubenames.AnnotationWireGuardKey] == pub.String(), fmt.Sprint(a)
+		})
+		keys[n.name] = pub.String()
+	}
+	if keys["node1"] == keys["node2"] || keys["node2"] == keys["node3"] || keys["node1"] == keys["node3"] {
+		t.Fatalf("nodes share a key: %v", keys)
+	}
+
+	n1 := lab.nodes[0]
+	capt := testenv.StartPcap(t, n1.NS, "lan0")
+	pods := lab.podsPing(subnets)
+	for _, p := range pods {
+		if out := testenv.MustIP(t, p.NS, "link", "show", "eth0"); !strings.Contains(out, " mtu 1440 ") {
+			t.Errorf("pod MTU is not the underlay's 1500 less WireGuard's 60:\n%s", out)
+		}
+	}
+	canary := fmt.Sprintf("village-e2e-wireguard-canary-%d", time.Now().UnixNano())
+	to := podIPv4(t, pods[1])
+	testenv.ServeTCP(t, pods[1].NS, to+":7777", canary)
+	c, err := testenv.DialerIn(pods[0].NS)(to+":7777", 10*time.Second)
+	must(t, err, "TCP pod on node1 -> pod on node2")
+	got, err := io.ReadAll(c)
+	c.Close()
+	if err != nil || string(got) != canary {
+		t.Fatalf("TCP across read %q (%v), want the canary", got, err)
+	}
+	raw, lines := capt.Stop()
+	wg := regexp.MustCompile(`^\S+ IP 192\.168\.79\.1\d\.51820 > 192\.168\.79\.1\d\.51820: UDP, length \d+$`)
+	// Besides: the agents' API connections (the registry) and the
+	// underlay's own chatter.
+	api := regexp.MustCompile(`^\S+ IP (192\.168\.79\.1\d\.\d+ > 192\.168\.79\.5\.\d+|192\.168\.79\.5\.\d+ > 192\.168\.79\.1\d\.\d+): Flags |` +
+		testenv.UnderlayChatter.String())
+	n := testenv.OnlyCarried(t, raw, lines, wg, api, canary)
+	t.Logf("node1's underlay: %d WireGuard packets between nodes, no plaintext", n)
+
+	// Restart: the userspace device goes with the agent, and comes back
+	// with the same key.
+	must(t, n1.stop(t, syscall.SIGTERM), "stopping node1's agent")
+	lab.start(n1)
+	waitFor(t, 30*time.Second, "node1 routes to the others again", func() (bool, string) {
+		return n1.hasRoutes(t, subnets[1:], nil)
+	})
+	waitFor(t, 30*time.Second, "pod on node1 -> pod on node2 after the restart", func() (bool, string) {
+		err := testenv.Ping(pods[0].NS, to, 1)
+		return err == nil, fmt.Sprint(err)
+	})
+	must(t, testenv.Ping(pods[2].NS, podIPv4(t, pods[0]), 2), "pod on node3 -> pod on node1 after the restart")
+	if a := lab.node(n1.name).Annotations[kubenames.AnnotationWireGuardKey]; a != keys[n1.name] {
+		t.Fatalf("node1's key annotation changed across the restart: %s -> %s", keys[n1.name], a)
+	}
+}
