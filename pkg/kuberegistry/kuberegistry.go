@@ -14,6 +14,8 @@
 //
 //	village.cni.io/underlay-ip   the node's underlay address (overlay endpoint / next hop)
 //	village.cni.io/vtep-mac      the MAC of its VTEP (vxlan)
+//	village.cni.io/wireguard-key the WireGuard public key (backend wireguard; removed otherwise)
+//	village.cni.io/wireguard-endpoint  where peers send WireGuard, when configured
 //
 // A Node without the underlay-ip annotation or without spec.podCIDRs is
 // not (yet) a peer. The agent writes only its own Node's annotations, with a
