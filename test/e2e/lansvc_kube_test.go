@@ -20,8 +20,8 @@ import (
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
-	"github.com/village-cni/village/pkg/agent"
 	"github.com/village-cni/village/pkg/kubenames"
+	"github.com/village-cni/village/pkg/lansvc"
 	"github.com/village-cni/village/pkg/lansvc/elect"
 )
 
@@ -142,7 +142,7 @@ func TestLANServicesFailover(t *testing.T) {
 		return strings.Contains(string(out), "answering for 1 of 1") && strings.Contains(string(out), "  "+vip) && strings.Contains(string(out), allLive), "villaged status on " + announcer + ":\n" + string(out)
 	})
 	for _, n := range lab.nodes {
-		if log := n.log.String(); !strings.Contains(log, "encrypted and authenticated") || strings.Contains(log, agent.GossipInTheClear) {
+		if log := n.log.String(); !strings.Contains(log, "encrypted and authenticated") || strings.Contains(log, lansvc.GossipInTheClear) {
 			t.Fatalf("villaged on %s, with a gossip key: no \"encrypted and authenticated\", or the in-the-clear warning, in its log:\n%s", n.name, log)
 		}
 	}

@@ -1,4 +1,4 @@
-package agent
+package lansvc
 
 import (
 	"encoding/json"
@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/village-cni/village/pkg/lansvc/announce"
 	"github.com/village-cni/village/pkg/netconf"
@@ -54,21 +52,20 @@ func TestIPVSWarning(t *testing.T) {
 	}
 }
 
-// lanServicesStatus: what `villaged status` says from the status file a
+// StatusLines: what `villaged status` says from the status file a
 // running feature writes, one that is off writes, and none.
-func TestLANServicesStatusLines(t *testing.T) {
-	c := &Conf{Net: &netconf.NetConf{PluginConf: types.PluginConf{Name: "village"}, LAN: &netconf.LAN{Services: &netconf.Services{}}}}
+func TestStatusLines(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		st   *LANServicesStatus // nil: no file
-		want []string           // the lines, each a prefix of the line at its index
+		st   *Status  // nil: no file
+		want []string // the lines, each a prefix of the line at its index
 	}{
 		{"not running", nil, []string{"LAN Services ([]): not running"}},
-		{"off", &LANServicesStatus{Off: "members: gossip key: open /etc/village/gossip/key: no such file or directory"},
+		{"off", &Status{Off: "members: gossip key: open /etc/village/gossip/key: no such file or directory"},
 			[]string{"LAN Services ([]): OFF: members: gossip key: open /etc/village/gossip/key: no such file or directory (as of "}},
-		{"in the clear", &LANServicesStatus{Answering: []netip.Addr{netip.MustParseAddr("192.168.50.240")}, Live: []string{"a", "b"}, Warnings: []string{GossipInTheClear}},
+		{"in the clear", &Status{Answering: []netip.Addr{netip.MustParseAddr("192.168.50.240")}, Live: []string{"a", "b"}, Warnings: []string{GossipInTheClear}},
 			[]string{"LAN Services ([]): answering for 1 of 0 addresses; live agents [a b]", "  192.168.50.240", "LAN Services: WARNING: the agents' gossip (port 7947) is neither encrypted nor authenticated"}},
-		{"contested", &LANServicesStatus{Answering: []netip.Addr{}, Live: []string{"a"},
+		{"contested", &Status{Answering: []netip.Addr{}, Live: []string{"a"},
 			Contested: []announce.Conflict{{Addr: netip.MustParseAddr("192.168.50.241"), MACText: "02:00:00:00:00:99", Conflicts: 3}}},
 			[]string{"LAN Services ([]): answering for 0 of 0 addresses", "  192.168.50.241 CONTESTED: in use by MAC 02:00:00:00:00:99, not answered by this node (3 conflicts"}},
 	} {
@@ -87,7 +84,7 @@ func TestLANServicesStatusLines(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			got := lanServicesStatus(c, run)
+			got := StatusLines(&netconf.Services{}, run, "village")
 			if len(got) != len(tc.want) {
 				t.Fatalf("lines %q, want %d", got, len(tc.want))
 			}
