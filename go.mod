@@ -6,6 +6,7 @@ require (
 	github.com/containernetworking/cni v1.3.1
 	github.com/containernetworking/plugins v1.10.0
 	github.com/coreos/go-iptables v0.8.0
+	github.com/florianl/go-nflog/v2 v2.1.0
 	github.com/google/nftables v0.3.0
 	github.com/hashicorp/memberlist v0.5.4
 	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae

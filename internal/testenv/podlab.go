@@ -133,3 +133,20 @@ func Nft(t *testing.T, n ns.NetNS, args ...string) string {
 	}
 	return string(out)
 }
+
+// SendUDP sends n datagrams from netns from to addr:port.
+func SendUDP(from ns.NetNS, addr string, port, n int) error {
+	return InNS(from, func() error {
+		c, err := net.Dial("udp", net.JoinHostPort(addr, fmt.Sprint(port)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for range n {
+			if _, err := c.Write([]byte("x")); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

@@ -2,7 +2,6 @@ package netpol
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 
@@ -16,19 +15,7 @@ import (
 // sendUDP sends n datagrams from netns from to addr:port.
 func sendUDP(t *testing.T, from ns.NetNS, addr string, port, n int) {
 	t.Helper()
-	if err := testenv.InNS(from, func() error {
-		c, err := net.Dial("udp", net.JoinHostPort(addr, fmt.Sprint(port)))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		for range n {
-			if _, err := c.Write([]byte("drop me")); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
+	if err := testenv.SendUDP(from, addr, port, n); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -14,6 +14,7 @@
 //	<run dir>/<network>/policy-namespaces  namespaces holding a NetworkPolicy (pkg/netpol/table)
 //	<run dir>/<network>/policy-status.json what the policy controller last did
 //	<run dir>/<network>/policy-model.json  what it compiled, per pod and rule, for `villaged why` (pkg/netpol Model)
+//	<run dir>/<network>/policy-drops.json  the latest packets NetworkPolicy dropped, named, for `villaged drops` (pkg/netpol/drops)
 //	<run dir>/macspoofchk/<network>/<veth> a pod port's MAC for macspoofchk (pkg/masq)
 //	<run dir>/kube/{kubeconfig,token,ca.crt} the host-side credentials of a kubernetes LAN pool
 //
@@ -51,6 +52,9 @@ const (
 	// PolicyModelName is what the policy controller last put in the
 	// kernel, per pod and rule (pkg/netpol Model), read by `villaged why`.
 	PolicyModelName = "policy-model.json"
+	// PolicyDropsName is the latest packets the policy tables dropped,
+	// aggregated and named (pkg/netpol/drops), read by `villaged drops`.
+	PolicyDropsName = "policy-drops.json"
 	// PolicyReadyName is the file the policy controller holds locked
 	// from its first compile in the kernel on (fail-closed start-up).
 	PolicyReadyName = "policy-ready"
@@ -124,6 +128,11 @@ func PolicyStatus(runDir, network string) string {
 // PolicyModel is network's policy model file.
 func PolicyModel(runDir, network string) string {
 	return filepath.Join(NetworkDir(runDir, network), PolicyModelName)
+}
+
+// PolicyDrops is network's policy drops file.
+func PolicyDrops(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), PolicyDropsName)
 }
 
 // LANServicesStatus is network's LAN Services status file.

@@ -20,6 +20,7 @@ func TestPaths(t *testing.T) {
 		{nodelocal.PolicyNamespaces("", "ovl"), "/env/run/ovl/policy-namespaces"},
 		{nodelocal.PolicyStatus("", "ovl"), "/env/run/ovl/policy-status.json"},
 		{nodelocal.PolicyModel("", "ovl"), "/env/run/ovl/policy-model.json"},
+		{nodelocal.PolicyDrops("", "ovl"), "/env/run/ovl/policy-drops.json"},
 		{nodelocal.AgentSocket(""), "/env/run/agent.sock"},
 		{nodelocal.SpoofDir("", "ovl"), "/env/run/macspoofchk/ovl"},
 		{nodelocal.HostKubeconfig(""), "/env/run/kube/kubeconfig"},
