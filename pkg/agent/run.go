@@ -17,6 +17,7 @@ import (
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
 	"github.com/village-cni/village/pkg/metrics"
+	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/nodelocal"
 	"github.com/village-cni/village/pkg/overlay"
@@ -186,7 +187,11 @@ func Run(ctx context.Context, opts Options) error {
 		n.side.start(ctx.Done())
 	}
 	a.loop(ctx, feed, records, kernel)
-	opts.logf("stopping: routes stay; the registration expires after its TTL unless villaged is back")
+	if c.Backend.Type == netconf.BackendWireGuard {
+		opts.logf("stopping: the routes stay, unless the WireGuard device is wireguard-go's: it goes with villaged, and its routes with it; the registration expires after its TTL unless villaged is back")
+	} else {
+		opts.logf("stopping: routes stay; the registration expires after its TTL unless villaged is back")
+	}
 	return nil
 }
 

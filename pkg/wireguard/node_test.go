@@ -138,12 +138,12 @@ func nodeDo(dev **Device, c nodeCmd, r *nodeReply) error {
 
 // node is the parent's handle on a node process.
 type node struct {
-	t *testing.T
+	t testing.TB
 	c *testenv.Child
 }
 
 // startNode runs a node process in n, stopped when the test ends.
-func startNode(t *testing.T, n ns.NetNS) *node {
+func startNode(t testing.TB, n ns.NetNS) *node {
 	t.Helper()
 	return &node{t: t, c: testenv.StartChild(t, n)}
 }
