@@ -162,6 +162,7 @@ func Run(ctx context.Context, cfg Config) error {
 	c := &ctl{cfg: cfg, pods: pods.GetStore(), nss: nss.GetStore(), pols: pols.GetStore(),
 		rec: cfg.Events, reported: map[table.Problem]bool{}}
 	defer c.release()
+	defer c.startModels(ctx)()
 	c.sync("start")
 	repair := time.NewTicker(cfg.Repair)
 	defer repair.Stop()
@@ -201,8 +202,13 @@ type ctl struct {
 	last            *table.Ruleset
 	lastCounts      [2]int // policies, local pods of last
 	failed          bool
-	// model is the model file's content as last written (nil: to write).
-	model []byte
+	// models takes the input of each compile the kernel holds to the
+	// goroutine that writes its model (startModels; nil: sync writes it
+	// itself), so that a large cluster's model never delays the next
+	// compile. model is the file's content as last written (nil: to
+	// write), the writer's own.
+	models chan netpol.Input
+	model  []byte
 	// ready is the ready file, held from the first compile in the
 	// kernel until Run returns (ready.go).
 	ready *os.File
@@ -272,7 +278,7 @@ func (c *ctl) sync(why string) {
 	if !c.failed && c.last != nil && counts == c.lastCounts && table.Equal(rs, c.last) {
 		// The kernel holds it already; the model may still change (a
 		// policy that selects only other nodes' pods, a rule's place).
-		c.writeModel(in)
+		c.queueModel(in)
 		return
 	}
 	c.report(rs)
@@ -297,7 +303,7 @@ func (c *ctl) sync(why string) {
 		c.cfg.Logf("network policy (%s): %v", why, err)
 	} else {
 		c.last, c.lastCounts = rs, counts
-		c.writeModel(in)
+		c.queueModel(in)
 		c.cfg.Logf("network policy (%s): %d policies, %d of %d local pods isolated, %d peer sets, in the kernel after %s", why, len(in.Policies), len(rs.Pods), countLocal(in), len(rs.Sets), d.Round(time.Microsecond))
 	}
 	c.writeStatus(in, rs, err)
@@ -386,6 +392,42 @@ func (c *ctl) writeStatus(in netpol.Input, rs *table.Ruleset, err error) {
 	if werr := nodelocal.WriteFile(path, b, 0o644); werr != nil {
 		c.cfg.Logf("policy status: %v", werr)
 	}
+}
+
+// startModels starts the goroutine that writes the models queueModel
+// hands it, the latest input only; stop ends it once it has written what
+// it was writing.
+func (c *ctl) startModels(ctx context.Context) (stop func()) {
+	c.models = make(chan netpol.Input, 1)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case in := <-c.models:
+				c.writeModel(in)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// queueModel has the model of in written: by the writer, in place of an
+// input it has not taken yet (sync is the only sender, so the send never
+// blocks), or here when there is no writer.
+func (c *ctl) queueModel(in netpol.Input) {
+	if c.models == nil {
+		c.writeModel(in)
+		return
+	}
+	select {
+	case <-c.models:
+	default:
+	}
+	c.models <- in
 }
 
 // writeModel writes the model of in, which the kernel holds, when it

@@ -1,10 +1,12 @@
 package controller
 
 import (
+	"context"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -17,9 +19,10 @@ import (
 )
 
 // TestModelFile: each compile the kernel takes (in a network namespace of
-// the test's) leaves the model of it in the run directory, rewritten only
-// when it changes, also when the table itself does not (a policy that
-// selects only another node's pod); Disable removes it.
+// the test's) leaves the model of it in the run directory, written by the
+// controller's model writer, also when the table itself does not change
+// (a policy that selects only another node's pod), and rewritten only when
+// it changes; Disable removes it.
 func TestModelFile(t *testing.T) {
 	node := testenv.NewNS(t)
 	run := t.TempDir()
@@ -45,13 +48,13 @@ func TestModelFile(t *testing.T) {
 		InNS: func(f func() error) error { return testenv.InNS(node, f) }},
 		pods: pods, nss: nss, pols: pols, reported: map[table.Problem]bool{}}
 	defer c.release()
+	stop := c.startModels(context.Background())
 	t.Cleanup(func() { _ = testenv.InNS(node, func() error { return table.Remove("mdl") }) })
 
 	c.sync("start")
 	if c.failed {
 		t.Fatalf("the first apply failed: %v", logs)
 	}
-	m := readModel(t, run)
 	isolated := func(m *netpol.Model) string {
 		var out []string
 		for _, p := range m.Pods {
@@ -61,21 +64,25 @@ func TestModelFile(t *testing.T) {
 		}
 		return strings.Join(out, " ")
 	}
-	if got := isolated(m); got != "np/web:np/deny-web" || m.Network != "mdl" {
-		t.Fatalf("model after the first compile: %s (network %q)", got, m.Network)
+	m := waitModel(t, run, func(m *netpol.Model) bool { return isolated(m) == "np/web:np/deny-web" })
+	if m.Network != "mdl" {
+		t.Fatalf("model of network %q", m.Network)
 	}
 	v, err := netpol.Explain(m, netpol.Endpoint{Pod: "np/far"}, netpol.Endpoint{Pod: "np/web"}, 80, table.ProtoTCP)
 	if err != nil || v.Allowed || !strings.Contains(v.Ingress.Reason, "isolated for ingress by np/deny-web") {
 		t.Fatalf("far -> web from the file: %+v %v", v, err)
 	}
 
-	// nothing changed: the file stays as it is (the same inode: not
-	// written again)
+	// the same model again: the file stays as it is (the same inode: not
+	// written again); the writer is stopped first, as writeModel is its
+	// own
+	stop()
 	ino := inode(t, run)
-	c.sync("change")
+	c.writeModel(c.input())
 	if inode(t, run) != ino {
-		t.Fatal("a compile that changed nothing wrote the model again")
+		t.Fatal("the same model was written again")
 	}
+	defer c.startModels(context.Background())()
 
 	// a policy for the other node's pod: the same table, a new model
 	add(pols, deny("deny-far", "far"))
@@ -84,9 +91,7 @@ func TestModelFile(t *testing.T) {
 	if !table.Equal(c.last, last) {
 		t.Fatal("a policy on another node's pod changed this node's table")
 	}
-	if got := isolated(readModel(t, run)); got != "np/far:np/deny-far np/web:np/deny-web" {
-		t.Fatalf("model after deny-far: %s", got)
-	}
+	waitModel(t, run, func(m *netpol.Model) bool { return isolated(m) == "np/far:np/deny-far np/web:np/deny-web" })
 
 	// policy off: the file goes with the rest
 	if err := testenv.InNS(node, func() error { return Disable(run, "mdl") }); err != nil {
@@ -97,13 +102,21 @@ func TestModelFile(t *testing.T) {
 	}
 }
 
-func readModel(t *testing.T, run string) *netpol.Model {
+// waitModel waits for the model file to be one that ok accepts.
+func waitModel(t *testing.T, run string, ok func(*netpol.Model) bool) *netpol.Model {
 	t.Helper()
-	m, err := ReadModel(run, "mdl")
-	if err != nil || m == nil {
-		t.Fatalf("reading the model file: %v, %v", m, err)
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		m, err := ReadModel(run, "mdl")
+		if err != nil {
+			t.Fatalf("reading the model file: %v", err)
+		}
+		if m != nil && ok(m) {
+			return m
+		}
+		if time.Since(start) > time.Minute {
+			t.Fatalf("the model file is still %+v", m)
+		}
 	}
-	return m
 }
 
 func inode(t *testing.T, run string) uint64 {
