@@ -92,8 +92,17 @@ func (v *view) masqNode() masq.Node {
 
 // Sync is `villaged sync`: one reconcile pass against the static peers and
 // the registry's list (read only: it neither registers nor leases), and the
-// masquerade rule set when ipMasq is on. It prints what it changed.
+// masquerade rule set when ipMasq is on. It prints what it changed. Under
+// backend wireguard it needs userspace "never": a wireguard-go device
+// would live only as long as this command.
 func Sync(ctx context.Context, opts Options, w io.Writer) error {
+	c, err := Load(opts)
+	if err != nil {
+		return err
+	}
+	if err := c.syncable(); err != nil {
+		return err
+	}
 	v, err := readView(ctx, opts)
 	if err != nil {
 		return err

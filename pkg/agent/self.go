@@ -48,6 +48,15 @@ func (c *Conf) loadWireGuard(create bool) error {
 	return nil
 }
 
+// syncable refuses `villaged sync` where its pass could make a wireguard-go
+// device, which would end with the command (and its routes with it).
+func (c *Conf) syncable() error {
+	if w := c.Backend.WireGuard; c.Backend.Type == netconf.BackendWireGuard && w != nil && w.Userspace != wireguard.UserspaceNever {
+		return fmt.Errorf("network %q: villaged sync cannot keep a WireGuard device that may be wireguard-go's (backend.wireguard.userspace %q): it would end with the command; `villaged run` keeps the device (or set userspace \"never\")", c.Net.Name, w.Userspace)
+	}
+	return nil
+}
+
 // record is the registry entry of a node with these attributes.
 func record(name string, ip net.IP, cidrs []*net.IPNet, wg wgID) registry.Node {
 	n := registry.Node{Name: name, IP: ip.String(), VtepMAC: overlay.DeriveMAC(ip).String(), WireGuardKey: wg.key, WireGuardEndpoint: wg.endpoint}

@@ -45,6 +45,13 @@ func TestAgentWireGuardIdentity(t *testing.T) {
 	if c.wg.key != pub.String() || c.wg.endpoint != "203.0.113.7:51820" {
 		t.Fatalf("identity %+v, want key %s", c.wg, pub)
 	}
+	if err := c.syncable(); err == nil || !strings.Contains(err.Error(), "villaged sync cannot keep") {
+		t.Fatalf("sync under userspace auto: %v, want refused", err)
+	}
+	c.Backend.WireGuard.Userspace = wireguard.UserspaceNever
+	if err := c.syncable(); err != nil {
+		t.Fatalf("sync under userspace never: %v", err)
+	}
 	rec := record("n1", net.ParseIP("192.0.2.9"), nil, c.wg)
 	if rec.WireGuardKey != pub.String() || rec.WireGuardEndpoint != "203.0.113.7:51820" || rec.Validate() != nil {
 		t.Fatalf("record %+v", rec)
