@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/village-cni/village/pkg/metrics"
 	"github.com/village-cni/village/pkg/netpol/controller"
+	"github.com/village-cni/village/pkg/netpol/drops"
 	"github.com/village-cni/village/pkg/netpol/table"
 )
 
@@ -42,6 +44,8 @@ func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
 	if a.lan != nil {
 		cfg.LAN, cfg.LANChanged = a.lan.HasLAN, a.lan.LANChanged()
 	}
+	rec := a.startDrops(ctx, wg)
+	cfg.Model = rec.SetModel
 	wg.Go(func() {
 		err := controller.Run(ctx, cfg)
 		if err != nil && ctx.Err() == nil {
@@ -49,6 +53,35 @@ func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
 		}
 	})
 	a.opts.logf("network policy: enforcing NetworkPolicy of network %q in nftables table inet %s", a.c.Net.Name, table.PolicyTable(a.c.Net.Name))
+}
+
+// startDrops names what the policy tables drop (pkg/netpol/drops: the
+// NFLOG samples, the drops file) in wg, and makes the chains' counters
+// village_policy_drops_total; the controller gives the returned recorder
+// its models.
+func (a *agent) startDrops(ctx context.Context, wg *sync.WaitGroup) *drops.Recorder {
+	network := a.c.Net.Name
+	rec := drops.NewRecorder(network, 0)
+	totals := drops.NewTotals()
+	a.m.PolicyDrops(network, func() ([]metrics.PolicyDrop, error) {
+		cds, err := table.Drops(network)
+		if err != nil {
+			return nil, err
+		}
+		var out []metrics.PolicyDrop
+		for l, n := range totals.Observe(cds, rec.Names()) {
+			out = append(out, metrics.PolicyDrop{Direction: l.Direction, Namespace: l.Namespace, Policy: l.Policy, Packets: n})
+		}
+		return out, nil
+	})
+	wg.Go(func() {
+		err := drops.Run(ctx, drops.Config{Network: network, RunDir: a.opts.RunDir, Recorder: rec, Logf: a.opts.logf,
+			Sampled: func(dir string) { a.m.PolicyDropSampled(network, dir) }})
+		if err != nil && ctx.Err() == nil {
+			a.opts.logf("policy drops: no samples (%v); the drop counts stay exact", err)
+		}
+	})
+	return rec
 }
 
 // policyStatus are `villaged status` lines about the network's policy

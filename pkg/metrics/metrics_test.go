@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -189,4 +190,30 @@ func TestServeDefaultAddrAndListenError(t *testing.T) {
 	if host, _, _ := net.SplitHostPort(DefaultAddr); !net.ParseIP(host).IsLoopback() {
 		t.Fatalf("DefaultAddr %s is not loopback", DefaultAddr)
 	}
+}
+
+func TestPolicyDrops(t *testing.T) {
+	m := New()
+	n := uint64(3)
+	m.PolicyDrops("net", func() ([]PolicyDrop, error) {
+		return []PolicyDrop{{Direction: "ingress", Namespace: "ns", Policy: "allow-c,deny-b", Packets: n}}, nil
+	})
+	m.PolicyDrops("broken", func() ([]PolicyDrop, error) { return nil, errors.New("no nftables") })
+	m.PolicyDropSampled("net", "ingress")
+	want := `
+# HELP village_policy_drops_total Packets NetworkPolicy dropped, by direction, namespace of the dropping pod and the policies isolating it (from the nftables counters).
+# TYPE village_policy_drops_total counter
+village_policy_drops_total{direction="ingress",namespace="ns",network="net",policy="allow-c,deny-b"} %d
+`
+	for _, n = range []uint64{3, 25} { // read at each scrape
+		if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(fmt.Sprintf(want, n)), "village_policy_drops_total"); err != nil {
+			t.Error(err)
+		}
+	}
+	if got := testutil.ToFloat64(m.policy.DropSamples.WithLabelValues("net", "ingress")); got != 1 {
+		t.Errorf("samples %v, want 1", got)
+	}
+	var nilM *Metrics
+	nilM.PolicyDrops("net", nil)
+	nilM.PolicyDropSampled("net", "ingress")
 }

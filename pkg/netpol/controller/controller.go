@@ -77,6 +77,10 @@ type Config struct {
 	// InNS runs its argument in the node's network namespace (nil: the
 	// calling thread's, which is the node's for villaged).
 	InNS func(func() error) error
+	// Model, when set, receives each new model of what the kernel holds
+	// (the one written to the model file): pkg/netpol/drops names the
+	// dropped packets with it.
+	Model func(*netpol.Model)
 	// Kick receives when the kernel says the policy or pending table
 	// changed (villaged: pkg/nftwatch; nil: never): the controller repairs
 	// at once, as on its Repair tick, which writes nothing when the kernel
@@ -105,13 +109,15 @@ func StatusPath(runDir, network string) string { return nodelocal.PolicyStatus(r
 func ModelPath(runDir, network string) string { return nodelocal.PolicyModel(runDir, network) }
 
 // Disable removes everything the controller installs: both tables, the
-// namespaces file (so ADD marks nothing), the ready file, the status file
-// and the model file (so `villaged why` says policy is not compiled).
+// namespaces file (so ADD marks nothing), the ready file, the status file,
+// the model file (so `villaged why` says policy is not compiled) and the
+// drops file.
 func Disable(runDir, network string) error {
 	_ = os.Remove(table.NamespacesPath(runDir, network))
 	_ = os.Remove(table.ReadyPath(runDir, network))
 	_ = os.Remove(StatusPath(runDir, network))
 	_ = os.Remove(ModelPath(runDir, network))
+	_ = os.Remove(nodelocal.PolicyDrops(runDir, network))
 	return table.Remove(network)
 }
 
@@ -433,13 +439,17 @@ func (c *ctl) queueModel(in netpol.Input) {
 // writeModel writes the model of in, which the kernel holds, when it
 // differs from the one last written.
 func (c *ctl) writeModel(in netpol.Input) {
-	b, err := json.Marshal(netpol.BuildModel(in))
+	m := netpol.BuildModel(in)
+	b, err := json.Marshal(m)
 	if err != nil {
 		c.cfg.Logf("policy model: %v", err)
 		return
 	}
 	if c.model != nil && string(b) == string(c.model) {
 		return
+	}
+	if c.cfg.Model != nil {
+		c.cfg.Model(m)
 	}
 	if err := nodelocal.WriteFile(ModelPath(c.cfg.RunDir, c.cfg.Network), b, 0o644); err != nil {
 		c.cfg.Logf("policy model: %v", err)
