@@ -71,9 +71,9 @@ type Drop struct {
 	// port (0 for a protocol without ports).
 	Proto string `json:"proto"`
 	Port  uint16 `json:"port,omitempty"`
-	// Policies are namespace/name of the policies that isolate the
-	// dropping pod in Direction, when the sample came (none: the last
-	// compile did not know the pod, a pod that went).
+	// Policies are namespace/name of the policies that isolated the
+	// dropping pod in Direction when the latest sample came (none: the
+	// compile then did not know the pod).
 	Policies []string `json:"policies,omitempty"`
 	// Count is how many samples; First and Last when the first and the
 	// latest came.
@@ -235,20 +235,24 @@ func (r *Recorder) Add(prefix string, b []byte, t time.Time) (string, bool) {
 	k := key{src: src.String(), dst: dst.String(), proto: p.Proto, port: p.DstPort, direction: dir}
 	r.samples++
 	r.changed = true
+	dropper := dst.Pod
+	if dir == "egress" {
+		dropper = src.Pod
+	}
+	policies := r.names.Isolating(dropper, dir)
 	if e, ok := r.drops[k]; ok {
 		d := &e.Value.(*entry).drop
 		d.Count++
 		d.Last = t
 		d.Source.Address, d.Destination.Address = p.Src, p.Dst
+		if !slices.Equal(d.Policies, policies) {
+			d.Policies = slices.Clone(policies)
+		}
 		r.order.MoveToFront(e)
 		return dir, true
 	}
-	dropper := dst.Pod
-	if dir == "egress" {
-		dropper = src.Pod
-	}
 	d := Drop{Direction: dir, Source: src, Destination: dst, Proto: protoName(p.Proto), Port: p.DstPort,
-		Policies: slices.Clone(r.names.Isolating(dropper, dir)), Count: 1, First: t, Last: t}
+		Policies: slices.Clone(policies), Count: 1, First: t, Last: t}
 	r.drops[k] = r.order.PushFront(&entry{k, d})
 	for r.order.Len() > r.max {
 		old := r.order.Back()

@@ -70,10 +70,18 @@ func TestRecorder(t *testing.T) {
 	if _, changed := r.File(t0); changed {
 		t.Error("changed with no new sample")
 	}
+	// a later sample names the policies of its time
+	m := model("10.0.0.2", "10.0.0.3", "10.0.1.4")
+	m.Pods[1].Ingress.Policies = []string{"ns/deny-b"}
+	r.SetModel(m)
+	r.Add("village:in:t", udp4("10.0.0.2", "10.0.0.3", 9), t0.Add(2*time.Second))
+	if f, _ := r.File(t0); !slices.Equal(f.Drops[0].Policies, []string{"ns/deny-b"}) || f.Drops[0].Count != 4 {
+		t.Errorf("after the policies changed: %+v", f.Drops[0])
+	}
 	// a third key evicts the one seen longest ago
 	r.Add("village:eg:t", udp4("10.0.0.3", "10.0.1.4", 53), t0.Add(3*time.Second))
 	f, _ = r.File(t0)
-	if len(f.Drops) != 2 || f.Drops[0].Destination.Pod != "ns/c" || f.Drops[0].Direction != "egress" || f.Drops[1].Count != 3 {
+	if len(f.Drops) != 2 || f.Drops[0].Destination.Pod != "ns/c" || f.Drops[0].Direction != "egress" || f.Drops[1].Count != 4 {
 		t.Errorf("after a third: %+v", f.Drops)
 	}
 }
