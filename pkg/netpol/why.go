@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/village-cni/village/pkg/netpol/table"
 )
@@ -65,6 +66,8 @@ type ModelRule struct {
 	Proto    table.Proto `json:"proto"`
 	PortFrom uint16      `json:"portFrom,omitempty"`
 	PortTo   uint16      `json:"portTo,omitempty"`
+	// PortName is the name the policy gave the port ("" for a number).
+	PortName string `json:"portName,omitempty"`
 }
 
 // BuildModel models in the way Compile compiles it, for every pod of the
@@ -110,14 +113,29 @@ func (c *compiler) isolation(iso *Isolation, pol *networkingv1.NetworkPolicy, p 
 	field := map[bool]string{false: "from", true: "to"}[egress]
 	add := func(i int, where string, list []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) {
 		origin := fmt.Sprintf("%s|%s|%d|model|%s", key(pol), dir, i, where)
-		for _, cl := range c.ruleOf(pol, p, egress, i, origin, list, ports) {
-			r := ModelRule{Policy: key(pol), Where: where, AnyPeer: cl.AnyPeer, Proto: cl.Proto, PortFrom: cl.PortFrom, PortTo: cl.PortTo}
-			for _, s := range []string{cl.Set4, cl.Set6} {
-				if s != "" {
-					r.Sets = append(r.Sets, s)
-				}
+		// one port at a time (a rule's clauses are its ports'), to
+		// know the name of a named one
+		each := [][]networkingv1.NetworkPolicyPort{nil}
+		if len(ports) > 0 {
+			each = nil
+			for j := range ports {
+				each = append(each, ports[j:j+1])
 			}
-			iso.Rules = append(iso.Rules, r)
+		}
+		for _, one := range each {
+			name := ""
+			if len(one) == 1 && one[0].Port != nil && one[0].Port.Type == intstr.String {
+				name = one[0].Port.StrVal
+			}
+			for _, cl := range c.ruleOf(pol, p, egress, i, origin, list, one) {
+				r := ModelRule{Policy: key(pol), Where: where, AnyPeer: cl.AnyPeer, Proto: cl.Proto, PortFrom: cl.PortFrom, PortTo: cl.PortTo, PortName: name}
+				for _, s := range []string{cl.Set4, cl.Set6} {
+					if s != "" {
+						r.Sets = append(r.Sets, s)
+					}
+				}
+				iso.Rules = append(iso.Rules, r)
+			}
 		}
 	}
 	type rule struct {
@@ -420,7 +438,11 @@ func (m *Model) admits(r ModelRule, peer netip.Addr, port uint16, proto table.Pr
 // String is the rule as a reason names it: the policy, the place and the
 // ports.
 func (r ModelRule) String() string {
-	return fmt.Sprintf("%s %s %s", r.Policy, r.Where, r.ports())
+	s := fmt.Sprintf("%s %s %s", r.Policy, r.Where, r.ports())
+	if r.PortName != "" {
+		s += fmt.Sprintf(" (named port %q)", r.PortName)
+	}
+	return s
 }
 
 func (r ModelRule) ports() string {
