@@ -39,7 +39,7 @@ import (
 // across nodes (the VXLAN overlay into node1's forward hook), on one
 // node (bridged), named ports, a deleted policy, an agent restart, the
 // pending mark of a new pod (a loop of connections while it starts),
-// `villaged status`, and `villaged why`.
+// `villaged status`, `villaged why` and `villaged drops`.
 func TestNetworkPolicyAgents(t *testing.T) {
 	lab := newKubeLab(t, "vxlan")
 	text := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"agt","plugins":[{"type":"village","bridge":"village0","isDefaultGateway":true,
@@ -85,6 +85,8 @@ func TestNetworkPolicyAgents(t *testing.T) {
 	// villaged why agrees with the traffic, API server or not
 	// (netpol_why_test.go)
 	np.why(n1, n2, far, web, local)
+	// what the policies drop, counted and named (netpol_drops_test.go)
+	np.drops(n1, web, local, far)
 
 	// restart: the tables stay while the agent is down, and it takes over
 	must(t, n1.stop(t, syscall.SIGTERM), "stopping villaged on node1")
