@@ -18,6 +18,7 @@ import (
 	"github.com/village-cni/village/pkg/subnetfile"
 	"github.com/village-cni/village/pkg/validate"
 	"github.com/village-cni/village/pkg/wireguard"
+	"github.com/village-cni/village/pkg/wireguard/userspace"
 )
 
 // wgID is what a node publishes under the wireguard backend: its public
@@ -141,7 +142,11 @@ func (c *Conf) staticPeers() []overlay.Node { return c.Backend.Peers() }
 
 // newReconciler opens the reconciler of the backend in this namespace.
 func (c *Conf) newReconciler() (*overlay.Reconciler, error) {
-	r, err := overlay.New(c.Backend.OverlayConfig(c.Net.Name))
+	cfg := c.Backend.OverlayConfig(c.Net.Name)
+	// The agent runs a wireguard-go device when the kernel has no
+	// WireGuard (the plugin never makes one, and links none).
+	cfg.WireGuard.Start = userspace.Start
+	r, err := overlay.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("backend %s of network %q: %w", c.Backend.Type, c.Net.Name, err)
 	}

@@ -46,6 +46,11 @@ type WireGuardConfig struct {
 	Userspace string
 	// Logf receives wireguard-go's error lines; nil drops them.
 	Logf func(format string, args ...any) `json:"-"`
+	// Start runs wireguard-go in this process when the policy asks for
+	// it (pkg/wireguard/userspace.Start: villaged hands it over); nil
+	// makes no userspace device, so the CNI plugin, which only reads the
+	// device, links no wireguard-go.
+	Start wireguard.StartUserspace `json:"-"`
 }
 
 func (w WireGuardConfig) validate(c Config) error {
@@ -159,7 +164,7 @@ func (r *Reconciler) ensureWG(rc *recorder, u underlay, self Node) linkRef {
 	ensure := func() error {
 		dev, err := wireguard.Ensure(wireguard.DeviceConfig{
 			Name: name, PrivateKey: r.wgKey, ListenPort: r.cfg.Port, MTU: mtu,
-			Userspace: r.cfg.WireGuard.Userspace, Logf: r.cfg.WireGuard.Logf,
+			Userspace: r.cfg.WireGuard.Userspace, Logf: r.cfg.WireGuard.Logf, Start: r.cfg.WireGuard.Start,
 		})
 		if err == nil {
 			if r.wg != nil && r.wg != dev {

@@ -18,6 +18,7 @@ import (
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/overlay"
 	"github.com/village-cni/village/pkg/wireguard"
+	"github.com/village-cni/village/pkg/wireguard/userspace"
 )
 
 // Under ModeWireGuard the device runs in the reconciler's own process and
@@ -68,6 +69,7 @@ func wgNodeMain() {
 		err := json.Unmarshal(line, &c)
 		if err == nil && r == nil {
 			c.Config.WireGuard.Logf = func(f string, args ...any) { fmt.Fprintf(os.Stderr, f+"\n", args...) }
+			c.Config.WireGuard.Start = userspace.Start // as villaged hands it over
 			r, err = overlay.New(c.Config)
 		}
 		if err == nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -12,10 +11,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-	"golang.zx2c4.com/wireguard/conn"
-	"golang.zx2c4.com/wireguard/device"
-	"golang.zx2c4.com/wireguard/ipc"
-	"golang.zx2c4.com/wireguard/tun"
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
@@ -46,7 +41,27 @@ type DeviceConfig struct {
 	// Logf receives wireguard-go's error lines and the reason auto fell back to
 	// userspace; nil drops them.
 	Logf func(format string, args ...any)
+	// Start runs a wireguard-go device in this process
+	// (pkg/wireguard/userspace.Start, which villaged hands over); nil
+	// means this process makes none: a kernel device or an error.
+	Start StartUserspace
 }
+
+// Userspace is a wireguard-go device this process runs
+// (*userspace.Device). An alias of an unnamed interface, so that
+// pkg/wireguard/userspace.Start is a StartUserspace without importing
+// this package (whose tests import it).
+type Userspace = interface {
+	Up() error
+	Close()
+}
+
+// StartUserspace starts a wireguard-go device on a new TUN called name.
+type StartUserspace func(name string, mtu int, logf func(format string, args ...any)) (Userspace, error)
+
+// ErrNoUserspace is wrapped by Ensure's error when a wireguard-go device
+// is needed and the caller gave no DeviceConfig.Start.
+var ErrNoUserspace = errors.New("this process runs no wireguard-go")
 
 // Peer is one remote node as the device should know it.
 type Peer struct {
@@ -61,14 +76,7 @@ type Peer struct {
 type Device struct {
 	name   string
 	client *wgctrl.Client
-	us     *userspace // nil for a kernel device
-}
-
-// userspace is a wireguard-go device this process runs.
-type userspace struct {
-	dev  *device.Device
-	uapi net.Listener
-	done chan struct{} // closed when the UAPI accept loop ends
+	us     Userspace // nil for a kernel device
 }
 
 // running holds the userspace devices of this process by name: Ensure
@@ -173,7 +181,7 @@ func (cfg DeviceConfig) device() (*Device, error) {
 	return cfg.startUserspace()
 }
 
-func newDevice(name string, us *userspace) (*Device, error) {
+func newDevice(name string, us Userspace) (*Device, error) {
 	c, err := wgctrl.New()
 	if err != nil {
 		return nil, fmt.Errorf("wireguard: opening the control client: %w", err)
@@ -181,69 +189,29 @@ func newDevice(name string, us *userspace) (*Device, error) {
 	return &Device{name: name, client: c, us: us}, nil
 }
 
-// startUserspace runs wireguard-go on a new TUN device and serves its UAPI
-// socket (/var/run/wireguard/<name>.sock), through which wgctrl, like the
-// wg tool, configures and reads it.
-//
-// wireguard-go opens its UDP sockets (and the TUN's netlink and ioctl
-// sockets) from its own goroutines, on whatever OS thread they run: they
-// land in that thread's network namespace. A device is therefore only
-// correct in a process whose every thread is in the namespace the device
-// lives in, as villaged is on its node; Ensure does not switch
-// namespaces, and tests run each node as its own process.
+// startUserspace runs wireguard-go on a new TUN device through cfg.Start
+// (see pkg/wireguard/userspace), whose UAPI socket
+// (/var/run/wireguard/<name>.sock) wgctrl, like the wg tool, configures
+// and reads it through.
 func (cfg DeviceConfig) startUserspace() (*Device, error) {
+	if cfg.Start == nil {
+		return nil, fmt.Errorf("wireguard: making %s: %w", cfg.Name, ErrNoUserspace)
+	}
 	mtu := cfg.MTU
 	if mtu == 0 {
 		mtu = defaultMTU
 	}
-	tdev, err := tun.CreateTUN(cfg.Name, mtu)
+	us, err := cfg.Start(cfg.Name, mtu, cfg.Logf)
 	if err != nil {
-		return nil, fmt.Errorf("wireguard: making TUN device %s: %w", cfg.Name, err)
+		return nil, err
 	}
-	name := cfg.Name
-	logger := &device.Logger{
-		Verbosef: device.DiscardLogf,
-		Errorf: func(format string, args ...any) {
-			cfg.logf("wireguard-go %s: "+format, append([]any{name}, args...)...)
-		},
-	}
-	dev := device.NewDevice(tdev, conn.NewDefaultBind(), logger) // owns tdev from here
-	f, err := ipc.UAPIOpen(cfg.Name)
-	if err != nil {
-		dev.Close()
-		return nil, fmt.Errorf("wireguard: opening the UAPI socket of %s: %w", cfg.Name, err)
-	}
-	l, err := ipc.UAPIListen(cfg.Name, f)
-	if err != nil {
-		f.Close()
-		dev.Close()
-		return nil, fmt.Errorf("wireguard: listening on the UAPI socket of %s: %w", cfg.Name, err)
-	}
-	us := &userspace{dev: dev, uapi: l, done: make(chan struct{})}
-	go func() {
-		defer close(us.done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go dev.IpcHandle(c)
-		}
-	}()
 	d, err := newDevice(cfg.Name, us)
 	if err != nil {
-		us.close(cfg.Name)
+		us.Close()
 		return nil, err
 	}
 	running[cfg.Name] = d
 	return d, nil
-}
-
-func (us *userspace) close(name string) {
-	_ = us.uapi.Close() // removes the socket file
-	<-us.done
-	us.dev.Close() // closes the TUN: the kernel removes the interface
-	_ = os.Remove(fmt.Sprintf("/var/run/wireguard/%s.sock", name))
 }
 
 // configure sets key, port, MTU and up.
@@ -281,7 +249,7 @@ func (d *Device) configure(cfg DeviceConfig) error {
 	if d.us != nil {
 		// wireguard-go comes up on the TUN's up event; this makes it up
 		// (and its UDP port bound) before Ensure returns.
-		if err := d.us.dev.Up(); err != nil {
+		if err := d.us.Up(); err != nil {
 			return fmt.Errorf("wireguard: bringing wireguard-go %s up: %w", d.name, err)
 		}
 	}
@@ -438,7 +406,7 @@ func (d *Device) closeLocked() error {
 		if running[d.name] == d {
 			delete(running, d.name)
 		}
-		d.us.close(d.name)
+		d.us.Close()
 		d.us = nil
 	}
 	return d.client.Close()

@@ -2,6 +2,7 @@ package wireguard
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -290,5 +291,23 @@ func BenchmarkTunnelTCP(b *testing.B) {
 		if _, err := c.Write(buf); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestEnsureWithoutUserspace: a process that hands Ensure no Start (the
+// CNI plugin) never makes a wireguard-go device: the policy always fails
+// with ErrNoUserspace and leaves no interface behind.
+func TestEnsureWithoutUserspace(t *testing.T) {
+	key, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := devName("n")
+	_, err = Ensure(DeviceConfig{Name: name, PrivateKey: key, ListenPort: 51820, Userspace: UserspaceAlways})
+	if !errors.Is(err, ErrNoUserspace) {
+		t.Fatalf("Ensure with no Start = %v; want ErrNoUserspace", err)
+	}
+	if _, err := net.InterfaceByName(name); err == nil {
+		t.Fatalf("interface %s made anyway", name)
 	}
 }

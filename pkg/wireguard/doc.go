@@ -22,8 +22,11 @@
 //
 // Both kinds are then configured the same way, through wgctrl: a kernel
 // device over generic netlink, a userspace one over its UAPI socket
-// /var/run/wireguard/<name>.sock, which this package serves for the
-// wireguard-go devices it runs, exactly as the wireguard-go command does.
+// /var/run/wireguard/<name>.sock, which pkg/wireguard/userspace serves for
+// the wireguard-go devices it runs, exactly as the wireguard-go command
+// does. wireguard-go itself is linked only by a process that hands
+// userspace.Start to Ensure ([DeviceConfig.Start]): villaged does, the CNI
+// plugin, which only reads a device's state, does not.
 // That same socket lets `wg show` read either kind. A userspace device ends
 // with its process: the TUN closes and the kernel removes the interface and
 // every route through it, and nothing is sent in the clear meanwhile,

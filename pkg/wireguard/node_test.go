@@ -22,6 +22,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/village-cni/village/internal/testenv"
+	"github.com/village-cni/village/pkg/wireguard/userspace"
 )
 
 func TestMain(m *testing.M) {
@@ -89,7 +90,7 @@ func nodeDo(dev **Device, c nodeCmd, r *nodeReply) error {
 			return err
 		}
 		d, err := Ensure(DeviceConfig{Name: c.Name, PrivateKey: priv, ListenPort: c.Port, MTU: c.MTU, Userspace: c.Userspace,
-			Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }})
+			Start: userspace.Start, Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }})
 		if err != nil {
 			return err
 		}
