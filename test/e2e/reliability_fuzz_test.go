@@ -27,6 +27,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/ipam/config":     {"FuzzParse", "FuzzParseConfig", "FuzzParseCNIArgs"},
 	"./pkg/subnetfile":      {"FuzzRead"},
 	"./pkg/netpol":          {"FuzzCompile", "FuzzExplain"},
+	"./pkg/netpol/drops":    {"FuzzParse"},
 	"./cmd/villaged":        {"FuzzParsePortProto"},
 	"./pkg/ipam/store/disk": {"FuzzParseRecord", "FuzzDecodeIndex", "FuzzStoreOverDamagedFiles"},
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
