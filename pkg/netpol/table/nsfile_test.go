@@ -56,10 +56,8 @@ func TestReadyFileHolderKilled(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// flock(1) takes the same exclusive flock HoldReady takes (--close: its
-	// child, sleep, does not inherit the descriptor, as villaged opens it
-	// close-on-exec).
-	// Its child, cat, ends when the test closes its stdin.
+	// flock(1) takes the same exclusive flock HoldReady takes, and the
+	// process that holds it (cat, by then) is killed.
 	cmd, _ := lockWith(t, "--exclusive", path)
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -153,10 +151,12 @@ func held(t *testing.T, path string) bool {
 }
 
 // lockWith starts flock(1) holding a lock of mode ("--exclusive",
-// "--shared") on path while its child, cat, runs: until the test closes
-// the returned stdin or kills the process.
+// "--shared") on path, then becoming cat (--no-fork), which holds it
+// until the test closes the returned stdin or kills the process. One
+// process: with a fork, a child that had not yet closed its copy of the
+// descriptor would hold the lock a moment after its parent was killed.
 func lockWith(t *testing.T, mode, path string) (*exec.Cmd, io.WriteCloser) {
-	cmd := exec.Command("flock", mode, "--close", path, "cat")
+	cmd := exec.Command("flock", mode, "--no-fork", path, "cat")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
