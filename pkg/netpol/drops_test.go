@@ -123,3 +123,23 @@ func TestPrefix(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDrops: reading the drop counters of the bench world (1,000
+// isolated pods, one chain each): what a scrape of
+// village_policy_drops_total and `villaged drops` cost.
+func BenchmarkDrops(b *testing.B) {
+	rs := Compile(benchWorld())
+	node := testenv.NewNS(b)
+	if err := testenv.InNS(node, func() error { return table.Apply(rs) }); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		var all []table.ChainDrops
+		if err := testenv.InNS(node, func() (err error) { all, err = table.Drops("bench"); return err }); err != nil {
+			b.Fatal(err)
+		}
+		if len(all) != len(rs.Pods) {
+			b.Fatalf("%d counters for %d isolated pods", len(all), len(rs.Pods))
+		}
+	}
+}

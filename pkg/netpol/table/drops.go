@@ -100,11 +100,7 @@ type ChainDrops struct {
 // table (none when the table is missing), in the calling thread's network
 // namespace.
 func Drops(network string) ([]ChainDrops, error) {
-	c, err := open()
-	if err != nil {
-		return nil, fmt.Errorf("failed to open nftables: %w", err)
-	}
-	tails, err := readTails(c, network, nil)
+	tails, err := readTails(network, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -138,10 +134,20 @@ type chainTail struct {
 }
 
 // readTails reads the per-pod chains of network's policy table (only
-// those named in names, when not nil): one rule listing per chain.
-func readTails(c *nftables.Conn, network string, names []string) (map[string]chainTail, error) {
+// those named in names, when not nil): one rule listing per chain (the
+// kernel lists the rules of a table only chain by chain), all on one
+// socket (a Conn that is not lasting opens one per listing).
+func readTails(network string, names []string) (map[string]chainTail, error) {
 	name := PolicyTable(network)
 	out := map[string]chainTail{}
+	if names != nil && len(names) == 0 {
+		return out, nil
+	}
+	c, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return nil, fmt.Errorf("failed to open nftables: %w", err)
+	}
+	defer func() { _ = c.CloseLasting() }()
 	if names == nil {
 		if ok, err := tableExists(c, name); !ok {
 			return out, err

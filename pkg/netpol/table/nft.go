@@ -426,7 +426,7 @@ func Apply(rs *Ruleset) error {
 		// The drop counts go on in the new table (drops.go). Apply is
 		// also the repair of a table that cannot be read: then they start
 		// again from zero rather than the repair failing.
-		tails, err := readTails(c, rs.Network, nil)
+		tails, err := readTails(rs.Network, nil)
 		if err != nil {
 			tails = nil
 		}

@@ -220,7 +220,7 @@ func queueChanges(c *nftables.Conn, old, rs *Ruleset) error {
 	for i, ck := range d.refill {
 		refill[i] = ck.name
 	}
-	tails, err := readTails(c, rs.Network, refill)
+	tails, err := readTails(rs.Network, refill)
 	if err != nil {
 		return err
 	}
