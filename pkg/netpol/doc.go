@@ -18,7 +18,8 @@
 //	  chain ingress.<ns>.<pod>
 //	    ip saddr @s4-… tcp dport 80 return                     (one rule per peer set and port)
 //	    limit rate 20/second burst 20 packets log prefix "village:in:<network>" group 22087   (a sample to NFLOG)
-//	    counter drop                                          (the exact count table.Drops reads)
+//	    counter name "in.<ns>/<pod>" drop                     (the exact count table.Drops reads)
+//	  counter in.<ns>/<pod> / eg.<ns>/<pod>   the drop counter of each per-pod chain (an object: it outlives a refill)
 //	table inet village_pending-<network>           (kept; ADD adds, Apply removes)
 //	  set pending4 / pending6          addresses of new pods whose rules are not compiled yet
 //	  chain forward  type filter hook forward priority filter - 5; policy accept
@@ -82,9 +83,9 @@
 //
 // # What was dropped
 //
-// Every per-pod chain counts what it drops, and the counts survive the
-// rewrites (table.Update keeps a refilled chain's last rules, table.Apply
-// carries the counts over). It also sends a sample of its drops (20 a
+// Every per-pod chain counts what it drops in a counter object of its
+// own, so the counts survive the rewrites (table.Update refills a chain
+// and leaves its counter alone, table.Apply carries the counts over). It also sends a sample of its drops (20 a
 // second at most) to NFLOG group table.LogGroup; the agent
 // (pkg/netpol/drops) names each sample's pods and the policies isolating
 // the dropping pod, keeps the latest in

@@ -97,8 +97,19 @@ func TestDropCounts(t *testing.T) {
 	sendUDP(t, l.Pods["a"], l.V4["b"], 9, n)
 	waitDrops(t, l.Node, "t", "in.ns/b", 3*n)
 	out = nft(t, l.Node, "list", "chain", "inet", table.PolicyTable("t"), "in.ns/b")
-	if strings.Count(out, "log prefix") != 1 || strings.Count(out, "drop") != 1 {
+	if strings.Count(out, "log prefix") != 1 || strings.Count(out, `counter name "in.ns/b" drop`) != 1 {
 		t.Errorf("b's ingress chain after the rewrites:\n%s", out)
+	}
+
+	// the counter goes with its chain
+	l.incremental = true
+	l.apply(t, l.input())
+	var all []table.ChainDrops
+	if err := testenv.InNS(l.Node, func() (err error) { all, err = table.Drops("t"); return err }); err != nil || len(all) != 0 {
+		t.Errorf("drop counters with no isolated pod: %+v %v", all, err)
+	}
+	if out := nft(t, l.Node, "list", "table", "inet", table.PolicyTable("t")); strings.Contains(out, "counter in.") {
+		t.Errorf("a counter left after its chain went:\n%s", out)
 	}
 }
 

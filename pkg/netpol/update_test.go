@@ -187,10 +187,10 @@ func newRandWorld(r *rand.Rand) *randWorld {
 var (
 	handle   = regexp.MustCompile(` # handle \d+`)
 	elements = regexp.MustCompile(`(?s)elements = \{([^}]*)\}`)
-	blocks   = regexp.MustCompile(`(?ms)^\t(?:set|map|chain) [^\n]*\{\n.*?^\t\}`)
+	blocks   = regexp.MustCompile(`(?ms)^\t(?:set|map|chain|counter) [^\n]*\{\n.*?^\t\}`)
 )
 
-// dump is the policy table as the kernel lists it (nft -s: no counters),
+// dump is the policy table as the kernel lists it (nft -s: no counts),
 // made comparable: the sets, maps and chains sorted by name, each set's
 // elements sorted. The rules in a chain keep their order.
 func dump(t *testing.T, n ns.NetNS, network string) string {

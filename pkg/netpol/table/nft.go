@@ -236,7 +236,8 @@ func build(c *nftables.Conn, rs *Ruleset, counts map[string]Counts) error {
 				name := mapName(d.name, ip)
 				mapElems[name] = append(mapElems[name], jumpElement(ip, ch.Name))
 			}
-			addChainRules(c, ch, rs.Network, d, counts[ch.Name], func(name string) *nftables.Set { return sets[name] })
+			addCounter(c, t, ch.Name, counts[ch.Name])
+			addChainRules(c, ch, rs.Network, d, func(name string) *nftables.Set { return sets[name] })
 		}
 	}
 	for _, name := range []string{"ingress4", "ingress6", "egress4", "egress6"} {
@@ -290,13 +291,15 @@ func jumpElement(ip netip.Addr, chain string) nftables.SetElement {
 }
 
 // addChainRules queues the rules of d into ch (empty): the clauses
-// (addClauses), then the tail, its drop counter starting at from. set
-// gives the set a clause names.
-func addChainRules(c *nftables.Conn, ch *nftables.Chain, network string, d direction, from Counts, set func(string) *nftables.Set) {
+// (clauseRules), then the tail. set gives the set a clause names. The
+// chain's drop counter (addCounter) must be there or queued before.
+func addChainRules(c *nftables.Conn, ch *nftables.Chain, network string, d direction, set func(string) *nftables.Set) {
 	for _, r := range clauseRules(ch, d, set) {
 		c.AddRule(r)
 	}
-	addTail(c, ch, network, d.name, from)
+	for _, r := range tail(ch, network, d.name) {
+		c.AddRule(r)
+	}
 }
 
 // clauseRules are the rules of d's clauses in ch: one rule per clause and
@@ -323,30 +326,32 @@ func clauseRules(ch *nftables.Chain, d direction, set func(string) *nftables.Set
 	return out
 }
 
-// addTail queues the end of a per-pod chain: the sample of what it drops
-// sent to NFLOG, then the counted drop, its counter starting at from.
-func addTail(c *nftables.Conn, ch *nftables.Chain, network, dir string, from Counts) {
-	for _, r := range tail(ch, network, dir, from) {
-		c.AddRule(r)
-	}
-}
-
-// tail is the end of a per-pod chain (tailLen rules): a rule that sends at
-// most SampleRate packets a second (a burst of as many) to NFLOG group
+// tail is the end of a per-pod chain: a rule that sends at most
+// SampleRate packets a second (a burst of as many) to NFLOG group
 // LogGroup with LogPrefix and, having no verdict, lets them go on; then
-// the counted drop, the exact count of what the chain dropped.
-func tail(ch *nftables.Chain, network, dir string, from Counts) []*nftables.Rule {
+// the drop, counted by the chain's counter object (addCounter), the exact
+// count of what the chain dropped.
+func tail(ch *nftables.Chain, network, dir string) []*nftables.Rule {
 	return []*nftables.Rule{
 		rule(ch.Table, ch, []expr.Any{
 			&expr.Limit{Type: expr.LimitTypePkts, Rate: SampleRate, Unit: expr.LimitTimeSecond, Burst: SampleRate},
 			&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX, Group: LogGroup, Data: []byte(LogPrefix(dir, network))},
 		}),
-		rule(ch.Table, ch, []expr.Any{&expr.Counter{Packets: from.Packets, Bytes: from.Bytes}, verdict(expr.VerdictDrop)}),
+		rule(ch.Table, ch, []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: ch.Name}, verdict(expr.VerdictDrop)}),
 	}
 }
 
-// tailLen is the number of rules tail makes.
-const tailLen = 2
+// counterObj is the drop counter of chain name (the counter object of
+// the same name), starting at from when it is made.
+func counterObj(t *nftables.Table, name string, from Counts) *nftables.NamedObj {
+	return &nftables.NamedObj{Table: t, Name: name, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{Packets: from.Packets, Bytes: from.Bytes}}
+}
+
+// addCounter queues the drop counter of chain name, starting at from.
+func addCounter(c *nftables.Conn, t *nftables.Table, name string, from Counts) {
+	c.AddObj(counterObj(t, name, from))
+}
+
 
 // chunk is how many elements go in one netlink message: the element list
 // is one attribute, whose length field has 16 bits (64 KiB), and an
@@ -426,11 +431,11 @@ func Apply(rs *Ruleset) error {
 		// The drop counts go on in the new table (drops.go). Apply is
 		// also the repair of a table that cannot be read: then they start
 		// again from zero rather than the repair failing.
-		tails, err := readTails(rs.Network, nil)
+		counts, err := readCounts(rs.Network)
 		if err != nil {
-			tails = nil
+			counts = nil
 		}
-		return build(c, rs, counts(tails))
+		return build(c, rs, counts)
 	})
 }
 

@@ -12,9 +12,10 @@ import (
 // last installed, to rs in one transaction that touches only what
 // differs: the elements a peer set gained or lost, the verdict-map entries
 // of pods that came, went or changed address, the chains whose rules
-// changed (their rules replaced, their counted drop kept: drops.go) and
-// the chains and sets that appeared or went. The cost of a change thus follows the change, not the number of
-// pods on the node. The table's fixed part (the forward chain, the four
+// changed (flushed and refilled; their drop counters, objects of their
+// own, kept: drops.go) and the chains and sets that appeared or went.
+// The cost of a change thus follows the change, not the number of pods
+// on the node. The table's fixed part (the forward chain, the four
 // maps) is never touched; Apply remains the way to write the whole table
 // (the first time, after an error, when the kernel drifted).
 //
@@ -210,37 +211,14 @@ func queueChanges(c *nftables.Conn, old, rs *Ruleset) error {
 	}
 	for _, ck := range d.newChains {
 		ch := c.AddChain(&nftables.Chain{Name: ck.name, Table: t})
-		addChainRules(c, ch, rs.Network, ck.dir, Counts{}, set)
+		addCounter(c, t, ck.name, Counts{})
+		addChainRules(c, ch, rs.Network, ck.dir, set)
 	}
-	// A refilled chain keeps its tail, and so its drop count and the
-	// sample's rate: the rules before it are replaced, the new ones
-	// inserted in order before the tail. A chain without a whole tail is
-	// flushed and filled, its count carried over.
-	refill := make([]string, len(d.refill))
-	for i, ck := range d.refill {
-		refill[i] = ck.name
-	}
-	tails, err := readTails(rs.Network, refill)
-	if err != nil {
-		return err
-	}
+	// A refilled chain keeps its counter object, and so its drop count.
 	for _, ck := range d.refill {
 		ch := &nftables.Chain{Name: ck.name, Table: t}
-		tl := tails[ck.name]
-		if !tl.ok {
-			c.FlushChain(ch)
-			addChainRules(c, ch, rs.Network, ck.dir, tl.counts, set)
-			continue
-		}
-		for _, h := range tl.clauses {
-			if err := c.DelRule(&nftables.Rule{Table: t, Chain: ch, Handle: h}); err != nil {
-				return err
-			}
-		}
-		for _, r := range clauseRules(ch, ck.dir, set) {
-			r.Position = tl.first
-			c.InsertRule(r)
-		}
+		c.FlushChain(ch)
+		addChainRules(c, ch, rs.Network, ck.dir, set)
 	}
 	for _, name := range sortedKeys(d.mapElems) {
 		md, m := d.mapElems[name], vmapSpec(t, name, name[len(name)-1] == '6')
@@ -260,6 +238,7 @@ func queueChanges(c *nftables.Conn, old, rs *Ruleset) error {
 	}
 	for _, name := range d.goneChains {
 		c.DelChain(&nftables.Chain{Name: name, Table: t})
+		c.DeleteObject(counterObj(t, name, Counts{})) // after the rule that used it
 	}
 	for _, name := range d.goneSets {
 		c.DelSet(setSpec(t, name, old.Sets[name].V6))
