@@ -5,8 +5,9 @@
 // run on the host) and the files of Village's DaemonSet image for that
 // platform (the binaries, the image's own iptables). Its init script runs the
 // demo's job through cnitool, masquerade in nftables and in iptables, a VXLAN
-// pair, `villaged sync`/`status` with static peers, and measures the
-// footprint; it prints one "ARMVM PASS|FAIL <check>" line per check and
+// pair, a kernel WireGuard pair made through pkg/wireguard (which the
+// test machines' kernel cannot make), `villaged sync`/`status` with static
+// peers, and measures the footprint; it prints one "ARMVM PASS|FAIL <check>" line per check and
 // powers off. The test fails on any FAIL or a missing check.
 package armvm
 
@@ -71,7 +72,7 @@ var userland = []string{
 // checks are the names the init script must report, each PASS.
 var checks = []string{
 	"kernel", "demo-add", "demo-ping", "masq-nftables", "demo-check", "demo-del", "demo-nothing-left",
-	"masq-iptables", "vxlan", "villaged-status", "plugin-rss", "villaged-rss-5", "villaged-rss-50",
+	"masq-iptables", "vxlan", "wireguard-kernel", "villaged-status", "plugin-rss", "villaged-rss-5", "villaged-rss-50",
 }
 
 func TestArmVM(t *testing.T) {
@@ -83,7 +84,25 @@ func TestArmVM(t *testing.T) {
 
 func runVM(t *testing.T, tg target) {
 	start := time.Now()
-	console := bootVM(t, tg, vmSpec{script: initScript})
+	console := bootVM(t, tg, vmSpec{script: initScript, extra: func(t testing.TB, add func(ociimage.File)) {
+		// wgcheck: pkg/wireguard's kernel path, which only this VM's
+		// kernel can run (the wireguard-kernel check).
+		root, err := testenv.ModuleRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(t.TempDir(), "wgcheck")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "./test/armvm/wgcheck")
+		cmd.Dir, cmd.Env = root, append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+tg.goarch, "GOARM=7")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build wgcheck for %s: %v\n%s", tg.name, err, b)
+		}
+		f, err := ociimage.HostFile(out, "/usr/local/bin/wgcheck")
+		if err != nil {
+			t.Fatal(err)
+		}
+		add(f)
+	}})
 	t.Logf("%s: whole check %s", tg.name, time.Since(start).Round(time.Second))
 	report(t, tg, console, checks)
 }
@@ -212,8 +231,8 @@ func kernelPackage(tg target) (string, error) {
 }
 
 // modulePaths are the parts of the kernel's module tree the checks need:
-// netfilter, bridge, veth, vxlan, dummy and what they depend on.
-var modulePaths = []string{"kernel/net", "kernel/lib", "kernel/crypto", "kernel/arch", "kernel/drivers/net/veth.ko", "kernel/drivers/net/vxlan", "kernel/drivers/net/vxlan.ko", "kernel/drivers/net/dummy.ko", "kernel/drivers/net/macvlan.ko"}
+// netfilter, bridge, veth, vxlan, dummy, wireguard and what they depend on.
+var modulePaths = []string{"kernel/net", "kernel/lib", "kernel/crypto", "kernel/arch", "kernel/drivers/net/veth.ko", "kernel/drivers/net/vxlan", "kernel/drivers/net/vxlan.ko", "kernel/drivers/net/dummy.ko", "kernel/drivers/net/macvlan.ko", "kernel/drivers/net/wireguard"}
 
 func initramfsFiles(t testing.TB, tg target, kroot, uroot, bins string, img ociimage.Image, spec vmSpec) (string, []ociimage.File, error) {
 	vm, _ := filepath.Glob(filepath.Join(kroot, "boot", "vmlinuz-*"))

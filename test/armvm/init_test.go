@@ -135,6 +135,27 @@ vxlan() {
   ip netns exec va ping -c2 -W5 10.98.0.2 || return 1
   ip -n va -d link show vx0
 }
+# pkg/wireguard's kernel path (userspace never): a WireGuard device in each
+# of two namespaces joined by a veth, each the other's one peer; a ping
+# between addresses routed through them, the device a kernel one, and the
+# key kept when the device is ensured again.
+wg_kernel() {
+  modprobe wireguard || return 1
+  ip netns add wa && ip netns add wb || return 1
+  ip link add u1 netns wa type veth peer name u1 netns wb || return 1
+  ip -n wa addr add 10.97.0.1/24 dev u1; ip -n wa link set u1 up
+  ip -n wb addr add 10.97.0.2/24 dev u1; ip -n wb link set u1 up
+  ka=$(ip netns exec wa wgcheck up villagewg.1 /tmp/wa/key 51820 1420) || return 1
+  kb=$(ip netns exec wb wgcheck up villagewg.1 /tmp/wb/key 51820 1420) || return 1
+  ip netns exec wa wgcheck peer villagewg.1 $kb 10.97.0.2:51820 10.96.2.0/24 || return 1
+  ip netns exec wb wgcheck peer villagewg.1 $ka 10.97.0.1:51820 10.96.1.0/24 || return 1
+  ip -n wa addr add 10.96.1.1/32 dev villagewg.1; ip -n wa route add 10.96.2.0/24 dev villagewg.1 || return 1
+  ip -n wb addr add 10.96.2.1/32 dev villagewg.1; ip -n wb route add 10.96.1.0/24 dev villagewg.1 || return 1
+  ip netns exec wa ping -c2 -W5 -I 10.96.1.1 10.96.2.1 || return 1
+  ip -n wa -d link show villagewg.1 | grep -w wireguard || return 1
+  [ "$(ip netns exec wa wgcheck up villagewg.1 /tmp/wa/key 51820 1420)" = "$ka" ] || return 1
+  ip netns del wa; ip netns del wb
+}
 # A node with the static-peer conflist: one sync pass, then status is clean.
 static_node() {
   ns=$1
@@ -183,6 +204,7 @@ run demo-del demo_del
 run demo-nothing-left nothing_left
 run masq-iptables masq_ipt
 run vxlan vxlan
+run wireguard-kernel wg_kernel
 run villaged-status status
 run plugin-rss plugin_rss
 run villaged-rss-5 agent_rss 5
