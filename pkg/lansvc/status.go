@@ -68,17 +68,9 @@ func IPVSWarning(sysDir, procDir string) string {
 
 // ReadKept reads network's kept state; nil, nil when there is none.
 func ReadKept(runDir, network string) (*Kept, error) {
-	path := nodelocal.LANServicesKept(runDir, network)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
-	}
 	var k Kept
-	if err := json.Unmarshal(b, &k); err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
+	if found, err := nodelocal.ReadJSON(nodelocal.LANServicesKept(runDir, network), &k); !found {
+		return nil, err
 	}
 	return &k, nil
 }

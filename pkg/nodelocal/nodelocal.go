@@ -22,6 +22,7 @@
 package nodelocal
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -252,6 +253,23 @@ func HostNodeName() (string, error) {
 // TempInfix is in the name of WriteFile's temporary file, after a dot and
 // the file's own name: ".<name>.village-tmp-<random>".
 const TempInfix = ".village-tmp-"
+
+// ReadJSON decodes the JSON file at path (one of the files above, which
+// their writers replace atomically) into v. found is false, with no
+// error, when the file is missing; an error names the file.
+func ReadJSON(path string, v any) (found bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err == nil {
+		err = json.Unmarshal(b, v)
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return true, nil
+}
 
 // WriteFile replaces path with data atomically: a temporary file in the
 // same directory (made when missing, 0755), written, given perm, synced,

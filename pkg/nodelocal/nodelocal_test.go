@@ -237,3 +237,35 @@ func TestAgentWait(t *testing.T) {
 		}
 	}
 }
+
+// ReadJSON: a missing file is not found and no error, a file decodes,
+// and one that does not decode is an error naming it.
+func TestReadJSON(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.json"), filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(good, []byte(`{"a":1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte(`{"a":`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path      string
+		found     bool
+		errNaming bool
+		a         int
+	}{
+		{filepath.Join(dir, "missing.json"), false, false, 0},
+		{good, true, false, 1},
+		{bad, false, true, 0},
+	} {
+		var v struct{ A int }
+		found, err := nodelocal.ReadJSON(tc.path, &v)
+		if found != tc.found || (err != nil) != tc.errNaming || v.A != tc.a {
+			t.Errorf("ReadJSON(%s) = %v, %v, a=%d; want %v, error %v, a=%d", tc.path, found, err, v.A, tc.found, tc.errNaming, tc.a)
+		}
+		if err != nil && !strings.Contains(err.Error(), tc.path) {
+			t.Errorf("ReadJSON(%s): error %q does not name the file", tc.path, err)
+		}
+	}
+}

@@ -11,7 +11,6 @@ package controller
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"maps"
 	"net/netip"
 	"os"
@@ -461,33 +460,18 @@ func (c *ctl) writeModel(in netpol.Input) {
 
 // ReadModel reads the model file of network (nil, nil when missing).
 func ReadModel(runDir, network string) (*netpol.Model, error) {
-	path := ModelPath(runDir, network)
-	b, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var m netpol.Model
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if found, err := nodelocal.ReadJSON(ModelPath(runDir, network), &m); !found {
+		return nil, err
 	}
 	return &m, nil
 }
 
 // ReadStatus reads the status file of network (nil, nil when missing).
 func ReadStatus(runDir, network string) (*Status, error) {
-	b, err := os.ReadFile(StatusPath(runDir, network))
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var st Status
-	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("%s: %w", StatusPath(runDir, network), err)
+	if found, err := nodelocal.ReadJSON(StatusPath(runDir, network), &st); !found {
+		return nil, err
 	}
 	return &st, nil
 }

@@ -26,9 +26,7 @@ package drops
 
 import (
 	"container/list"
-	"encoding/json"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -97,15 +95,8 @@ func Path(runDir, network string) string { return nodelocal.PolicyDrops(runDir, 
 
 // Read reads network's drops file (nil, nil when missing).
 func Read(runDir, network string) (*File, error) {
-	b, err := os.ReadFile(Path(runDir, network))
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var f File
-	if err := json.Unmarshal(b, &f); err != nil {
+	if found, err := nodelocal.ReadJSON(Path(runDir, network), &f); !found {
 		return nil, err
 	}
 	return &f, nil
