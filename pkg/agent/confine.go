@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -213,16 +212,13 @@ func confinementStatus(runDir, network string, usesAPI bool) (lines []string, ok
 	if !usesAPI {
 		return nil, true
 	}
-	b, err := os.ReadFile(nodelocal.ConfinementStatus(runDir, network))
 	var st ConfinementStatus
-	if err == nil {
-		err = json.Unmarshal(b, &st)
-	}
+	found, err := nodelocal.ReadJSON(nodelocal.ConfinementStatus(runDir, network), &st)
 	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return []string{"API confinement: unknown (no probe yet: is `villaged run` running?)"}, false
 	case err != nil:
 		return []string{"API confinement: unknown: " + err.Error()}, false
+	case !found:
+		return []string{"API confinement: unknown (no probe yet: is `villaged run` running?)"}, false
 	case !st.Confined:
 		return []string{fmt.Sprintf("API confinement: %s (as of %s)", st.Reason, st.Time.Format("15:04:05"))}, false
 	}

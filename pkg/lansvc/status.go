@@ -129,13 +129,10 @@ func writeChanged(path string, v any, stamp func(), last *[]byte) {
 // network, from its status file; svc is the network's
 // "macvlan.services".
 func StatusLines(svc *netconf.Services, runDir, network string) []string {
-	b, err := os.ReadFile(nodelocal.LANServicesStatus(runDir, network))
 	var st Status
-	if err == nil {
-		err = json.Unmarshal(b, &st)
-	}
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
+	found, err := nodelocal.ReadJSON(nodelocal.LANServicesStatus(runDir, network), &st)
+	if !found {
+		if err == nil {
 			err = errors.New("not running (is `villaged run` running?)")
 		}
 		return []string{fmt.Sprintf("LAN Services (%s): %v", svc, err)}
