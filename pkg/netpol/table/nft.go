@@ -352,7 +352,6 @@ func addCounter(c *nftables.Conn, t *nftables.Table, name string, from Counts) {
 	c.AddObj(counterObj(t, name, from))
 }
 
-
 // chunk is how many elements go in one netlink message: the element list
 // is one attribute, whose length field has 16 bits (64 KiB), and an
 // element takes up to about 100 bytes (an IPv6 key and a jump verdict).
