@@ -2,11 +2,11 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -105,18 +105,18 @@ func TestModelFile(t *testing.T) {
 // waitModel waits for the model file to be one that ok accepts.
 func waitModel(t *testing.T, run string, ok func(*netpol.Model) bool) *netpol.Model {
 	t.Helper()
-	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
-		m, err := ReadModel(run, "mdl")
-		if err != nil {
+	var m *netpol.Model
+	testenv.WaitFor(t, "the model file", func() error {
+		var err error
+		if m, err = ReadModel(run, "mdl"); err != nil {
 			t.Fatalf("reading the model file: %v", err)
 		}
-		if m != nil && ok(m) {
-			return m
+		if m == nil || !ok(m) {
+			return fmt.Errorf("the model file is still %+v", m)
 		}
-		if time.Since(start) > time.Minute {
-			t.Fatalf("the model file is still %+v", m)
-		}
-	}
+		return nil
+	})
+	return m
 }
 
 func inode(t *testing.T, run string) uint64 {
