@@ -123,6 +123,10 @@ type Members struct {
 	kick      chan struct{}
 
 	refused atomic.Uint64 // alive messages refused: no Node, not its address, or beyond MaxMembers
+
+	// now is the clock of the settle and alone waits (time.Now; tests
+	// of those waits set their own); read with m.mu held.
+	now func() time.Time
 }
 
 // member is a live agent in this agent's view.
@@ -156,9 +160,9 @@ func Start(cfg Config) (*Members, error) {
 	if lg == nil {
 		lg = slog.Default()
 	}
-	m := &Members{cfg: cfg, log: lg.With("component", "members"), done: make(chan struct{}), alive: map[string]member{}, kick: make(chan struct{}, 1)}
+	m := &Members{cfg: cfg, log: lg.With("component", "members"), done: make(chan struct{}), alive: map[string]member{}, kick: make(chan struct{}, 1), now: time.Now}
 	m.peers = m.normalise(cfg.Peers)
-	m.waiting = time.Now()
+	m.waiting = m.now()
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.Name
@@ -238,7 +242,7 @@ func (m *Members) SetPeers(peers []string) {
 	if m.settledAt.IsZero() {
 		for _, p := range n {
 			if !slices.Contains(m.peers, p) {
-				m.waiting = time.Now()
+				m.waiting = m.now()
 				break
 			}
 		}
@@ -349,7 +353,7 @@ func (m *Members) Settled() bool {
 	if !m.othersLocked() {
 		return true
 	}
-	return !m.settledAt.IsZero() && !time.Now().Before(m.settledAt)
+	return !m.settledAt.IsZero() && !m.now().Before(m.settledAt)
 }
 
 // othersLocked reports whether there are other agents to wait for: a
@@ -413,9 +417,9 @@ func (m *Members) rejoin() {
 			others++
 		}
 	}
-	alone := others == 0 && m.settledAt.IsZero() && time.Since(m.waiting) >= m.cfg.Alone
+	alone := others == 0 && m.settledAt.IsZero() && m.now().Sub(m.waiting) >= m.cfg.Alone
 	if alone {
-		m.settledAt = time.Now()
+		m.settledAt = m.now()
 	}
 	m.mu.Unlock()
 	if alone {
@@ -467,7 +471,7 @@ func (m *Members) rejoin() {
 func (m *Members) Reset() {
 	m.mu.Lock()
 	m.settledAt = time.Time{}
-	m.waiting = time.Now()
+	m.waiting = m.now()
 	m.joinAll = true
 	m.mu.Unlock()
 	select {
@@ -483,7 +487,7 @@ func (m *Members) startSettle() {
 	m.mu.Lock()
 	start := m.settledAt.IsZero()
 	if start {
-		m.settledAt = time.Now().Add(m.cfg.Settle)
+		m.settledAt = m.now().Add(m.cfg.Settle)
 	}
 	m.mu.Unlock()
 	if !start {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,6 +154,53 @@ func TestKeyKeepsOthersOut(t *testing.T) {
 	}
 }
 
+// clock is a test's clock for the settle and alone waits
+// (members.SetClock), moved by hand.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// startAlone starts the agent name at addr on l, with Alone 2 s on a
+// clock of the test's (the real rejoin loop runs beside the test's own
+// passes, both on that clock).
+func startAlone(t *testing.T, l *testenv.LAN, name, addr string) (*members.Members, *clock) {
+	t.Helper()
+	h := l.Host("eth0", addr+"/24")
+	var m *members.Members
+	if err := testenv.InNS(h.NS, func() (err error) {
+		m, err = members.Start(members.Config{Name: name, Addr: netip.MustParseAddr(addr), Key: testKey,
+			Alone: 2 * time.Second, Dial: testenv.DialerIn(h.NS)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	c := &clock{t: time.Unix(1_000_000, 0)}
+	members.SetClock(m, c.now)
+	return m, c
+}
+
+// settledAfter moves c by d, runs a pass of m's rejoin loop and says
+// whether m is settled then.
+func settledAfter(m *members.Members, c *clock, d time.Duration) bool {
+	c.advance(d)
+	members.Rejoin(m)
+	return m.Settled()
+}
+
 // TestWaitsForUnpublishedNodes: an agent that knows of no peer address
 // but of another Node (which has published no gossip address yet, as
 // every Node of a cluster whose agents all start at once) is not settled
@@ -160,32 +208,23 @@ func TestKeyKeepsOthersOut(t *testing.T) {
 // are only itself settles at once.
 func TestWaitsForUnpublishedNodes(t *testing.T) {
 	l := testenv.NewLAN(t)
-	start := func(name, addr string) *members.Members {
-		h := l.Host("eth0", addr+"/24")
-		var m *members.Members
-		if err := testenv.InNS(h.NS, func() (err error) {
-			m, err = members.Start(members.Config{Name: name, Addr: netip.MustParseAddr(addr), Key: testKey,
-				Alone: 2 * time.Second, Dial: testenv.DialerIn(h.NS)})
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = m.Close() })
-		return m
-	}
-	single := start("node-1", "192.168.78.21")
+	single, _ := startAlone(t, l, "node-1", "192.168.78.21")
 	single.SetNodes(map[string]string{"node-1": "192.168.78.21:7947"})
 	if !single.Settled() {
 		t.Errorf("the only Node's agent is not settled at once")
 	}
 
-	m := start("node-2", "192.168.78.22")
-	began := time.Now()
+	m, c := startAlone(t, l, "node-2", "192.168.78.22")
 	m.SetNodes(map[string]string{"node-2": "192.168.78.22:7947", "node-3": ""})
 	if m.Settled() {
 		t.Fatalf("an agent with another Node that published no gossip address is settled at once")
 	}
-	settlesAloneAfter(t, m, began, 2*time.Second)
+	if settledAfter(m, c, 1999*time.Millisecond) {
+		t.Fatalf("settled before Alone (2s)")
+	}
+	if !settledAfter(m, c, time.Millisecond) {
+		t.Fatalf("not settled alone after Alone (2s)")
+	}
 }
 
 // TestNewPeerRestartsAlone: a peer address learned while the agent has
@@ -195,43 +234,22 @@ func TestWaitsForUnpublishedNodes(t *testing.T) {
 // as its peers become known. Once settled, a new peer changes nothing.
 func TestNewPeerRestartsAlone(t *testing.T) {
 	l := testenv.NewLAN(t)
-	h := l.Host("eth0", "192.168.78.31/24")
-	var m *members.Members
-	if err := testenv.InNS(h.NS, func() (err error) {
-		m, err = members.Start(members.Config{Name: "node-1", Addr: netip.MustParseAddr("192.168.78.31"), Key: testKey,
-			Alone: 2 * time.Second, Dial: testenv.DialerIn(h.NS)})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
+	m, c := startAlone(t, l, "node-1", "192.168.78.31")
 	m.SetNodes(map[string]string{"node-1": "192.168.78.31:7947", "node-2": ""})
-	time.Sleep(time.Second) // half of Alone gone before the peer is known
-	if m.Settled() {
+	if settledAfter(m, c, time.Second) {
 		t.Fatalf("settled before Alone")
 	}
-	// node-2 publishes an address nothing answers on.
-	learnt := time.Now()
+	// Half of Alone gone, node-2 publishes an address nothing answers on.
 	m.SetPeers([]string{"192.168.78.32"})
 	m.SetNodes(map[string]string{"node-1": "192.168.78.31:7947", "node-2": "192.168.78.32:7947"})
-	settlesAloneAfter(t, m, learnt, 2*time.Second)
+	if settledAfter(m, c, time.Second) {
+		t.Fatalf("settled Alone after its start, 1s after learning node-2's address: not Alone (2s) from then")
+	}
+	if !settledAfter(m, c, time.Second) {
+		t.Fatalf("not settled alone Alone (2s) after learning node-2's address")
+	}
 	m.SetPeers([]string{"192.168.78.32", "192.168.78.33"})
 	if !m.Settled() {
 		t.Errorf("a new peer unsettled a settled agent")
-	}
-}
-
-// settlesAloneAfter waits for m to settle, and fails when that came
-// sooner than alone after since.
-func settlesAloneAfter(t *testing.T, m *members.Members, since time.Time, alone time.Duration) {
-	t.Helper()
-	testenv.WaitFor(t, "the agent settles alone", func() error {
-		if !m.Settled() {
-			return fmt.Errorf("not settled")
-		}
-		return nil
-	})
-	if d := time.Since(since); d < alone {
-		t.Errorf("settled %v after the wait began, before Alone (%v)", d, alone)
 	}
 }
