@@ -13,8 +13,8 @@
 //	<run dir>/<network>/node-name        this node's name, as the agent resolved it
 //	<run dir>/<network>/policy-namespaces  namespaces holding a NetworkPolicy (pkg/netpol/table)
 //	<run dir>/<network>/policy-status.json what the policy controller last did
-//	<run dir>/<network>/policy-model.json  what it compiled, per pod and rule, for `villaged why` (pkg/netpol Model)
-//	<run dir>/<network>/policy-drops.json  the latest packets NetworkPolicy dropped, named, for `villaged drops` (pkg/netpol/drops)
+//	<run dir>/<network>/policy-model.json  what it compiled, per pod and rule, for `villaged why` (pkg/netpol Model; root-only)
+//	<run dir>/<network>/policy-drops.json  the latest packets NetworkPolicy dropped, named, for `villaged drops` (pkg/netpol/drops; root-only)
 //	<run dir>/macspoofchk/<network>/<veth> a pod port's MAC for macspoofchk (pkg/masq)
 //	<run dir>/kube/{kubeconfig,token,ca.crt} the host-side credentials of a kubernetes LAN pool
 //

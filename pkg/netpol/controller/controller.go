@@ -450,7 +450,9 @@ func (c *ctl) writeModel(in netpol.Input) {
 	if c.cfg.Model != nil {
 		c.cfg.Model(m)
 	}
-	if err := nodelocal.WriteFile(ModelPath(c.cfg.RunDir, c.cfg.Network), b, 0o644); err != nil {
+	// Root only: the model names every pod, address and policy of the
+	// cluster, more than a local user of the node may read elsewhere.
+	if err := nodelocal.WriteFile(ModelPath(c.cfg.RunDir, c.cfg.Network), b, 0o600); err != nil {
 		c.cfg.Logf("policy model: %v", err)
 		c.model = nil
 		return

@@ -68,6 +68,11 @@ func TestModelFile(t *testing.T) {
 	if m.Network != "mdl" {
 		t.Fatalf("model of network %q", m.Network)
 	}
+	if fi, err := os.Stat(ModelPath(run, "mdl")); err != nil {
+		t.Fatal(err)
+	} else if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the model file is %v, not root-only (0600)", fi.Mode())
+	}
 	v, err := netpol.Explain(m, netpol.Endpoint{Pod: "np/far"}, netpol.Endpoint{Pod: "np/web"}, 80, table.ProtoTCP)
 	if err != nil || v.Allowed || !strings.Contains(v.Ingress.Reason, "isolated for ingress by np/deny-web") {
 		t.Fatalf("far -> web from the file: %+v %v", v, err)

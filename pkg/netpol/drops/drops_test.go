@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -185,6 +186,11 @@ func TestRun(t *testing.T) {
 	f, err := Read(dir, "t")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if fi, err := os.Stat(Path(dir, "t")); err != nil {
+		t.Fatal(err)
+	} else if fi.Mode().Perm() != 0o600 {
+		t.Errorf("the drops file is %v, not root-only (0600)", fi.Mode())
 	}
 	d := f.Drops[0]
 	if len(f.Drops) != 1 || d.Source.Pod != "ns/a" || d.Destination.Pod != "ns/b" || d.Proto != "udp" || d.Port != 9 ||

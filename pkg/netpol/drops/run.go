@@ -87,7 +87,8 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		b, err := json.Marshal(f)
 		if err == nil {
-			err = nodelocal.WriteFile(path, b, 0o644)
+			// Root only: who tried to reach whom across the cluster.
+			err = nodelocal.WriteFile(path, b, 0o600)
 		}
 		if err != nil {
 			cfg.Logf("policy drops: %v", err)
