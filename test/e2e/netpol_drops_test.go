@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/village-cni/village/internal/testenv"
@@ -107,4 +108,12 @@ func (l *npLab) drops(n *agentNode, server, denied, allowed *npPod) {
 	}
 	_, text := l.askDrops(n, "--pod", server.name, "--since", "1m")
 	t.Logf("villaged drops --pod %s --since 1m:\n%s", server.name, text)
+	_, body = scrape()
+	var lines []string
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, "village_policy_drop") {
+			lines = append(lines, line)
+		}
+	}
+	t.Logf("%s's policy drop metrics:\n%s", n.name, strings.Join(lines, "\n"))
 }
