@@ -48,13 +48,7 @@ func TestNetpolSpoofedSource(t *testing.T) {
 	for i, name := range []string{"attacker", "guard", "friend", "jailed", "pend", "control"} {
 		l.AddPod(name, i+2, true)
 	}
-	in := netpol.Input{Network: "t", Bridge: "br0", Local: map[string]bool{}, Namespaces: map[string]map[string]string{"ns": {}}}
-	for _, name := range []string{"attacker", "guard", "friend", "jailed", "control"} { // pend not seen yet
-		p := &netpol.Pod{Namespace: "ns", Name: name, Labels: map[string]string{"app": name},
-			IPs: []netip.Addr{netip.MustParseAddr(l.V4[name]), netip.MustParseAddr(l.V6[name])}}
-		in.Pods = append(in.Pods, p)
-		in.Local[p.Key()] = true
-	}
+	in := labInput(l, []string{"attacker", "guard", "friend", "jailed", "control"}) // pend not seen yet
 	sel := func(app string) metav1.LabelSelector {
 		return metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}
 	}

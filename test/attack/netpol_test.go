@@ -75,19 +75,8 @@ func TestNetpolLinkLocal(t *testing.T) {
 // controller's own path (table.Apply, table.MarkPending).
 func applyDenyAndPending(t *testing.T, l *testenv.PodLab) {
 	t.Helper()
-	in := netpol.Input{Network: "t", Bridge: "br0", Local: map[string]bool{}, Namespaces: map[string]map[string]string{"ns": {}}}
-	for _, name := range slices.Sorted(maps.Keys(l.Pods)) {
-		if name == "pend" { // not seen yet
-			continue
-		}
-		p := &netpol.Pod{Namespace: "ns", Name: name, Labels: map[string]string{"app": name},
-			IPs: []netip.Addr{netip.MustParseAddr(l.V4[name]), netip.MustParseAddr(l.V6[name])}}
-		in.Pods = append(in.Pods, p)
-		in.Local[p.Key()] = true
-	}
-	in.Policies = []*networkingv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "deny"},
-		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "deny"}},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}}
+	in := labInput(l, slices.DeleteFunc(slices.Sorted(maps.Keys(l.Pods)), func(name string) bool { return name == "pend" })) // pend: not seen yet
+	in.Policies = []*networkingv1.NetworkPolicy{denyIngress("deny")}
 	rs := netpol.Compile(in)
 	if err := testenv.InNS(l.Node, func() error {
 		if err := table.Apply(rs); err != nil {
@@ -190,4 +179,25 @@ func attack(t *testing.T, src ns.NetNS, from, victim, dst string) {
 	if err := testenv.Ping(src, dst, 2); err == nil {
 		t.Errorf("ATTACK: %s -> %s pod at %s: ping answered", from, victim, dst)
 	}
+}
+
+// labInput is the compile's input for pods names of l, each local,
+// labelled app=<name> in namespace ns, on network "t" (no policies yet).
+func labInput(l *testenv.PodLab, names []string) netpol.Input {
+	in := netpol.Input{Network: "t", Bridge: "br0", Local: map[string]bool{}, Namespaces: map[string]map[string]string{"ns": {}}}
+	for _, name := range names {
+		p := &netpol.Pod{Namespace: "ns", Name: name, Labels: map[string]string{"app": name},
+			IPs: []netip.Addr{netip.MustParseAddr(l.V4[name]), netip.MustParseAddr(l.V6[name])}}
+		in.Pods = append(in.Pods, p)
+		in.Local[p.Key()] = true
+	}
+	return in
+}
+
+// denyIngress is policy ns/deny, isolating app=<app> for ingress with no
+// rule: nothing may reach it.
+func denyIngress(app string) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "deny"},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
 }
