@@ -18,8 +18,11 @@
 //	            API server on the path, so failover goes on without it
 //	alloc       the addresses, in the LAN pool's own store (a pod and a
 //	            Service never share one)
-//	controller  the Kubernetes side: allocations, status, Events, the
-//	            wants handed to the speaker
+//	plan        the controller's pure core: groups, writers, what to
+//	            allocate, refusals, releases, wants and announcements from
+//	            one picture of the cluster (no API server, store or clock)
+//	controller  the Kubernetes side around plan: informers, allocations,
+//	            status, Events, the wants handed to the speaker
 //
 // # What one node does
 //

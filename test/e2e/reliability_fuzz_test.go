@@ -21,6 +21,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/netconf":         {"FuzzParse", "FuzzParseBackend", "FuzzCNIArgs", "FuzzParseLAN", "FuzzParseLANAddrs", "FuzzFromList"},
 	"./pkg/owner":           {"FuzzTableNames"},
 	"./pkg/lansvc/elect":    {"FuzzOwnerIsEligibleAndLive"},
+	"./pkg/lansvc/plan":     {"FuzzPlan"},
 	"./pkg/lansvc/announce": {"FuzzParseNDP"},
 	"./pkg/lansvc/members":  {"FuzzParseKey"},
 	"./pkg/agentsock":       {"FuzzHandle", "FuzzDecode"},

@@ -3,42 +3,29 @@
 // LAN and tells the speaker (pkg/lansvc/speaker) which nodes may answer
 // for each.
 //
-// It reads only the agent's shared informers (Services, EndpointSlices,
-// Nodes, Namespaces) and recomputes everything in one pass, on any change
-// (coalesced) and every Resync:
+// It is the informer glue and the writes around the pure core,
+// pkg/lansvc/plan, which says what to do (its package comment has the
+// rules). It reads only the agent's shared informers (Services,
+// EndpointSlices, Nodes, Namespaces) and the LAN pool's store, and makes
+// one pass on any change (coalesced) and every Resync: it lists them,
+// records the plan's Events, allocates (pkg/lansvc/alloc) and writes
+// status.loadBalancer.ingress (ipMode VIP) for the groups this agent
+// writes, clears what Village wrote on Services no longer its own, reads
+// the store again, releases the gone groups' addresses, hands the wants
+// to the speaker, and writes the village.cni.io/lan-announcer annotation
+// and an Event on the Services whose address this node answers for.
 //
-//   - A Service is Village's when it is type LoadBalancer with
-//     spec.loadBalancerClass village.cni.io/lan, or with no class unless
-//     requireClass. Services with one village.cni.io/lan-share key in one
-//     namespace form one group (one address); any other is a group alone.
-//   - One writer per group: the live agent (members over the LAN, plus
-//     this one) with the highest rendezvous score for the group's key
-//     (elect.Writer). Only it allocates (pkg/lansvc/alloc, in the LAN
-//     pool's store), writes status.loadBalancer.ingress (ipMode VIP) and
-//     the refusal Events. While the agents' views differ for a moment two
-//     may write: the store's claim is a compare-and-swap (the group ends
-//     with one address) and the status update carries the informer's
-//     resourceVersion (a stale write is refused and retried next pass).
-//   - The writer releases the addresses of groups that are gone (deleted,
-//     no longer LoadBalancer, another class, namespace no longer allowed).
-//   - Every agent reads the groups' addresses from the store (never from
-//     a Service's status or annotations, which users can write), computes
-//     the eligible nodes (externalTrafficPolicy Local: nodes with a ready
-//     endpoint in the EndpointSlices; Cluster: Ready nodes without
-//     node.kubernetes.io/exclude-from-external-load-balancers; a group
-//     takes the nodes eligible for all its Services) and hands them to the
-//     speaker. The agent that answers for an address writes the
-//     village.cni.io/lan-announcer annotation and an Event naming the
-//     address and the node.
-//
-// When the API server is unreachable no pass changes anything: the
-// speaker keeps the last wants, and failover goes on through the gossip.
+// While the agents' views differ for a moment two may write: the store's
+// claim is a compare-and-swap (the group ends with one address) and the
+// status update carries the informer's resourceVersion (a stale write is
+// refused and retried next pass). When the API server is unreachable no
+// pass changes anything: the speaker keeps the last wants, and failover
+// goes on through the gossip.
 package controller
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -49,7 +36,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ktypes "k8s.io/apimachinery/pkg/types"
@@ -57,11 +43,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/village-cni/village/pkg/ipam/store"
 	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/lansvc/alloc"
 	"github.com/village-cni/village/pkg/lansvc/elect"
-	"github.com/village-cni/village/pkg/netconf"
+	"github.com/village-cni/village/pkg/lansvc/plan"
 )
 
 // DefaultResync is the period of the backstop pass.
@@ -192,113 +177,89 @@ func (c *Controller) Known() bool {
 	return c.known
 }
 
-// group is the Services that share one address (or one Service alone).
-type group struct {
-	owner    store.Owner
-	key      string // the writer's key
-	ns       string
-	services []*corev1.Service // oldest first
+// input is the pure core's picture of the informers, with no
+// allocations yet.
+func (c *Controller) input() *plan.Input {
+	in := &plan.Input{Node: c.cfg.Node, RequireClass: c.cfg.RequireClass, Live: c.cfg.Live(), Alive: c.cfg.Alive, InRanges: c.cfg.Alloc.InRanges,
+		Services: list[*corev1.Service](c.cfg.Services), EndpointSlices: list[*discoveryv1.EndpointSlice](c.cfg.EndpointSlices),
+		Nodes: list[*corev1.Node](c.cfg.Nodes), Namespaces: list[*corev1.Namespace](c.cfg.Namespaces)}
+	return in
 }
 
-// accepted is a Service of a group that may have the group's address.
-type accepted struct {
-	svc      *corev1.Service
-	eligible []string
-}
-
-func (c *Controller) pass(ctx context.Context) {
-	live := c.cfg.Live()
-	groups := c.groups()
-	uids := map[ktypes.UID]bool{}
-	for _, obj := range c.cfg.Services.GetStore().List() {
-		if svc, ok := obj.(*corev1.Service); ok {
-			uids[svc.UID] = true
+// list is the objects of type T in inf's store.
+func list[T any](inf cache.SharedIndexInformer) []T {
+	var out []T
+	for _, obj := range inf.GetStore().List() {
+		if o, ok := obj.(T); ok {
+			out = append(out, o)
 		}
 	}
-	c.forget(uids)
+	return out
+}
+
+// pass lists the informers and the store, and does what the pure core
+// (pkg/lansvc/plan) says: the Events and writes first, then, from the
+// store read again when they changed it, the releases, the speaker's
+// wants and the announcer annotations.
+func (c *Controller) pass(ctx context.Context) {
+	in := c.input()
+	c.forget(in.Services)
 	// One read of the store per pass while nothing changes: a group whose
 	// owner already holds what it asks for costs no further request.
-	owners, err := c.cfg.Alloc.Owners(ctx)
-	if err != nil {
+	var err error
+	if in.Owners, err = c.cfg.Alloc.Owners(ctx); err != nil {
 		c.cfg.Logf("LAN Services: %v", err)
 		return
 	}
-	changed := false
-	for _, g := range groups {
-		if elect.Writer(g.key, live) == c.cfg.Node {
-			changed = c.write(ctx, g, owners[g.owner]) || changed
-		}
+	p := in.Plan()
+	for _, e := range p.Events {
+		c.event(e.Service, e.Type, e.Reason, e.Message)
 	}
-	c.clearFormer(ctx, live)
+	changed := false
+	for _, w := range p.Writes {
+		changed = c.write(ctx, w) || changed
+	}
+	for _, cl := range p.Clears {
+		c.clear(ctx, cl)
+	}
 	if changed {
-		if owners, err = c.cfg.Alloc.Owners(ctx); err != nil {
+		if in.Owners, err = c.cfg.Alloc.Owners(ctx); err != nil {
 			c.cfg.Logf("LAN Services: %v", err)
 			return
 		}
 	}
-	// Release what no group (in an allowed namespace) owns any more.
-	wanted := map[store.Owner]*group{}
-	for _, g := range groups {
-		if c.allowed(g.ns) {
-			wanted[g.owner] = g
-		}
-	}
-	for o, ips := range owners {
-		if wanted[o] == nil && elect.Writer(ownerKey(o), live) == c.cfg.Node {
-			if _, err := c.cfg.Alloc.Release(ctx, o); err != nil {
-				c.cfg.Logf("LAN Services: %v", err)
-				continue
-			}
-			c.cfg.Logf("LAN Services: released %v of %s (no such LoadBalancer Service any more)", ips, o.ContainerID)
-		}
-	}
-	var wants []elect.Want
-	var mine []announce
-	for _, g := range groups {
-		ips := owners[g.owner]
-		if wanted[g.owner] == nil || len(ips) == 0 {
+	a := in.Answer()
+	for _, r := range a.Releases {
+		if _, err := c.cfg.Alloc.Release(ctx, r.Owner); err != nil {
+			c.cfg.Logf("LAN Services: %v", err)
 			continue
 		}
-		acc := c.accept(g, false)
-		if len(acc) == 0 {
-			continue
-		}
-		eligible := acc[0].eligible
-		for _, a := range acc[1:] {
-			eligible = slices.DeleteFunc(eligible, func(n string) bool { return !slices.Contains(a.eligible, n) })
-		}
-		for _, ip := range ips {
-			wants = append(wants, elect.Want{Addr: ip, Eligible: eligible})
-			if elect.Owner(ip, eligible, c.cfg.Alive) == c.cfg.Node {
-				mine = append(mine, announce{ip: ip, acc: acc})
-			}
-		}
+		c.cfg.Logf("LAN Services: released %v of %s (no such LoadBalancer Service any more)", r.Addrs, r.Owner.ContainerID)
 	}
-	slices.SortFunc(wants, func(a, b elect.Want) int { return a.Addr.Compare(b.Addr) })
 	c.mu.Lock()
-	c.wants, c.known = wants, true
+	c.wants, c.known = a.Wants, true
 	c.mu.Unlock()
 	if c.cfg.Speaker != nil {
-		c.cfg.Speaker.SetWants(wants)
+		c.cfg.Speaker.SetWants(a.Wants)
 	}
 	if c.cfg.Settled != nil && !c.cfg.Settled() {
 		return
 	}
-	for _, m := range mine {
-		if c.cfg.Holds != nil && !c.cfg.Holds(m.ip) {
+	for _, m := range a.Announce {
+		if c.cfg.Holds != nil && !c.cfg.Holds(m.Addr) {
 			var mac net.HardwareAddr
 			if c.cfg.InUseBy != nil {
-				mac = c.cfg.InUseBy(m.ip)
+				mac = c.cfg.InUseBy(m.Addr)
 			}
 			if mac != nil {
-				for _, a := range m.acc {
-					c.contested(ctx, a.svc, m.ip, mac)
+				for _, svc := range m.Services {
+					c.contested(ctx, svc, m.Addr, mac)
 				}
 			}
 			continue // probing still, or contested
 		}
-		for _, a := range m.acc {
-			c.markAnnouncer(ctx, a.svc, m.ip)
+		for _, svc := range m.Services {
+			c.markAnnouncer(ctx, svc, m.Addr)
 		}
 	}
 }
@@ -312,236 +273,60 @@ func (c *Controller) contested(ctx context.Context, svc *corev1.Service, ip neti
 	if svc.Annotations[kubenames.AnnotationLANAnnouncer] != c.cfg.Node {
 		return
 	}
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{kubenames.AnnotationLANAnnouncer: nil}}})
-	if _, err := c.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}); err != nil {
+	if err := c.unannounce(ctx, svc); err != nil {
 		c.cfg.Logf("LAN Services: announcer of %s/%s: %v", svc.Namespace, svc.Name, err)
 	}
 }
 
-type announce struct {
-	ip  netip.Addr
-	acc []accepted
+// unannounce removes the announcer annotation from svc.
+func (c *Controller) unannounce(ctx context.Context, svc *corev1.Service) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{kubenames.AnnotationLANAnnouncer: nil}}})
+	_, err := c.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent})
+	return err
 }
 
-// clearFormer removes what Village wrote on Services that are no longer
-// its own (no longer type LoadBalancer): the ingress addresses from its
-// ranges and the announcer annotation. Their writer is the old single
-// Service group's.
-func (c *Controller) clearFormer(ctx context.Context, live []string) {
-	for _, obj := range c.cfg.Services.GetStore().List() {
-		svc, ok := obj.(*corev1.Service)
-		if !ok || c.ours(svc) || svc.Annotations[kubenames.AnnotationLANAnnouncer] == "" ||
-			elect.Writer(ownerKey(alloc.ServiceOwner(svc.Namespace, svc.Name)), live) != c.cfg.Node {
-			continue
-		}
-		keep := c.foreign(svc)
-		if len(keep) != len(svc.Status.LoadBalancer.Ingress) {
-			c.updateStatus(ctx, svc, keep)
-		}
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{kubenames.AnnotationLANAnnouncer: nil}}})
-		if _, err := c.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{FieldManager: kubenames.Agent}); err != nil && !apierrors.IsNotFound(err) {
-			c.cfg.Logf("LAN Services: announcer of %s/%s: %v", svc.Namespace, svc.Name, err)
-		}
+// clear removes what Village wrote on a Service that is no longer its
+// own: the ingress addresses from its ranges and the announcer
+// annotation.
+func (c *Controller) clear(ctx context.Context, cl plan.Clear) {
+	svc := cl.Service
+	if cl.UpdateStatus {
+		c.updateStatus(ctx, svc, cl.Ingress)
+	}
+	if err := c.unannounce(ctx, svc); err != nil && !apierrors.IsNotFound(err) {
+		c.cfg.Logf("LAN Services: announcer of %s/%s: %v", svc.Namespace, svc.Name, err)
 	}
 }
 
-// ownerKey is the writer's key of a group: its owner in the store.
-func ownerKey(o store.Owner) string { return o.ContainerID + "/" + o.IfName }
-
-// ours says whether svc is a LoadBalancer Service Village serves.
-func (c *Controller) ours(svc *corev1.Service) bool {
-	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
-		return false
-	}
-	if cl := svc.Spec.LoadBalancerClass; cl != nil {
-		return *cl == kubenames.LoadBalancerClassLAN
-	}
-	return !c.cfg.RequireClass
-}
-
-// groups gathers Village's Services into groups, sorted by key.
-func (c *Controller) groups() []*group {
-	byKey := map[string]*group{}
-	for _, obj := range c.cfg.Services.GetStore().List() {
-		svc, ok := obj.(*corev1.Service)
-		if !ok || !c.ours(svc) {
-			continue
-		}
-		owner := alloc.ServiceOwner(svc.Namespace, svc.Name)
-		if key := svc.Annotations[kubenames.AnnotationLANShare]; key != "" {
-			if err := alloc.CheckShareKey(key); err != nil {
-				c.event(svc, corev1.EventTypeWarning, kubenames.ReasonLANInvalid, fmt.Sprintf("annotation %s: %v", kubenames.AnnotationLANShare, err))
-				continue
-			}
-			owner = alloc.ShareOwner(svc.Namespace, key)
-		}
-		k := ownerKey(owner)
-		g := byKey[k]
-		if g == nil {
-			g = &group{owner: owner, key: k, ns: svc.Namespace}
-			byKey[k] = g
-		}
-		g.services = append(g.services, svc)
-	}
-	var out []*group
-	for _, g := range byKey {
-		slices.SortFunc(g.services, func(a, b *corev1.Service) int {
-			if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
-				return c
-			}
-			return strings.Compare(a.Name, b.Name)
-		})
-		out = append(out, g)
-	}
-	slices.SortFunc(out, func(a, b *group) int { return strings.Compare(a.key, b.key) })
-	return out
-}
-
-// allowed says whether namespace ns carries village.cni.io/lan=allowed.
-func (c *Controller) allowed(ns string) bool {
-	obj, ok, err := c.cfg.Namespaces.GetStore().GetByKey(ns)
-	if err != nil || !ok {
-		return false
-	}
-	n, ok := obj.(*corev1.Namespace)
-	return ok && n.Labels[kubenames.LabelLAN] == kubenames.LabelLANAllowed
-}
-
-// accept is the group's Services that may have its address: the oldest
-// first, each later one only if its ports do not clash with those taken
-// and its lan-ip request (if any) is the group's. With report, each
-// refusal is an Event.
-func (c *Controller) accept(g *group, report bool) []accepted {
-	type port struct {
-		proto corev1.Protocol
-		port  int32
-	}
-	used := map[port]string{}
-	var req string
-	var out []accepted
-	for _, svc := range g.services {
-		if r := strings.TrimSpace(svc.Annotations[kubenames.AnnotationLANIP]); r != "" {
-			if req == "" {
-				req = r
-			} else if r != req {
-				if report {
-					c.event(svc, corev1.EventTypeWarning, kubenames.ReasonLANInvalid, fmt.Sprintf("annotation %s=%q differs from %q, which Service %s/%s sharing key %q asks for", kubenames.AnnotationLANIP, r, req, g.ns, out[0].svc.Name, svc.Annotations[kubenames.AnnotationLANShare]))
-				}
-				continue
-			}
-		}
-		clash := ""
-		for _, p := range svc.Spec.Ports {
-			proto := p.Protocol
-			if proto == "" {
-				proto = corev1.ProtocolTCP
-			}
-			if other, ok := used[port{proto, p.Port}]; ok {
-				clash = fmt.Sprintf("port %d/%s is Service %s/%s's on the shared address", p.Port, proto, g.ns, other)
-				break
-			}
-		}
-		if clash != "" {
-			if report {
-				c.event(svc, corev1.EventTypeWarning, kubenames.ReasonLANPortsClash, fmt.Sprintf("no LAN address: %s (%s %q)", clash, kubenames.AnnotationLANShare, svc.Annotations[kubenames.AnnotationLANShare]))
-			}
-			continue
-		}
-		for _, p := range svc.Spec.Ports {
-			proto := p.Protocol
-			if proto == "" {
-				proto = corev1.ProtocolTCP
-			}
-			used[port{proto, p.Port}] = svc.Name
-		}
-		out = append(out, accepted{svc: svc, eligible: c.eligible(svc)})
-	}
-	return out
-}
-
-// write allocates the group's address (unless held already holds what it
+// write allocates the group's address (unless it already holds what it
 // asks for) and writes its Services' status, with an Event for every
 // refusal. It reports whether it asked the store for anything.
-func (c *Controller) write(ctx context.Context, g *group, held []netip.Addr) bool {
-	if !c.allowed(g.ns) {
-		for _, svc := range g.services {
-			c.event(svc, corev1.EventTypeWarning, kubenames.ReasonLANForbidden,
-				fmt.Sprintf("no LAN address: namespace %s is not labelled %s=%s", g.ns, kubenames.LabelLAN, kubenames.LabelLANAllowed))
+func (c *Controller) write(ctx context.Context, w plan.Write) bool {
+	if w.Forbidden {
+		for _, svc := range w.Services {
 			c.setStatus(ctx, svc, nil)
 		}
 		return false
 	}
-	acc := c.accept(g, true)
-	if len(acc) == 0 {
-		return false
-	}
-	req := alloc.Request{Owner: g.owner}
-	for _, a := range acc {
-		if r := strings.TrimSpace(a.svc.Annotations[kubenames.AnnotationLANIP]); r != "" && len(req.Addrs) == 0 {
-			ips, err := netconf.ParseLANAddrs(r)
-			if err != nil {
-				for _, b := range acc {
-					c.event(b.svc, corev1.EventTypeWarning, kubenames.ReasonLANInvalid, fmt.Sprintf("annotation %s: %v", kubenames.AnnotationLANIP, err))
-				}
-				return false
-			}
-			req.Addrs = ips
-		}
-		for _, f := range a.svc.Spec.IPFamilies {
-			fam := 4
-			if f == corev1.IPv6Protocol {
-				fam = 6
-			}
-			if !slices.Contains(req.Families, fam) {
-				req.Families = append(req.Families, fam)
-			}
-		}
-	}
-	// A requested address decides the families: exactly those it names.
-	// A family it does not name gets nothing, even one of the Service's
-	// spec.ipFamilies: an address asked for and refused must not turn
-	// into another address of the pool (a request for the router's IPv6
-	// address on an IPv4 Service would otherwise be given a pool IPv4).
-	if len(req.Addrs) > 0 {
-		req.Families = nil
-		for _, ip := range req.Addrs {
-			fam := 4
-			if ip.Is6() {
-				fam = 6
-			}
-			if !slices.Contains(req.Families, fam) {
-				req.Families = append(req.Families, fam)
-			}
-		}
-	}
-	ips, asked := held, false
+	ips, asked := w.Held, false
 	var err error
-	if !c.cfg.Alloc.Holds(held, req) {
-		ips, err = c.cfg.Alloc.Ensure(ctx, req)
+	if !c.cfg.Alloc.Holds(w.Held, w.Request) {
+		ips, err = c.cfg.Alloc.Ensure(ctx, w.Request)
 		asked = true
 	}
 	if err != nil {
-		reason := kubenames.ReasonLANFailed
-		switch {
-		case alloc.IsKind(err, alloc.Taken):
-			reason = kubenames.ReasonLANTaken
-		case alloc.IsKind(err, alloc.Outside):
-			reason = kubenames.ReasonLANOutsidePool
-		case alloc.IsKind(err, alloc.Exhausted), alloc.IsKind(err, alloc.NoRange):
-			reason = kubenames.ReasonLANExhausted
+		reason, refused := plan.Refusal(err)
+		for _, svc := range w.Services {
+			c.event(svc, corev1.EventTypeWarning, reason, err.Error())
 		}
-		for _, a := range acc {
-			c.event(a.svc, corev1.EventTypeWarning, reason, err.Error())
-		}
-		var refusal *alloc.Error
-		if !errors.As(err, &refusal) {
-			c.cfg.Logf("LAN Services: %s: %v", g.owner.ContainerID, err)
+		if !refused {
+			c.cfg.Logf("LAN Services: %s: %v", w.Owner.ContainerID, err)
 			return asked // the store failed: leave the status as it is
 		}
 	}
-	for _, a := range acc {
-		if c.setStatus(ctx, a.svc, ips) && len(ips) > 0 {
-			c.event(a.svc, corev1.EventTypeNormal, kubenames.ReasonLANAssigned, fmt.Sprintf("LAN address %s", join(ips)))
+	for _, svc := range w.Services {
+		if c.setStatus(ctx, svc, ips) && len(ips) > 0 {
+			c.event(svc, corev1.EventTypeNormal, kubenames.ReasonLANAssigned, fmt.Sprintf("LAN address %s", join(ips)))
 		}
 	}
 	return asked
@@ -555,42 +340,11 @@ func join(ips []netip.Addr) string {
 	return strings.Join(s, ",")
 }
 
-// foreign is svc's ingress entries that are not Village's: a hostname, or
-// an address outside its ranges (another load balancer's, or a user's).
-// Village never adds, changes or removes them, so it fights no other
-// writer of the status.
-func (c *Controller) foreign(svc *corev1.Service) []corev1.LoadBalancerIngress {
-	var keep []corev1.LoadBalancerIngress
-	for _, in := range svc.Status.LoadBalancer.Ingress {
-		if ip, err := netip.ParseAddr(in.IP); in.Hostname != "" || err != nil || !c.cfg.Alloc.InRanges(ip) {
-			keep = append(keep, in)
-		}
-	}
-	return keep
-}
-
 // setStatus makes Village's part of svc's status.loadBalancer.ingress say
-// ips (ipMode VIP), after the foreign entries, which stay as they are, and
-// reports whether it changed it.
+// ips and reports whether it changed it.
 func (c *Controller) setStatus(ctx context.Context, svc *corev1.Service, ips []netip.Addr) bool {
-	keep := c.foreign(svc)
-	vip := corev1.LoadBalancerIPModeVIP
-	var ours []corev1.LoadBalancerIngress
-	for _, ip := range ips {
-		ours = append(ours, corev1.LoadBalancerIngress{IP: ip.String(), IPMode: &vip})
-	}
-	// Village's entries as they stand: what is not foreign (in order, so
-	// a foreign entry written between them moves nothing).
-	var have []corev1.LoadBalancerIngress
-	for _, in := range svc.Status.LoadBalancer.Ingress {
-		if !slices.ContainsFunc(keep, func(k corev1.LoadBalancerIngress) bool { return equality.Semantic.DeepEqual(k, in) }) {
-			have = append(have, in)
-		}
-	}
-	if sameIngress(have, ours) {
-		return false
-	}
-	return c.updateStatus(ctx, svc, append(keep, ours...))
+	want, changed := plan.Ingress(svc, ips, c.cfg.Alloc.InRanges)
+	return changed && c.updateStatus(ctx, svc, want)
 }
 
 // updateStatus writes ingress as svc's status.loadBalancer.ingress, with
@@ -609,50 +363,6 @@ func (c *Controller) updateStatus(ctx context.Context, svc *corev1.Service, want
 		return false
 	}
 	return true
-}
-
-func sameIngress(a, b []corev1.LoadBalancerIngress) bool {
-	return equality.Semantic.DeepEqual(a, b)
-}
-
-// eligible lists the nodes that may answer for svc.
-func (c *Controller) eligible(svc *corev1.Service) []string {
-	var out []string
-	if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
-		for _, obj := range c.cfg.EndpointSlices.GetStore().List() {
-			es, ok := obj.(*discoveryv1.EndpointSlice)
-			if !ok || es.Namespace != svc.Namespace || es.Labels[discoveryv1.LabelServiceName] != svc.Name {
-				continue
-			}
-			for _, ep := range es.Endpoints {
-				if ep.NodeName != nil && *ep.NodeName != "" && (ep.Conditions.Ready == nil || *ep.Conditions.Ready) {
-					out = append(out, *ep.NodeName)
-				}
-			}
-		}
-	} else {
-		for _, obj := range c.cfg.Nodes.GetStore().List() {
-			n, ok := obj.(*corev1.Node)
-			if !ok {
-				continue
-			}
-			if _, excluded := n.Labels[kubenames.LabelExcludeFromLB]; excluded || !nodeReady(n) {
-				continue
-			}
-			out = append(out, n.Name)
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-func nodeReady(n *corev1.Node) bool {
-	for _, cond := range n.Status.Conditions {
-		if cond.Type == corev1.NodeReady {
-			return cond.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // markAnnouncer writes village.cni.io/lan-announcer on svc (this node)
@@ -688,7 +398,11 @@ func (c *Controller) event(svc *corev1.Service, typ, reason, msg string) {
 }
 
 // forget drops the Events remembered for Services that are gone.
-func (c *Controller) forget(keep map[ktypes.UID]bool) {
+func (c *Controller) forget(svcs []*corev1.Service) {
+	keep := map[ktypes.UID]bool{}
+	for _, svc := range svcs {
+		keep[svc.UID] = true
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for k := range c.events {
