@@ -282,18 +282,10 @@ func (c *compiler) ruleOf(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, 
 	var out []table.Clause
 	for j, port := range ports {
 		where := fmt.Sprintf("spec.%s[%d].ports[%d]", dir, i, j)
-		proto := table.ProtoTCP
-		if port.Protocol != nil {
-			switch *port.Protocol {
-			case corev1.ProtocolTCP:
-			case corev1.ProtocolUDP:
-				proto = table.ProtoUDP
-			case corev1.ProtocolSCTP:
-				proto = table.ProtoSCTP
-			default:
-				c.problem(pol, fmt.Sprintf("%s: protocol %q: the port matches nothing", where, *port.Protocol))
-				continue
-			}
+		proto, ok := protoOf(port)
+		if !ok {
+			c.problem(pol, fmt.Sprintf("%s: protocol %q: the port matches nothing", where, *port.Protocol))
+			continue
 		}
 		if allPorts {
 			proto = table.ProtoAny
@@ -322,7 +314,7 @@ func (c *compiler) ruleOf(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, 
 				continue
 			}
 			if !egress {
-				if n, ok := resolve(p, name, proto); ok {
+				if n, ok := resolve(p.Ports, name, proto); ok {
 					out = append(out, c.clause(ps, origin, "", table.Clause{Proto: proto, PortFrom: n, PortTo: n})...)
 				}
 				continue
@@ -333,9 +325,28 @@ func (c *compiler) ruleOf(pol *networkingv1.NetworkPolicy, p *Pod, egress bool, 
 	return out
 }
 
-// resolve finds the number of p's container port called name.
-func resolve(p *Pod, name string, proto table.Proto) (uint16, bool) {
-	for _, np := range p.Ports {
+// protoOf is the protocol of a policy port as the compile reads it (TCP
+// when not given); false for one it does not know (the compile reports
+// it).
+func protoOf(port networkingv1.NetworkPolicyPort) (table.Proto, bool) {
+	if port.Protocol == nil {
+		return table.ProtoTCP, true
+	}
+	switch *port.Protocol {
+	case corev1.ProtocolTCP:
+		return table.ProtoTCP, true
+	case corev1.ProtocolUDP:
+		return table.ProtoUDP, true
+	case corev1.ProtocolSCTP:
+		return table.ProtoSCTP, true
+	}
+	return table.ProtoAny, false
+}
+
+// resolve finds the number of the container port called name among a
+// pod's ports (the compile's and `villaged why`'s one resolution).
+func resolve(ports []NamedPort, name string, proto table.Proto) (uint16, bool) {
+	for _, np := range ports {
 		if np.Name == name && np.Protocol == proto {
 			return np.Port, true
 		}
@@ -357,7 +368,7 @@ func (c *compiler) namedEgress(ps peers, origin, name string, proto table.Proto)
 	}
 	byPort := map[uint16][]*Pod{}
 	for _, p := range cands {
-		if n, ok := resolve(p, name, proto); ok {
+		if n, ok := resolve(p.Ports, name, proto); ok {
 			byPort[n] = append(byPort[n], p)
 		}
 	}

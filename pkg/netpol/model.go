@@ -29,9 +29,9 @@ func (p *Pod) Key() string { return p.Namespace + "/" + p.Name }
 
 // NamedPort is a container port with a name.
 type NamedPort struct {
-	Name     string
-	Protocol table.Proto
-	Port     uint16
+	Name     string      `json:"name"`
+	Protocol table.Proto `json:"protocol"`
+	Port     uint16      `json:"port"`
 }
 
 // Input is everything one network's compile reads.

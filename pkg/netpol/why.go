@@ -37,6 +37,9 @@ type ModelPod struct {
 	Local bool `json:"local,omitempty"`
 	// HostNetwork pods have their node's addresses and no policy.
 	HostNetwork bool `json:"hostNetwork,omitempty"`
+	// Ports are the pod's named container ports: a policy's named port
+	// is resolved against them (Explain says what it resolved to).
+	Ports []NamedPort `json:"ports,omitempty"`
 	// Ingress and Egress are nil when no policy isolates the pod in that
 	// direction (everything is allowed).
 	Ingress *Isolation `json:"ingress,omitempty"`
@@ -48,6 +51,11 @@ type ModelPod struct {
 type Isolation struct {
 	Policies []string    `json:"policies"`
 	Rules    []ModelRule `json:"rules"`
+	// Named are the rules of a named port, one per peer, whatever the
+	// name resolves to (PortFrom 0): Explain says why such a rule does
+	// not admit a peer it names (the destination has no port of that
+	// name, or it has another number).
+	Named []ModelRule `json:"named,omitempty"`
 }
 
 // ModelRule allows the peers it names on its ports.
@@ -80,7 +88,7 @@ func BuildModel(in Input) *Model {
 		if len(p.IPs) == 0 {
 			continue
 		}
-		mp := ModelPod{Pod: p.Key(), IPs: slices.Clone(p.IPs), Local: in.Local[p.Key()], HostNetwork: p.HostNetwork}
+		mp := ModelPod{Pod: p.Key(), IPs: slices.Clone(p.IPs), Local: in.Local[p.Key()], HostNetwork: p.HostNetwork, Ports: slices.Clone(p.Ports)}
 		slices.SortFunc(mp.IPs, netip.Addr.Compare)
 		if !p.HostNetwork { // never selected (Compile reports it)
 			for _, pol := range c.selecting(p) {
@@ -126,15 +134,15 @@ func (c *compiler) isolation(iso *Isolation, pol *networkingv1.NetworkPolicy, p 
 			name := ""
 			if len(one) == 1 && one[0].Port != nil && one[0].Port.Type == intstr.String {
 				name = one[0].Port.StrVal
-			}
-			for _, cl := range c.ruleOf(pol, p, egress, i, origin, list, one) {
-				r := ModelRule{Policy: key(pol), Where: where, AnyPeer: cl.AnyPeer, Proto: cl.Proto, PortFrom: cl.PortFrom, PortTo: cl.PortTo, PortName: name}
-				for _, s := range []string{cl.Set4, cl.Set6} {
-					if s != "" {
-						r.Sets = append(r.Sets, s)
+				if proto, ok := protoOf(one[0]); ok && one[0].EndPort == nil {
+					// the peers it names, the port left to resolve
+					for _, cl := range c.clause(c.peers(pol, origin, list), origin, "named", table.Clause{Proto: proto}) {
+						iso.Named = append(iso.Named, ModelRule{Policy: key(pol), Where: where, AnyPeer: cl.AnyPeer, Sets: sets(cl), Proto: proto, PortName: name})
 					}
 				}
-				iso.Rules = append(iso.Rules, r)
+			}
+			for _, cl := range c.ruleOf(pol, p, egress, i, origin, list, one) {
+				iso.Rules = append(iso.Rules, ModelRule{Policy: key(pol), Where: where, AnyPeer: cl.AnyPeer, Sets: sets(cl), Proto: cl.Proto, PortFrom: cl.PortFrom, PortTo: cl.PortTo, PortName: name})
 			}
 		}
 	}
@@ -163,6 +171,17 @@ func (c *compiler) isolation(iso *Isolation, pol *networkingv1.NetworkPolicy, p 
 		}
 	}
 	return iso
+}
+
+// sets are the peer set names of cl.
+func sets(cl table.Clause) []string {
+	var out []string
+	for _, s := range []string{cl.Set4, cl.Set6} {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Endpoint is one end of a connection Explain is asked about.
@@ -391,10 +410,15 @@ func (m *Model) side(self, peer end, egress bool, port uint16, proto table.Proto
 			}
 		}
 	}
+	// the destination, whose container ports a named port is
+	dst := self
+	if egress {
+		dst = peer
+	}
 	if len(s.By) > 0 {
-		s.Reason = "allowed by " + s.By[0].String()
+		s.Reason = "allowed by " + s.By[0].of(dst)
 		for _, r := range s.By[1:] {
-			s.Reason += ", " + r.String()
+			s.Reason += ", " + r.of(dst)
 		}
 		return s.at()
 	}
@@ -404,7 +428,37 @@ func (m *Model) side(self, peer end, egress bool, port uint16, proto table.Proto
 		what = "on any port"
 	}
 	s.Reason = fmt.Sprintf("denied: pod %s is isolated for %s by %s and no rule admits %s %s", p.Pod, dir, strings.Join(iso.Policies, ", "), peer.ip, what)
+	if port != 0 {
+		for _, r := range iso.Named {
+			if r.Proto == proto && m.admits(r, peer.ip, 0, table.ProtoAny) {
+				s.Reason += "; " + r.unresolved(dst, port)
+			}
+		}
+	}
 	return s.at()
+}
+
+// of is r as a reason names it, a named port with the pod it is of.
+func (r ModelRule) of(dst end) string {
+	if r.PortName != "" && dst.pod != nil {
+		return fmt.Sprintf("%s %s %s (named port %q of pod %s)", r.Policy, r.Where, r.ports(), r.PortName, dst.pod.Pod)
+	}
+	return r.String()
+}
+
+// unresolved says why named-port rule r (of the Named list, which names
+// the peer) does not admit port on dst: the name is resolved against
+// dst's container ports as the compile resolves it.
+func (r ModelRule) unresolved(dst end, port uint16) string {
+	at := fmt.Sprintf("%s %s names port %q", r.Policy, r.Where, r.PortName)
+	if dst.pod == nil {
+		return fmt.Sprintf("%s, but %s is not a pod: only a pod's container ports have names", at, dst.ip)
+	}
+	n, ok := resolve(dst.pod.Ports, r.PortName, r.Proto)
+	if !ok {
+		return fmt.Sprintf("%s, which pod %s does not have (no %s container port of that name): the rule admits nothing there", at, dst.pod.Pod, strings.ToUpper(r.Proto.String()))
+	}
+	return fmt.Sprintf("%s, which is %s on pod %s, not %d", at, portProto(n, r.Proto), dst.pod.Pod, port)
 }
 
 // at says who enforces a pod's side when it is not this node.

@@ -36,7 +36,8 @@ func TestExplain(t *testing.T) {
 		port     uint16
 		proto    table.Proto
 		allowed  bool
-		want     []string
+		// want are texts of the verdict; "!text": a text it must not say
+		want []string
 	}{
 		{"no policy: nothing isolated", nil, podEnd("b/client"), podEnd("a/web"), 80, table.ProtoTCP, true,
 			[]string{"allowed: b/client (10.0.1.5) -> a/web (10.0.1.2) port 80/TCP", "pod a/web is not isolated for ingress", "pod b/client is not isolated for egress"}},
@@ -92,13 +93,28 @@ func TestExplain(t *testing.T) {
 			podEnd("b/client"), ipEnd("8.8.8.8"), 53, table.ProtoUDP, true, []string{"allowed by b/dns spec.egress[0].to[0] port 53/UDP"}},
 		{"named port on ingress", []*networkingv1.NetworkPolicy{policy("a", "named", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "web"),
 			Ingress: ingressRule(nil, named(corev1.ProtocolTCP, "http"))})}, podEnd("b/client"), podEnd("a/web"), 8080, table.ProtoTCP, true,
-			[]string{`a/named spec.ingress[0] port 8080/TCP (named port "http")`}},
+			[]string{`a/named spec.ingress[0] port 8080/TCP (named port "http" of pod a/web)`}},
+		{"named port on ingress: another number on the destination", []*networkingv1.NetworkPolicy{policy("a", "named", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "web"),
+			Ingress: ingressRule(nil, named(corev1.ProtocolTCP, "http"))})}, podEnd("b/client"), podEnd("a/web"), 80, table.ProtoTCP, false,
+			[]string{`no rule admits 10.0.1.5 to 80/TCP; a/named spec.ingress[0] names port "http", which is 8080/TCP on pod a/web, not 80`}},
+		{"named port on ingress: the destination has no such port", []*networkingv1.NetworkPolicy{policy("a", "named", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "web"),
+			Ingress: ingressRule(nil, named(corev1.ProtocolTCP, "metrics"))})}, podEnd("b/client"), podEnd("a/web"), 9100, table.ProtoTCP, false,
+			[]string{`a/named spec.ingress[0] names port "metrics", which pod a/web does not have (no TCP container port of that name): the rule admits nothing there`}},
+		{"named port on ingress: the name is the destination's under another protocol", []*networkingv1.NetworkPolicy{policy("a", "named", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "web"),
+			Ingress: ingressRule(nil, named(corev1.ProtocolTCP, "dns"))})}, podEnd("b/client"), podEnd("a/web"), 53, table.ProtoTCP, false,
+			[]string{`names port "dns", which pod a/web does not have (no TCP container port of that name)`}},
+		{"named port on ingress: a peer the rule does not name gets no note", []*networkingv1.NetworkPolicy{policy("a", "named", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "web"),
+			Ingress: ingressRule([]networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "api")}}, named(corev1.ProtocolTCP, "http"))})}, podEnd("b/client"), podEnd("a/web"), 80, table.ProtoTCP, false,
+			[]string{"no rule admits 10.0.1.5 to 80/TCP", "!names port"}},
 		{"named port on egress resolves on the peer", []*networkingv1.NetworkPolicy{policy("b", "named", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "client"), PolicyTypes: egressOnly,
 			Egress: []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{named(corev1.ProtocolTCP, "http")}}}})},
-			podEnd("b/client"), podEnd("b/api"), 9090, table.ProtoTCP, true, []string{`b/named spec.egress[0] port 9090/TCP (named port "http")`}},
+			podEnd("b/client"), podEnd("b/api"), 9090, table.ProtoTCP, true, []string{`b/named spec.egress[0] port 9090/TCP (named port "http" of pod b/api)`}},
 		{"named port on egress: another pod's number", []*networkingv1.NetworkPolicy{policy("b", "named", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "client"), PolicyTypes: egressOnly,
 			Egress: []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{named(corev1.ProtocolTCP, "http")}}}})},
-			podEnd("b/client"), podEnd("b/api"), 8080, table.ProtoTCP, false, []string{"no rule admits 10.0.2.7 to 8080/TCP"}},
+			podEnd("b/client"), podEnd("b/api"), 8080, table.ProtoTCP, false, []string{`no rule admits 10.0.2.7 to 8080/TCP; b/named spec.egress[0] names port "http", which is 9090/TCP on pod b/api, not 8080`}},
+		{"named port on egress to an address", []*networkingv1.NetworkPolicy{policy("b", "named", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "client"), PolicyTypes: egressOnly,
+			Egress: []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{named(corev1.ProtocolTCP, "http")}}}})},
+			podEnd("b/client"), ipEnd("8.8.8.8"), 80, table.ProtoTCP, false, []string{`b/named spec.egress[0] names port "http", but 8.8.8.8 is not a pod: only a pod's container ports have names`}},
 		{"SCTP", []*networkingv1.NetworkPolicy{policy("a", "sctp", networkingv1.NetworkPolicySpec{PodSelector: *sel("app", "web"),
 			Ingress: ingressRule(nil, networkingv1.NetworkPolicyPort{Protocol: ptr(corev1.ProtocolSCTP), Port: ptr(intstr.FromInt32(9000))})})},
 			podEnd("b/client"), podEnd("a/web"), 9000, table.ProtoSCTP, true, []string{"port 9000/SCTP"}},
@@ -135,6 +151,12 @@ func TestExplain(t *testing.T) {
 				t.Errorf("allowed %v, want %v:\n%s", v.Allowed, tc.allowed, text)
 			}
 			for _, w := range tc.want {
+				if not, ok := strings.CutPrefix(w, "!"); ok {
+					if strings.Contains(text, not) {
+						t.Errorf("verdict says %q:\n%s", not, text)
+					}
+					continue
+				}
 				if !strings.Contains(text, w) {
 					t.Errorf("verdict does not say %q:\n%s", w, text)
 				}

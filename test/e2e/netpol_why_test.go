@@ -58,9 +58,9 @@ func (l *npLab) why(n, other *agentNode, far, web, local *npPod) {
 	l.statusLine(n, "kernel matches")
 
 	cases := []whyCase{
-		{far, web, "np/far", "np/web", 8080, `allowed by np/far-to-web spec.ingress[0].from[0] port 8080/TCP (named port "alt")`},
+		{far, web, "np/far", "np/web", 8080, `allowed by np/far-to-web spec.ingress[0].from[0] port 8080/TCP (named port "alt" of pod np/web)`},
 		{local, web, local.ip, "np/web", 8080, "denied: pod np/web is isolated for ingress by np/deny-web, np/far-to-web, np/from-blue and no rule admits " + local.ip + " to 8080/TCP"},
-		{far, web, "np/far", web.ip, 80, "no rule admits " + far.ip + " to 80/TCP"},
+		{far, web, "np/far", web.ip, 80, "no rule admits " + far.ip + ` to 80/TCP; np/far-to-web spec.ingress[0].from[0] names port "alt", which is 8080/TCP on pod np/web, not 80`},
 		{blue, web, "blue/blue", "np/web", 80, "allowed by np/from-blue spec.ingress[0].from[0] port 80/TCP"},
 		{blue, web, "blue/blue", "np/web", 8080, "no rule admits " + blue.ip + " to 8080/TCP"},
 	}
