@@ -22,6 +22,7 @@
 #   ./scripts/bench.sh -only lan       # only a pod's ADD by LAN address source (below)
 #   ./scripts/bench.sh -only flannel   # only the control plane against flanneld (below)
 #   ./scripts/bench.sh -only netpol    # only NetworkPolicy's costs (below)
+#   ./scripts/bench.sh -only drops     # only NetworkPolicy drop logging's costs (below)
 #   ./scripts/bench.sh -only lansvc    # only LAN Service address failover (below)
 #   ./scripts/bench.sh -only lansvc-kube # the same through a real kubelet cluster (below)
 #   ./scripts/bench.sh -only armvm     # only villaged against flanneld's idle RSS on arm64 (below)
@@ -58,6 +59,18 @@
 # and on), each row with the load average; then BenchmarkNetpolAgent (a real
 # villaged and kube-apiserver with 1,000 Pods and 100 policies: RSS, policy
 # update in the API to its rule in the kernel).
+#
+# The drops section (only with -only drops, ~1.5 minutes) is the
+# pkg/netpol/drops benchmarks, each in a test node whose tables Compile
+# makes, with the agent's NFLOG listener (drops.Run) in a process of its
+# own: BenchmarkDropLatency (a denied datagram to its line in the built
+# `villaged drops --json`, polled back to back, 20 drops), BenchmarkDropFlood
+# (denied UDP from one sender per CPU for $VILLAGE_FLOOD_SECONDS, default
+# 10: the rate reached, every datagram counted, the listener's CPU beside
+# its idle CPU) and BenchmarkDropLoggingRR (TCP_RR across two nodes to a
+# pod a policy isolates and admits the client to, drop logging on and off
+# alternated: the same tables with the log rules deleted). FIGURE lines,
+# each with the load.
 #
 # The lansvc section (only with -only lansvc, ~1 minute) is
 # BenchmarkFailover in pkg/lansvc/speaker: three in-process agents in node
@@ -118,6 +131,19 @@ netpol_bench() {
     go test -run '^$' -bench '^BenchmarkNetpolAgent$' -benchtime 1x -timeout 20m -v ./test/e2e | grep -E 'FIGURE|Benchmark|ok|FAIL|_test.go:'
   echo "load $(cut -d' ' -f1 /proc/loadavg)"
 }
+drops_bench() {
+  export VILLAGE_BIN_DIR="$PWD/bin" VILLAGE_REF_BIN_DIR="$PWD/bin/ref"
+  uptime
+  go test -c -o /tmp/village-drops.test ./pkg/netpol/drops
+  (cd pkg/netpol/drops && /tmp/village-drops.test -test.run '^$' -test.bench '^BenchmarkDrop(Latency|Flood|LoggingRR)$' -test.benchtime 1x -test.v |
+    grep -E 'FIGURE|^Benchmark|^ok|FAIL|_test.go:')
+  rm -f /tmp/village-drops.test
+  uptime
+}
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "drops" ]; then
+  drops_bench
+  exit
+fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "armvm" ]; then
   # BenchmarkArmVMFootprint in test/armvm: the arm64 VM of TestArmVM with
   # etcd and 5, then 50, peers; villaged and flanneld (arm64, built by
