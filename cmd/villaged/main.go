@@ -6,6 +6,7 @@
 //	villaged sync       one reconcile pass, then exit
 //	villaged status     what this node has and what drifted
 //	villaged why        whether NetworkPolicy allows a connection, and which rule decides
+//	villaged rotate-key give this node a new WireGuard key, with no packet lost
 //	villaged install    put binaries and conflist in place atomically
 //	villaged uninstall  remove exactly what install added
 //	villaged version

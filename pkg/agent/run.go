@@ -61,6 +61,10 @@ func Run(ctx context.Context, opts Options) error {
 	mctx, mcancel := context.WithCancel(ctx)
 	var mwg sync.WaitGroup
 	defer func() { mcancel(); mwg.Wait() }()
+	// WireGuard key rotation (wgrotate.go): the status file from the start.
+	if a.rot, err = a.newRotator(mctx); err != nil {
+		return err
+	}
 	// API confinement (confine.go) before anything can write: the probe
 	// runs for the process's life, and readiness waits for its proof.
 	if c.usesAPI() {
@@ -221,6 +225,9 @@ type agent struct {
 	// lan answers the LAN questions (lanside.go); nil without a LAN
 	// section. The NetworkPolicy controller asks it which pods have one.
 	lan *lanpods.Controller
+	// rot rotates the WireGuard key on request and on its period
+	// (wgrotate.go); nil for the other backends.
+	rot *rotator
 	// failed is set when the last full pass failed: the next tick runs
 	// one again (see fullDue).
 	failed bool
@@ -240,6 +247,10 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 		ready = feed.Ready()
 	}
 	bound := liveBound(a.opts.Period)
+	var rotate <-chan string
+	if a.rot != nil {
+		rotate = a.rot.request
+	}
 	for {
 		a.health.beatNow(bound) // liveness: the loop comes round
 		select {
@@ -268,6 +279,8 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			a.repairDrift(ctx, a.watch.take(), records)
 		case <-a.nft.masqChanged():
 			a.repairMasq()
+		case id := <-rotate:
+			a.rotateKey("villaged rotate-key", id, records)
 		case <-safety.C:
 			safety.Reset(jittered(a.opts.safetyNet()))
 			a.checkSelf(records)
@@ -286,6 +299,9 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			}
 			if masqOnTick() {
 				a.repairMasq()
+			}
+			if a.rot != nil && a.rot.due(time.Now()) {
+				a.rotateKey(fmt.Sprintf("keyRotation %v", a.rot.period), "", records)
 			}
 			if a.reclaim != nil {
 				a.reclaim.pass(ctx)

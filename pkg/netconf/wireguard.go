@@ -25,6 +25,9 @@ const (
 	DefaultWireGuardKeyDir = "/var/lib/village/wireguard"
 	// DefaultWireGuardKeepalive is "persistentKeepalive" when not set.
 	DefaultWireGuardKeepalive = 25 * time.Second
+	// MinWireGuardKeyRotation is the shortest "keyRotation": each
+	// rotation makes every peer handshake again.
+	MinWireGuardKeyRotation = time.Minute
 )
 
 // WireGuard is the `backend.wireguard` section (type wireguard only).
@@ -43,6 +46,11 @@ type WireGuard struct {
 	// Userspace is auto (the kernel's WireGuard when it has it,
 	// wireguard-go otherwise), never or always.
 	Userspace string `json:"userspace,omitempty"`
+	// KeyRotation: how old the node's key may get before the agent
+	// changes it (as `villaged rotate-key` does), a duration ("720h") or
+	// whole seconds; unset or 0: never on its own. At least
+	// MinWireGuardKeyRotation.
+	KeyRotation *Seconds `json:"keyRotation,omitempty"`
 	// Endpoint is the address:port this node asks its peers to send to
 	// (behind NAT, or another address than the underlay's); "": its
 	// underlay address at Port.
@@ -118,6 +126,9 @@ func (b *Backend) parseWireGuard() *types.Error {
 	if ka := time.Duration(*w.PersistentKeepalive); ka < 0 || ka > 65535*time.Second || ka%time.Second != 0 {
 		return Error("invalid \"backend.wireguard.persistentKeepalive\" %v: whole seconds, 0 (none) to 65535", ka)
 	}
+	if kr := w.Rotation(); kr != 0 && kr < MinWireGuardKeyRotation {
+		return Error("invalid \"backend.wireguard.keyRotation\" %v: 0 (never) or at least %v", kr, MinWireGuardKeyRotation)
+	}
 	if w.Userspace == "" {
 		w.Userspace = wireguard.UserspaceAuto
 	}
@@ -139,6 +150,14 @@ func (b *Backend) parseWireGuard() *types.Error {
 		w.EndpointAddr = &net.UDPAddr{IP: ip, Port: p}
 	}
 	return nil
+}
+
+// Rotation is "keyRotation" (0: never).
+func (w *WireGuard) Rotation() time.Duration {
+	if w.KeyRotation == nil {
+		return 0
+	}
+	return time.Duration(*w.KeyRotation)
 }
 
 // KeyPath is the private key file of network: "keyFile", else

@@ -49,6 +49,8 @@ func TestWireGuardBackend(t *testing.T) {
 		{name: "userspace unknown", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"userspace":"sometimes"}}`, err: `"backend.wireguard.userspace"`},
 		{name: "endpoint a name", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"endpoint":"node1.example:51820"}}`, err: `"backend.wireguard.endpoint"`},
 		{name: "endpoint without port", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"endpoint":"203.0.113.7"}}`, err: `"backend.wireguard.endpoint"`},
+		{name: "key rotation too often", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"keyRotation":"30s"}}`, err: `"backend.wireguard.keyRotation" 30s`},
+		{name: "key rotation negative", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"keyRotation":-60}}`, err: `"backend.wireguard.keyRotation"`},
 		{name: "endpoint port 0", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"endpoint":"203.0.113.7:0"}}`, err: `"backend.wireguard.endpoint"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,5 +84,22 @@ func TestWireGuardEndpoint(t *testing.T) {
 	}
 	if ep := b.WireGuard.EndpointAddr; ep == nil || ep.String() != "203.0.113.7:51900" {
 		t.Fatalf("endpoint parsed as %v", ep)
+	}
+}
+
+func TestWireGuardKeyRotation(t *testing.T) {
+	for raw, want := range map[string]time.Duration{
+		`{}`:                     0,
+		`{"keyRotation":0}`:      0,
+		`{"keyRotation":"720h"}`: 720 * time.Hour,
+		`{"keyRotation":60}`:     time.Minute,
+	} {
+		b, err := netconf.ParseBackend(json.RawMessage(`{"type":"wireguard","registry":{"type":"kubernetes"},"wireguard":` + raw + `}`))
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		if got := b.WireGuard.Rotation(); got != want {
+			t.Errorf("%s: rotation %v, want %v", raw, got, want)
+		}
 	}
 }

@@ -15,6 +15,8 @@
 //	<run dir>/<network>/policy-status.json what the policy controller last did
 //	<run dir>/<network>/policy-model.json  what it compiled, per pod and rule, for `villaged why` (pkg/netpol Model; root-only)
 //	<run dir>/<network>/policy-drops.json  the latest packets NetworkPolicy dropped, named, for `villaged drops` (pkg/netpol/drops; root-only)
+//	<run dir>/<network>/wireguard-rotate.json a request for a new WireGuard key, written by `villaged rotate-key` (root-only)
+//	<run dir>/<network>/wireguard-key.json    the agent's WireGuard public key, since when, and the last request it served
 //	<run dir>/macspoofchk/<network>/<veth> a pod port's MAC for macspoofchk (pkg/masq)
 //	<run dir>/kube/{kubeconfig,token,ca.crt} the host-side credentials of a kubernetes LAN pool
 //
@@ -70,6 +72,12 @@ const (
 	// ConfinementStatusName is the agent's API confinement verdict
 	// (pkg/agent confine.go), read by `villaged status`.
 	ConfinementStatusName = "confinement.json"
+	// WireGuardRotateName is a request for a new WireGuard key: written
+	// by `villaged rotate-key` only, read by the agent.
+	WireGuardRotateName = "wireguard-rotate.json"
+	// WireGuardKeyName is the agent's WireGuard key status: written by
+	// the agent only, read by `villaged rotate-key`.
+	WireGuardKeyName = "wireguard-key.json"
 	// AgentSocketName is the agent's socket.
 	AgentSocketName = "agent.sock"
 	// SpoofDirName holds macspoofchk's per-port MAC records.
@@ -149,6 +157,16 @@ func ConfinementStatus(runDir, network string) string {
 // LANServicesKept is network's kept LAN Services state.
 func LANServicesKept(runDir, network string) string {
 	return filepath.Join(NetworkDir(runDir, network), LANServicesKeptName)
+}
+
+// WireGuardRotate is network's WireGuard key rotation request.
+func WireGuardRotate(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), WireGuardRotateName)
+}
+
+// WireGuardKey is network's WireGuard key status file.
+func WireGuardKey(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), WireGuardKeyName)
 }
 
 // AgentSocket is the agent's socket.

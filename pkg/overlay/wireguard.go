@@ -279,3 +279,33 @@ func (r *Reconciler) removeWG(rc *recorder) {
 	}
 	_ = rc.do(c, func() error { return ignoreGone(r.h.LinkDel(link)) })
 }
+
+// RotateWireGuardKey gives this node a new WireGuard key: the device (when
+// this reconciler runs it) takes the new private key first, then the key
+// file, so that what the agent publishes next (the returned public key) is
+// the key the device already has (see package wireguard, "Rotating the
+// key"). A failure leaves the old key in place, device and file.
+func (r *Reconciler) RotateWireGuardKey() (wgtypes.Key, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.loadWGKey(); err != nil {
+		return wgtypes.Key{}, err
+	}
+	k, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		return wgtypes.Key{}, fmt.Errorf("generating a WireGuard key: %w", err)
+	}
+	if r.wg != nil {
+		if err := r.wg.SetPrivateKey(k); err != nil {
+			return wgtypes.Key{}, err
+		}
+	}
+	if err := wireguard.ReplaceKey(r.cfg.WireGuard.KeyFile, k); err != nil {
+		if r.wg != nil {
+			err = errors.Join(err, r.wg.SetPrivateKey(r.wgKey))
+		}
+		return wgtypes.Key{}, err
+	}
+	r.wgKey = k
+	return k.PublicKey(), nil
+}

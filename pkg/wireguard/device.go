@@ -287,6 +287,21 @@ func (d *Device) Index() (int, error) {
 	return link.Attrs().Index, nil
 }
 
+// SetPrivateKey gives the device another private key (a key rotation). The
+// device keeps its peers and, until they expire or the peer replaces
+// them, the sessions it has: it still decrypts what a peer sends on them.
+// What it sends next waits, queued per peer, for a handshake under the new
+// key (see the package comment, "Rotating the key").
+func (d *Device) SetPrivateKey(k wgtypes.Key) error {
+	if k == (wgtypes.Key{}) {
+		return fmt.Errorf("wireguard: %s: no private key", d.name)
+	}
+	if err := d.client.ConfigureDevice(d.name, wgtypes.Config{PrivateKey: &k}); err != nil {
+		return fmt.Errorf("wireguard: setting the private key of %s: %w", d.name, err)
+	}
+	return nil
+}
+
 // Peers reads the device's peers as the kernel or wireguard-go has them.
 func (d *Device) Peers() ([]wgtypes.Peer, error) {
 	cur, err := d.client.Device(d.name)

@@ -9,6 +9,43 @@
 // survives agent restarts and upgrades. Only the public key leaves the
 // node: peers are configured with it.
 //
+// # Rotating the key
+//
+// A node changes its key ([Device.SetPrivateKey], then [ReplaceKey]) and
+// only then publishes the new public key; each peer, when it reads it,
+// replaces the node's peer entry in one configuration ([Device.SetPeers]:
+// the new key takes the pod subnets over, the old entry goes). The order
+// is forced by what WireGuard (the kernel's and wireguard-go, both driven
+// through wgctrl) allows, and it is what loses no packet:
+//
+//   - A device has one private key, and a peer's allowed IPs belong to one
+//     public key on each side: the same entry picks the peer for an
+//     outgoing packet and checks the inner source of an incoming one. So
+//     no moment lets both keys carry the same pod subnet; a second device
+//     on a second port with the new key would need every peer to move its
+//     entry, and the node to move its routes peer by peer, at the same
+//     instant, and would change the published port.
+//   - A device whose private key changes keeps the sessions it has for
+//     receiving: what peers still send under the old key decrypts, so the
+//     peers' traffic to the node goes on, with the old key, until each one
+//     replaces the entry. What the node sends waits in the peer's staged
+//     queue (128 packets per peer in both implementations) while a
+//     handshake under the new key is tried: the one the node starts is
+//     refused until the peer knows the key, and the peer, on replacing the
+//     entry, starts one itself at once (a peer entry with a persistent
+//     keepalive sends one when it is made), after which the queue goes
+//     out. The wait is the time the registry takes to bring the new key to
+//     the peer; with persistentKeepalive 0 the node's next try, five
+//     seconds on, completes it instead.
+//   - Publishing first would be worse: a peer that took the new key before
+//     the node had it would drop the node's packets under the old key (the
+//     entry they belong to is gone) and its handshakes would reach a
+//     device that cannot read them.
+//
+// After the rotation nothing accepts the old key: every peer's entry for it
+// is gone, so a handshake made with the old private key, by whoever holds
+// it, is dropped unanswered.
+//
 // # The device
 //
 // [Ensure] makes one WireGuard interface per network, in the network

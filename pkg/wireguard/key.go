@@ -9,6 +9,8 @@ import (
 	"syscall"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/village-cni/village/pkg/nodelocal"
 )
 
 // ErrKeyFile is wrapped by every error about a key file that exists but
@@ -127,4 +129,21 @@ func createKey(path string) (wgtypes.Key, error) {
 		_ = d.Close()
 	}
 	return k, nil
+}
+
+// ReplaceKey writes private over the key file at path, for a key rotation,
+// atomically (nodelocal.WriteFile: a temporary file in the same directory,
+// 0600, synced, renamed over path), so a crash leaves the old key or the
+// new one, whole. The directory is made 0700 when missing.
+func ReplaceKey(path string, private wgtypes.Key) error {
+	if path == "" {
+		return fmt.Errorf("%w: no path given", ErrKeyFile)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("making the key directory of %s: %w", path, err)
+	}
+	if err := nodelocal.WriteFile(path, []byte(private.String()+"\n"), 0o600); err != nil {
+		return fmt.Errorf("wireguard key: %w", err)
+	}
+	return nil
 }

@@ -146,3 +146,36 @@ func write(t *testing.T, path, content string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 }
+
+// ReplaceKey puts a new key in place of the old one, root-only, and
+// LoadOrCreateKey reads the new one; a missing directory is made.
+func TestReplaceKey(t *testing.T) {
+	testenv.RequireRoot(t)
+	path := filepath.Join(t.TempDir(), "sub", "node.key")
+	old, _, err := LoadOrCreateKey(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ReplaceKey(path, next); err != nil {
+		t.Fatal(err)
+	}
+	got, pub, err := LoadOrCreateKey(path)
+	if err != nil || got != next || pub != next.PublicKey() || got == old {
+		t.Fatalf("after ReplaceKey: %v (%v), want the new key", got, err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file mode %v (%v), want 0600", fi.Mode(), err)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Fatalf("the key directory holds %d files, want the key only", len(entries))
+	}
+	if err := ReplaceKey(filepath.Join(t.TempDir(), "fresh", "node.key"), next); err != nil {
+		t.Fatalf("into a missing directory: %v", err)
+	}
+}

@@ -3,27 +3,18 @@ package e2e
 import (
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/wireguard"
 )
 
-// The kubernetes lab under backend wireguard. Every node namespace shares
-// this machine's file system, where a real node has its own: each agent
-// runs with a private /var/run/wireguard (its userspace device's UAPI
-// socket, named the same on every node) and its own directory mounted
-// over the conflist's key directory (so that each node has its own key,
-// kept across restarts), both mounts in the mount namespace `ip netns
-// exec` gives it.
+// The kubernetes lab under backend wireguard (newWireGuardLab).
 //
 // The agents publish their public keys as Node annotations, the pods of
 // three nodes ping each other and talk TCP; a capture of node1's underlay
@@ -31,22 +22,7 @@ import (
 // plaintext); node1's agent restarted keeps its key (the annotation stays
 // the same) and its pods are reachable again.
 func TestAgentWireGuard(t *testing.T) {
-	keyDir := t.TempDir()
-	keyFile := filepath.Join(keyDir, "agt.key")
-	lab := newKubeLabWith(t, "wireguard", func(conf string, _ *kubetest.Server) string {
-		return strings.Replace(conf, `"vni":9,`, fmt.Sprintf(`"wireguard":{"keyFile":%q},`, keyFile), 1)
-	})
-	for i, n := range lab.nodes {
-		lab.createNode(n, fmt.Sprintf("10.70.%d.0/24", i+1))
-		own := filepath.Join(n.Dir, "wg")
-		must(t, os.MkdirAll(own, 0o700), "key directory of %s", n.name)
-		n.wrap = []string{"sh", "-ec", `mkdir -p /var/run/wireguard
-mount -t tmpfs -o mode=0755 tmpfs /var/run/wireguard
-mount --bind "$0" "$1"
-shift
-exec "$@"`, own, keyDir}
-	}
-	subnets := lab.startAll()
+	lab, subnets := newWireGuardLab(t)
 	keys := map[string]string{}
 	for _, n := range lab.nodes {
 		_, pub, err := wireguard.LoadKey(filepath.Join(n.Dir, "wg", "agt.key"))
@@ -80,12 +56,7 @@ exec "$@"`, own, keyDir}
 		t.Fatalf("TCP across read %q (%v), want the canary", got, err)
 	}
 	raw, lines := capt.Stop()
-	wg := regexp.MustCompile(`^\S+ IP 192\.168\.79\.1\d\.51820 > 192\.168\.79\.1\d\.51820: UDP, length \d+$`)
-	// Besides: the agents' API connections (the registry) and the
-	// underlay's own chatter.
-	api := regexp.MustCompile(`^\S+ IP (192\.168\.79\.1\d\.\d+ > 192\.168\.79\.5\.\d+|192\.168\.79\.5\.\d+ > 192\.168\.79\.1\d\.\d+): Flags |` +
-		testenv.UnderlayChatter.String())
-	n := testenv.OnlyCarried(t, raw, lines, wg, api, canary)
+	n := testenv.OnlyCarried(t, raw, lines, wgLabTunnel, wgLabAllowed, canary)
 	t.Logf("node1's underlay: %d WireGuard packets between nodes, no plaintext", n)
 
 	// Restart: the userspace device goes with the agent, and comes back
