@@ -42,7 +42,7 @@ func openNode(opts Options) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := c.newReconciler()
+	r, err := c.newReconciler(opts.Logf)
 	if err != nil {
 		return nil, err
 	}

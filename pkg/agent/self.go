@@ -140,12 +140,15 @@ func mergePeers(static, fromRegistry []overlay.Node) []overlay.Node {
 // staticPeers are the backend's static nodes.
 func (c *Conf) staticPeers() []overlay.Node { return c.Backend.Peers() }
 
-// newReconciler opens the reconciler of the backend in this namespace.
-func (c *Conf) newReconciler() (*overlay.Reconciler, error) {
+// newReconciler opens the reconciler of the backend in this namespace;
+// logf receives the WireGuard device's errors (wireguard-go's own, and why
+// auto chose it).
+func (c *Conf) newReconciler(logf func(format string, args ...any)) (*overlay.Reconciler, error) {
 	cfg := c.Backend.OverlayConfig(c.Net.Name)
 	// The agent runs a wireguard-go device when the kernel has no
 	// WireGuard (the plugin never makes one, and links none).
 	cfg.WireGuard.Start = userspace.Start
+	cfg.WireGuard.Logf = logf
 	r, err := overlay.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("backend %s of network %q: %w", c.Backend.Type, c.Net.Name, err)

@@ -319,7 +319,7 @@ func (d *Device) Peers() ([]wgtypes.Peer, error) {
 // peer to another (a node that got a new key) always has one. Two peers
 // with one public key are an error and nothing is written.
 func (d *Device) SetPeers(peers []Peer) (int, error) {
-	changes, err := d.peerChanges(peers)
+	changes, err := d.peerChanges(peers, true)
 	if err != nil || len(changes) == 0 {
 		return 0, err
 	}
@@ -332,11 +332,14 @@ func (d *Device) SetPeers(peers []Peer) (int, error) {
 // PeerChanges is how many peers SetPeers(peers) would add, change or
 // remove now, without writing anything.
 func (d *Device) PeerChanges(peers []Peer) (int, error) {
-	changes, err := d.peerChanges(peers)
+	changes, err := d.peerChanges(peers, false)
 	return len(changes), err
 }
 
-func (d *Device) peerChanges(peers []Peer) ([]wgtypes.PeerConfig, error) {
+// peerChanges is the configuration that makes peers the device's peer
+// list; write tells that it will be written (a new peer that must stay
+// quiet is then recorded as such, see speak.go).
+func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, error) {
 	want := make(map[wgtypes.Key]Peer, len(peers))
 	for _, p := range peers {
 		if _, dup := want[p.PublicKey]; dup {
@@ -347,10 +350,11 @@ func (d *Device) peerChanges(peers []Peer) ([]wgtypes.PeerConfig, error) {
 		}
 		want[p.PublicKey] = p
 	}
-	cur, err := d.Peers()
+	dev, err := d.client.Device(d.name)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("wireguard: reading %s: %w", d.name, err)
 	}
+	cur := dev.Peers
 	have := make(map[wgtypes.Key]wgtypes.Peer, len(cur))
 	for _, p := range cur {
 		have[p.PublicKey] = p
@@ -361,9 +365,12 @@ func (d *Device) peerChanges(peers []Peer) ([]wgtypes.PeerConfig, error) {
 		keys = append(keys, k)
 	}
 	slices.SortFunc(keys, func(a, b wgtypes.Key) int { return strings.Compare(a.String(), b.String()) })
+	now := time.Now()
 	for _, k := range keys {
 		p := want[k]
-		if h, ok := have[k]; ok && samePeer(h, p) {
+		h, ok := have[k]
+		p.PersistentKeepalive = quietKeepalive(d.name, dev.PublicKey, p, !ok, write, now)
+		if ok && samePeer(h, p) {
 			continue
 		}
 		ka := p.PersistentKeepalive
@@ -418,6 +425,7 @@ func (d *Device) Close() error {
 
 func (d *Device) closeLocked() error {
 	if d.us != nil {
+		forgetQuiet(d.name)
 		if running[d.name] == d {
 			delete(running, d.name)
 		}

@@ -43,7 +43,30 @@ func inNS(t testing.TB, n ns.NetNS, args ...string) string {
 // sit on the devices themselves).
 func newTunnel(t testing.TB) (a, b ns.NetNS) {
 	t.Helper()
-	a, b = testenv.NewNS(t), testenv.NewNS(t)
+	tn := newTunnelNodes(t)
+	tn.na.must(tn.peersOfA())
+	tn.nb.must(tn.peersOfB())
+	return tn.a, tn.b
+}
+
+// tunnelNodes are newTunnel's two nodes before they know each other.
+type tunnelNodes struct {
+	a, b   ns.NetNS
+	na, nb *node
+	ra, rb nodeReply // their ensure replies (public keys)
+}
+
+func (tn tunnelNodes) peersOfA() nodeCmd {
+	return nodeCmd{Op: "peers", Peers: []nodePeer{{Key: tn.rb.Public, Endpoint: "192.168.90.2:51820", Allowed: []string{"10.244.2.0/24"}, Keepalive: 25 * time.Second}}}
+}
+
+func (tn tunnelNodes) peersOfB() nodeCmd {
+	return nodeCmd{Op: "peers", Peers: []nodePeer{{Key: tn.ra.Public, Endpoint: "192.168.90.1:51820", Allowed: []string{"10.244.1.0/24"}, Keepalive: 25 * time.Second}}}
+}
+
+func newTunnelNodes(t testing.TB) tunnelNodes {
+	t.Helper()
+	a, b := testenv.NewNS(t), testenv.NewNS(t)
 	testenv.MustIP(t, a, "link", "add", "ul0", "type", "veth", "peer", "name", "ul0", "netns", nsName(b))
 	under := map[ns.NetNS]string{a: "192.168.90.1", b: "192.168.90.2"}
 	for n, ip := range under {
@@ -65,9 +88,7 @@ func newTunnel(t testing.TB) (a, b ns.NetNS) {
 	testenv.MustIP(t, a, "route", "add", "10.244.2.0/24", "dev", wa, "src", "10.244.1.1")
 	testenv.MustIP(t, b, "addr", "add", "10.244.2.1/32", "dev", wb)
 	testenv.MustIP(t, b, "route", "add", "10.244.1.0/24", "dev", wb, "src", "10.244.2.1")
-	na.must(nodeCmd{Op: "peers", Peers: []nodePeer{{Key: rb.Public, Endpoint: "192.168.90.2:51820", Allowed: []string{"10.244.2.0/24"}}}})
-	nb.must(nodeCmd{Op: "peers", Peers: []nodePeer{{Key: ra.Public, Endpoint: "192.168.90.1:51820", Allowed: []string{"10.244.1.0/24"}}}})
-	return a, b
+	return tunnelNodes{a: a, b: b, na: na, nb: nb, ra: ra, rb: rb}
 }
 
 // Two nodes joined by a veth (the underlay) each run a userspace device;
@@ -126,6 +147,8 @@ func TestTunnelEncrypts(t *testing.T) {
 func TestEnsureAndSetPeers(t *testing.T) {
 	n := testenv.NewNS(t)
 	nd := startNode(t, n)
+	// Peers written as asked: none is added quietly (TestLowerKeySpeaksFirst).
+	nd.must(nodeCmd{Op: "quiet", Quiet: 0})
 	name := devName("p")
 	key := t.TempDir() + "/k.key"
 	r1 := nd.must(nodeCmd{Op: "ensure", Name: name, KeyFile: key, Port: 51820, MTU: 1420, Userspace: UserspaceAlways})
@@ -310,4 +333,103 @@ func TestEnsureWithoutUserspace(t *testing.T) {
 	if _, err := net.InterfaceByName(name); err == nil {
 		t.Fatalf("interface %s made anyway", name)
 	}
+}
+
+// Two nodes that learn of each other at the same moment (both given the
+// other with a keepalive at once) must not both initiate: crossed
+// initiations can lose both handshakes for WireGuard's 5 s retry. Only the
+// lower key's node initiates; the other stays quiet (here for longer than
+// the test) and still ends with a session, from answering.
+func TestLowerKeySpeaksFirst(t *testing.T) {
+	tn := newTunnelNodes(t)
+	tn.na.must(nodeCmd{Op: "quiet", Quiet: time.Hour})
+	tn.nb.must(nodeCmd{Op: "quiet", Quiet: time.Hour})
+	ka, kb := mustKey(t, tn.ra.Public), mustKey(t, tn.rb.Public)
+	low, high, lowNode, highNode, lowIP, highIP := tn.ra.Public, tn.rb.Public, tn.na, tn.nb, "192.168.90.1", "192.168.90.2"
+	if bytes.Compare(kb[:], ka[:]) < 0 {
+		low, high, lowNode, highNode, lowIP, highIP = high, low, highNode, lowNode, highIP, lowIP
+	}
+	capt := testenv.StartPcap(t, tn.a, "ul0")
+	done := make(chan nodeReply, 1)
+	go func() { done <- tn.nb.do(tn.peersOfB()) }()
+	tn.na.must(tn.peersOfA())
+	if r := <-done; r.Err != "" {
+		t.Fatalf("node b peers: %s", r.Err)
+	}
+	testenv.WaitFor(t, "a session on both nodes, with no packet sent through it", func() error {
+		for _, n := range []*node{tn.na, tn.nb} {
+			for k, p := range n.must(nodeCmd{Op: "show"}).Peers {
+				if !p.Handshake {
+					return fmt.Errorf("no handshake with %s yet", k)
+				}
+			}
+		}
+		return nil
+	})
+	_, lines := capt.Stop()
+	initiation := func(from, to string) int {
+		re := regexp.MustCompile(`^\S+ IP ` + regexp.QuoteMeta(from) + `\.51820 > ` + regexp.QuoteMeta(to) + `\.51820: UDP, length 148$`)
+		n := 0
+		for _, l := range lines {
+			if re.MatchString(l) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := initiation(highIP, lowIP); n != 0 {
+		t.Errorf("the higher key's node sent %d handshake initiations; it must only answer:\n%s", n, strings.Join(lines, "\n"))
+	}
+	if n := initiation(lowIP, highIP); n == 0 {
+		t.Errorf("the lower key's node sent no handshake initiation:\n%s", strings.Join(lines, "\n"))
+	}
+	if p := highNode.must(nodeCmd{Op: "show"}).Peers[low]; p.Keepalive != 0 {
+		t.Errorf("the higher key's node has keepalive %v for its new peer during its quiet time, want 0", p.Keepalive)
+	}
+	if p := lowNode.must(nodeCmd{Op: "show"}).Peers[high]; p.Keepalive != 25*time.Second {
+		t.Errorf("the lower key's node has keepalive %v, want 25s", p.Keepalive)
+	}
+}
+
+// A peer added quietly gets its keepalive when the quiet time is over, and
+// the next SetPeers keeps it (it does not flip back to quiet).
+func TestQuietPeerSpeaksUp(t *testing.T) {
+	n := testenv.NewNS(t)
+	nd := startNode(t, n)
+	nd.must(nodeCmd{Op: "quiet", Quiet: 100 * time.Millisecond})
+	name := devName("q")
+	r := nd.must(nodeCmd{Op: "ensure", Name: name, KeyFile: t.TempDir() + "/k.key", Port: 51820, MTU: 1420, Userspace: UserspaceAlways})
+	self := mustKey(t, r.Public)
+	var peer wgtypes.Key
+	for {
+		k, err := wgtypes.GeneratePrivateKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if peer = k.PublicKey(); bytes.Compare(self[:], peer[:]) > 0 {
+			break // a lower key than this node's: this node stays quiet
+		}
+	}
+	set := nodeCmd{Op: "peers", Peers: []nodePeer{{Key: peer.String(), Endpoint: "192.0.2.1:51820", Allowed: []string{"10.244.9.0/24"}, Keepalive: 25 * time.Second}}}
+	if got := nd.must(set).Changed; got != 1 {
+		t.Fatalf("adding the peer changed %d peers, want 1", got)
+	}
+	testenv.WaitFor(t, "the quiet peer's keepalive turned on", func() error {
+		if p := nd.must(nodeCmd{Op: "show"}).Peers[peer.String()]; p.Keepalive != 25*time.Second {
+			return fmt.Errorf("keepalive %v", p.Keepalive)
+		}
+		return nil
+	})
+	if got := nd.must(set).Changed; got != 0 {
+		t.Fatalf("SetPeers after the quiet time changed %d peers, want 0", got)
+	}
+}
+
+func mustKey(t testing.TB, s string) wgtypes.Key {
+	t.Helper()
+	k, err := wgtypes.ParseKey(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }

@@ -34,13 +34,14 @@ func TestMain(m *testing.M) {
 }
 
 type nodeCmd struct {
-	Op        string     // ensure, peers, close
-	Name      string     `json:",omitempty"`
-	KeyFile   string     `json:",omitempty"`
-	Port      int        `json:",omitempty"`
-	MTU       int        `json:",omitempty"`
-	Userspace string     `json:",omitempty"`
-	Peers     []nodePeer `json:",omitempty"`
+	Op        string        // ensure, peers, show, quiet, close
+	Quiet     time.Duration `json:",omitempty"` // quiet: quietFor
+	Name      string        `json:",omitempty"`
+	KeyFile   string        `json:",omitempty"`
+	Port      int           `json:",omitempty"`
+	MTU       int           `json:",omitempty"`
+	Userspace string        `json:",omitempty"`
+	Peers     []nodePeer    `json:",omitempty"`
 }
 
 type nodePeer struct {
@@ -58,6 +59,13 @@ type nodeReply struct {
 	Public    string `json:",omitempty"`
 	Index     int    `json:",omitempty"`
 	Changed   int    `json:",omitempty"`
+	// show: the device's peers by public key
+	Peers map[string]shownPeer `json:",omitempty"`
+}
+
+type shownPeer struct {
+	Keepalive time.Duration
+	Handshake bool // a handshake completed
 }
 
 func nodeMain() {
@@ -125,6 +133,19 @@ func nodeDo(dev **Device, c nodeCmd, r *nodeReply) error {
 		}
 		var err error
 		r.Changed, err = (*dev).SetPeers(peers)
+		return err
+	case "quiet":
+		quietFor = c.Quiet
+		return nil
+	case "show":
+		if *dev == nil {
+			return errors.New("no device")
+		}
+		ps, err := (*dev).Peers()
+		r.Peers = map[string]shownPeer{}
+		for _, p := range ps {
+			r.Peers[p.PublicKey.String()] = shownPeer{Keepalive: p.PersistentKeepaliveInterval, Handshake: !p.LastHandshakeTime.IsZero()}
+		}
 		return err
 	case "close":
 		if *dev == nil {

@@ -342,10 +342,18 @@ func (lab *agentLab) podsPing(subnets []string) []*Pod {
 		pods = append(pods, p)
 		addrs = append(addrs, a.IP.String())
 	}
+	// The first packets between two nodes may meet no session yet (a
+	// WireGuard peer added quietly, see pkg/wireguard): wait for each pair
+	// to connect, then it must answer every ping.
 	for i := range pods {
 		for j := range pods {
 			if i != j {
-				must(t, testenv.Ping(pods[i].NS, addrs[j], 2), "pod on %s -> pod on %s (%s)", lab.nodes[i].name, lab.nodes[j].name, addrs[j])
+				what := fmt.Sprintf("pod on %s -> pod on %s (%s)", lab.nodes[i].name, lab.nodes[j].name, addrs[j])
+				waitFor(t, 20*time.Second, what, func() (bool, string) {
+					err := testenv.Ping(pods[i].NS, addrs[j], 1)
+					return err == nil, fmt.Sprint(err)
+				})
+				must(t, testenv.Ping(pods[i].NS, addrs[j], 2), "%s", what)
 			}
 		}
 	}
