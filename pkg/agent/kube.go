@@ -66,6 +66,11 @@ func (c *Conf) newKubeAPI() (*kubeAPI, error) {
 // handed only what it uses (its informers, the clientset, the recorder),
 // never the factory; the agent starts the factory once the controllers
 // have taken their informers.
+//
+// Which informers there are is decided once, from the config (take), and
+// the factory is started once (start, by Run before the first feature
+// reads them): a feature asks the side for an informer the config turned
+// on, and finds it running or about to.
 type kubeSide struct {
 	*kubeAPI
 	node    string
@@ -77,6 +82,7 @@ type kubeSide struct {
 	// node's from the same cache); false: only this node's pods (a field
 	// selector on spec.nodeName), all the LAN pods controller needs.
 	allPods bool
+	started bool
 }
 
 // kubeSide is this process's Kubernetes side, made on first use (by the
@@ -89,6 +95,7 @@ func (n *node) kubeSide() (*kubeSide, error) {
 			n.sideErr = err
 		} else {
 			n.side = newKubeSide(api, n.c.Node, n.c.Net.NetworkPolicy)
+			n.side.take(n.c, n.metrics)
 		}
 	}
 	return n.side, n.sideErr
@@ -171,9 +178,43 @@ func (k *kubeSide) policies() cache.SharedIndexInformer {
 	return k.factory.Networking().V1().NetworkPolicies().Informer()
 }
 
-// start starts the informers taken since the last call (the factory
-// starts each once) until stop is closed.
-func (k *kubeSide) start(stop <-chan struct{}) { k.factory.Start(stop) }
+// take takes every informer the config turns on, before the factory
+// starts: Nodes for the kubernetes registry and LAN Services; Pods for
+// annotated LAN pods, NetworkPolicy and the per-pod traffic metrics
+// (metrics); Namespaces for those two features and LAN Services;
+// NetworkPolicies; Services and EndpointSlices for LAN Services.
+func (k *kubeSide) take(c *Conf, metrics bool) {
+	lan := c.Net.LAN
+	annotated := lan != nil && lan.Pods == netconf.PodsAnnotated
+	services := lan != nil && lan.Services != nil
+	if r := c.Registry(); (r != nil && r.Type == netconf.RegistryKubernetes) || services {
+		k.nodes()
+	}
+	if annotated || c.Net.NetworkPolicy || metrics {
+		k.pods()
+	}
+	if annotated || c.Net.NetworkPolicy || services {
+		k.namespaces()
+	}
+	if c.Net.NetworkPolicy {
+		k.policies()
+	}
+	if services {
+		k.services()
+		k.endpointSlices()
+	}
+}
+
+// start starts the informers take took, until stop is closed. Run calls
+// it once; a second call is a bug (it would start an informer a feature
+// took behind take's back), and does nothing.
+func (k *kubeSide) start(stop <-chan struct{}) {
+	if k.started {
+		return
+	}
+	k.started = true
+	k.factory.Start(stop)
+}
 
 // shutdown waits for the informers (after stop) and flushes the Events.
 func (k *kubeSide) shutdown() {

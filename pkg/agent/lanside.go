@@ -21,7 +21,7 @@ import (
 // its LAN questions answered by the pkg/lanpods controller and its DHCP
 // requests by dhcp (nil: the LAN's addresses do not come from DHCP), which with
 // pods "annotated" reads the Kubernetes side's Pod and Namespace
-// informers (started here). It also keeps the LAN pool's host credentials
+// informers (started by Run). It also keeps the LAN pool's host credentials
 // (hostcreds.go). It returns once the socket exists; everything stops with
 // ctx (wait returns when it has).
 func (a *agent) startLANPods(ctx context.Context, dhcp *landhcp.Manager) (wait func(), err error) {
@@ -58,7 +58,6 @@ func (a *agent) startLANPods(ctx context.Context, dhcp *landhcp.Manager) (wait f
 	a.lan = ctl
 	var wg sync.WaitGroup
 	if side != nil {
-		side.start(ctx.Done())
 		if cfg.Pods != nil {
 			// A restarted agent has no reports: what its pods hold comes
 			// from the LAN pool's store once the informers have them.

@@ -38,7 +38,7 @@ func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
 	wg.Go(func() {
 		cfg := lansvc.Config{Node: c.Node, Network: c.Net.Name, RunDir: a.opts.RunDir, Services: lan.Services,
 			Kube: lansvc.Kube{Client: side.cs, Services: side.services(), EndpointSlices: side.endpointSlices(),
-				Nodes: side.nodes(), Namespaces: side.namespaces(), Events: side.rec, Start: side.start},
+				Nodes: side.nodes(), Namespaces: side.namespaces(), Events: side.rec},
 			Log: slog.New(newLogfHandler(logf, "LAN Services")), Logf: logf, Retry: retryEvery}
 		if retry(ctx, a.opts, "LAN Services: finding the LAN interface, its address and the LAN pool's store", func() error {
 			master, err := macvlan.ResolveMaster(lan.Master)

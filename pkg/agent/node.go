@@ -31,6 +31,9 @@ type node struct {
 	// lost on its way to the loop is repaired within it: the safety net
 	// (Options.SafetyNet).
 	resync time.Duration
+	// metrics says the agent serves metrics: the side takes the Pod
+	// informer for the per-pod traffic (kubeSide.take).
+	metrics bool
 }
 
 // openNode loads opts.ConfFile and opens the reconciler and the registry.
@@ -46,7 +49,7 @@ func openNode(opts Options) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &node{c: c, r: r, resync: opts.safetyNet()}
+	n := &node{c: c, r: r, resync: opts.safetyNet(), metrics: opts.MetricsAddr != ""}
 	if n.src, err = n.openSource(); err != nil {
 		r.Close()
 		return nil, err

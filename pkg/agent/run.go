@@ -69,6 +69,10 @@ func Run(ctx context.Context, opts Options) error {
 	// runs for the process's life, and readiness waits for its proof.
 	if c.usesAPI() {
 		if side, err := n.kubeSide(); err == nil {
+			// The one start of the shared informers: the side took every
+			// informer the config turns on when it was made (kube.go), and
+			// each feature below adds its handlers to running informers.
+			side.start(mctx.Done())
 			a.confine = side.conf
 			mwg.Go(func() {
 				keepConfinement(mctx, side.cs, c.Node, side.conf, func(err error) {
@@ -184,11 +188,6 @@ func Run(ctx context.Context, opts Options) error {
 		opts.logf("node %s: %s, pods %s; %d static peers, no registry", c.Node, ip, cidrList(cidrs), len(a.view))
 		a.pass(ctx, "start (sweep)", false)
 		a.repairMasq()
-	}
-	if n.side != nil {
-		// The informers the registry and NetworkPolicy took (those of the
-		// LAN pods already run): one watch per kind for all of them.
-		n.side.start(ctx.Done())
 	}
 	a.loop(ctx, feed, records, kernel)
 	if c.Backend.Type == netconf.BackendWireGuard {

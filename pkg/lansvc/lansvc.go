@@ -71,14 +71,12 @@ import (
 )
 
 // Kube is what the feature needs of the agent's Kubernetes side: its one
-// client, its shared informers (never the factory) and its Event
-// recorder.
+// client, its shared informers (never the factory: the agent starts them,
+// Run only adds its handlers) and its Event recorder.
 type Kube struct {
 	Client                                      kubernetes.Interface
 	Services, EndpointSlices, Nodes, Namespaces cache.SharedIndexInformer
 	Events                                      record.EventRecorder
-	// Start starts the shared informers (after Run added its handlers).
-	Start func(stop <-chan struct{})
 }
 
 // Config is what Run needs.
@@ -241,7 +239,6 @@ func (f *feature) run(ctx context.Context) {
 	}); err != nil {
 		cfg.Logf("LAN Services: %v", err)
 	}
-	k.Start(ctx.Done())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { f.ctl.Run(ctx) })
