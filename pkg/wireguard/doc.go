@@ -32,8 +32,9 @@
 //     queue (128 packets per peer in both implementations) while a
 //     handshake under the new key is tried: the one the node starts is
 //     refused until the peer knows the key, and the peer, on replacing the
-//     entry, starts one itself at once (a peer entry with a persistent
-//     keepalive sends one when it is made), after which the queue goes
+//     entry, starts one itself (a peer entry with a persistent keepalive
+//     sends one when it is made: at once, or quietFor later when the
+//     peer's key is the higher, see speak.go), after which the queue goes
 //     out. The wait is the time the registry takes to bring the new key to
 //     the peer; with persistentKeepalive 0 the node's next try, five
 //     seconds on, completes it instead.
