@@ -36,8 +36,8 @@
 //     sends one when it is made: at once, or quietFor later when the
 //     peer's key is the higher, see speak.go), after which the queue goes
 //     out. The wait is the time the registry takes to bring the new key to
-//     the peer; with persistentKeepalive 0 the node's next try, five
-//     seconds on, completes it instead.
+//     the peer, plus at most quietFor; with persistentKeepalive 0 the
+//     node's next try, five seconds on, completes it instead.
 //   - Publishing first would be worse: a peer that took the new key before
 //     the node had it would drop the node's packets under the old key (the
 //     entry they belong to is gone) and its handshakes would reach a
