@@ -314,10 +314,12 @@ func (d *Device) Peers() ([]wgtypes.Peer, error) {
 // SetPeers makes peers the device's whole peer list, and returns how many
 // peers it added, changed or removed. Peers that already have exactly the
 // wanted endpoint, allowed IPs and keepalive are not touched (their
-// sessions go on); the others are written in one configuration, additions
-// and changes before removals, so a pod subnet that moves from a removed
-// peer to another (a node that got a new key) always has one. Two peers
-// with one public key are an error and nothing is written.
+// sessions go on), and a peer heard from within RoamFresh keeps the
+// endpoint its packets came from; the others are written in one
+// configuration, additions and changes before removals, so a pod subnet
+// that moves from a removed peer to another (a node that got a new key)
+// always has one. Two peers with one public key are an error and nothing
+// is written.
 func (d *Device) SetPeers(peers []Peer) (int, error) {
 	changes, err := d.peerChanges(peers, true)
 	if err != nil || len(changes) == 0 {
@@ -370,13 +372,18 @@ func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, er
 		p := want[k]
 		h, ok := have[k]
 		p.PersistentKeepalive = quietKeepalive(d.name, dev.PublicKey, p, !ok, write, now)
-		if ok && samePeer(h, p) {
+		roamed := ok && heardFrom(h, now)
+		if ok && samePeer(h, p, roamed) {
 			continue
+		}
+		ep := p.Endpoint
+		if roamed {
+			ep = nil // keep the endpoint its packets come from
 		}
 		ka := p.PersistentKeepalive
 		changes = append(changes, wgtypes.PeerConfig{
 			PublicKey:                   k,
-			Endpoint:                    p.Endpoint,
+			Endpoint:                    ep,
 			PersistentKeepaliveInterval: &ka,
 			ReplaceAllowedIPs:           true,
 			AllowedIPs:                  p.AllowedIPs,
@@ -390,9 +397,28 @@ func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, er
 	return changes, nil
 }
 
-func samePeer(h wgtypes.Peer, p Peer) bool {
+// RoamFresh is how long after a peer's last handshake the device keeps
+// the endpoint that peer's packets came from rather than the one given to
+// SetPeers: WireGuard's REJECT_AFTER_TIME, after which the session is dead
+// anyway. A peer behind NAT is reached at the address and port its NAT
+// gave its handshakes and keepalives, which it cannot know to publish;
+// while it keeps talking, its peers keep answering there.
+const RoamFresh = 180 * time.Second
+
+// heardFrom tells whether the device has a live session with h, whose
+// endpoint is then where h's packets come from.
+func heardFrom(h wgtypes.Peer, now time.Time) bool {
+	return h.Endpoint != nil && !h.LastHandshakeTime.IsZero() && now.Sub(h.LastHandshakeTime) < RoamFresh
+}
+
+// samePeer tells whether the device's peer h is p already; with roamed its
+// endpoint (learnt from its packets) counts as p's.
+func samePeer(h wgtypes.Peer, p Peer, roamed bool) bool {
 	if h.PersistentKeepaliveInterval != p.PersistentKeepalive {
 		return false
+	}
+	if roamed {
+		return slices.Equal(prefixSet(h.AllowedIPs), prefixSet(p.AllowedIPs))
 	}
 	if (h.Endpoint == nil) != (p.Endpoint == nil) ||
 		(p.Endpoint != nil && (!h.Endpoint.IP.Equal(p.Endpoint.IP) || h.Endpoint.Port != p.Endpoint.Port)) {

@@ -66,6 +66,12 @@ func newKubeLab(t *testing.T, mode string) *kubeLab {
 // (nil: as it is).
 func newKubeLabWith(t *testing.T, mode string, edit func(conf string, kube *kubetest.Server) string) *kubeLab {
 	t.Helper()
+	return newKubeLabOf(t, mode, 3, edit)
+}
+
+// newKubeLabOf is newKubeLabWith with count nodes on the LAN.
+func newKubeLabOf(t *testing.T, mode string, count int, edit func(conf string, kube *kubetest.Server) string) *kubeLab {
+	t.Helper()
 	lan := NewLAN(t)
 	host := testenv.NewNS(t)
 	lan.Attach(t, host, "eth0", agentEtcdIP+"/24")
@@ -78,7 +84,7 @@ func newKubeLabWith(t *testing.T, mode string, edit func(conf string, kube *kube
 			conf = edit(conf, kube)
 		}
 		return conf
-	}, 3)
+	}, count)
 	return lab
 }
 

@@ -68,6 +68,8 @@ type agentNode struct {
 	// wrap runs before villaged inside the node, as `wrap... villaged
 	// args...` (nil: villaged directly): the wireguard lab's private mounts.
 	wrap []string
+	// conf is this node's own conflist ("": the lab's).
+	conf string
 }
 
 type lockedBuffer struct {
@@ -179,10 +181,16 @@ func (lab *agentLab) setup(lan *LAN, conflist func(dataDir string) string, count
 // addNode attaches one more node namespace (nodeN, LAN address .1N) to the
 // LAN; its agent is not started.
 func (lab *agentLab) addNode() *agentNode {
+	return lab.addNodeOn(lab.lan, agentLANPrefix, 24)
+}
+
+// addNodeOn attaches one more node namespace (nodeN, address
+// <prefix>1N/bits) to lan; its agent is not started.
+func (lab *agentLab) addNodeOn(lan *LAN, prefix string, bits int) *agentNode {
 	t := lab.t
 	i := len(lab.nodes) + 1
-	n := &agentNode{Node: NewNode(t), name: fmt.Sprintf("node%d", i), ip: fmt.Sprintf("%s1%d", agentLANPrefix, i)}
-	lab.lan.Attach(t, n.NS, "lan0", n.ip+"/24")
+	n := &agentNode{Node: NewNode(t), name: fmt.Sprintf("node%d", i), ip: fmt.Sprintf("%s1%d", prefix, i)}
+	lan.Attach(t, n.NS, "lan0", fmt.Sprintf("%s/%d", n.ip, bits))
 	n.runDir = filepath.Join(n.Dir, "run")
 	n.CNI = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(testenv.CNIPath(t)), filepath.Join(n.Dir, "cache"),
 		envExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}},
@@ -208,7 +216,11 @@ func (lab *agentLab) start(n *agentNode) {
 	if n.cmd != nil {
 		t.Fatalf("villaged already runs on %s", n.name)
 	}
-	args := append([]string{"run", "--conf", lab.conf, "--node-name", n.name, "--run-dir", n.runDir}, lab.periodArgs()...)
+	conf := lab.conf
+	if n.conf != "" {
+		conf = n.conf
+	}
+	args := append([]string{"run", "--conf", conf, "--node-name", n.name, "--run-dir", n.runDir}, lab.periodArgs()...)
 	cmd := n.villaged(t, args...)
 	cmd.Stdout, cmd.Stderr = n.log, n.log
 	must(t, cmd.Start(), "starting villaged on %s", n.name)

@@ -18,6 +18,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/device"
@@ -82,8 +86,71 @@ func Start(name string, mtu int, logf func(format string, args ...any)) (interfa
 }
 
 // Up brings wireguard-go up (it also comes up on the TUN's up event; this
-// makes it up, and its UDP port bound, at once).
-func (d *Device) Up() error { return d.dev.Up() }
+// makes it up, and its UDP port bound, at once) and lets its IPv4 packets
+// be fragmented on the path (see fragmentable).
+func (d *Device) Up() error {
+	if err := d.dev.Up(); err != nil {
+		return err
+	}
+	return fragmentable(d.listenPort())
+}
+
+// listenPort is the UDP port the device is bound to (0: none yet).
+func (d *Device) listenPort() int {
+	conf, err := d.dev.IpcGet()
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(conf, "\n") {
+		if v, ok := strings.CutPrefix(l, "listen_port="); ok {
+			p, _ := strconv.Atoi(v)
+			return p
+		}
+	}
+	return 0
+}
+
+// fragmentable clears DF on the IPv4 packets of this process's UDP
+// sockets bound to port (wireguard-go's), as the kernel's WireGuard sends
+// its IPv4 packets: a hop on the path with a smaller MTU than the
+// underlay's then fragments a full-sized packet instead of dropping it and
+// answering ICMP "fragmentation needed", which many paths drop (the packet
+// would vanish, and with it every inner packet of that size). wireguard-go
+// opens its sockets itself and offers no option for this, so they are
+// found among the process's descriptors: a socket of the IPv4 family,
+// type datagram, protocol UDP, bound to port.
+func fragmentable(port int) error {
+	if port == 0 {
+		return nil
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("wireguard: listing this process's descriptors: %w", err)
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || !strings.HasPrefix(l, "socket:") {
+			continue
+		}
+		if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_INET {
+			continue
+		}
+		if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != unix.IPPROTO_UDP {
+			continue
+		}
+		sa, err := unix.Getsockname(fd)
+		if sa4, ok := sa.(*unix.SockaddrInet4); err != nil || !ok || sa4.Port != port {
+			continue
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DONT); err != nil {
+			return fmt.Errorf("wireguard: clearing DF on the UDP socket of port %d: %w", port, err)
+		}
+	}
+	return nil
+}
 
 // Close stops serving the UAPI socket and stops the device: the TUN
 // closes and the kernel removes the interface and its routes.
