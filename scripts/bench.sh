@@ -25,6 +25,7 @@
 #   ./scripts/bench.sh -only drops     # only NetworkPolicy drop logging's costs (below)
 #   ./scripts/bench.sh -only lansvc    # only LAN Service address failover (below)
 #   ./scripts/bench.sh -only lansvc-kube # the same through a real kubelet cluster (below)
+#   ./scripts/bench.sh -only wireguard # only the wireguard backend against vxlan (below)
 #   ./scripts/bench.sh -only armvm     # only villaged against flanneld's idle RSS on arm64 (below)
 #
 # The kube section (also run after the others when no -only is given) is
@@ -91,6 +92,17 @@
 # kills, then with the API server frozen ($VILLAGE_METALLB_FROZEN_KILLS,
 # default the same; 0 skips). Each FIGURE with the load.
 #
+# The wireguard section (only with -only wireguard, ~2 minutes) is
+# BenchmarkWireGuardVsVXLAN in pkg/overlay: two lab nodes, the wireguard
+# backend (wireguard-go, the userspace device: a kernel without the
+# WireGuard module) and vxlan alternated round by round
+# ($VILLAGE_WGBENCH_ROUNDS, default 3): a node's join to its pod's first
+# answer, iperf3 pod to pod ($VILLAGE_WGBENCH_IPERF seconds, default 4)
+# with the CPU of each backend's processes, of iperf3 and of the machine,
+# and TCP_RR; then both idle at 1,000 peers ($VILLAGE_WGBENCH_IDLE seconds,
+# default 45). FIGURE lines with medians and ratios, each with the load
+# averages.
+#
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -140,6 +152,18 @@ drops_bench() {
   rm -f /tmp/village-drops.test
   uptime
 }
+wireguard_bench() {
+  uptime
+  go test -c -o /tmp/village-wgbench.test ./pkg/overlay
+  (cd pkg/overlay && /tmp/village-wgbench.test -test.run '^$' -test.bench '^BenchmarkWireGuardVsVXLAN$' -test.benchtime 1x -test.v |
+    grep -E 'FIGURE|^Benchmark|^ok|^PASS|FAIL|_test.go:')
+  rm -f /tmp/village-wgbench.test
+  uptime
+}
+if [ "${1:-}" = "-only" ] && [ "${2:-}" = "wireguard" ]; then
+  wireguard_bench
+  exit
+fi
 if [ "${1:-}" = "-only" ] && [ "${2:-}" = "drops" ]; then
   drops_bench
   exit

@@ -1,7 +1,6 @@
 package drops
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -247,14 +246,7 @@ func BenchmarkDropFlood(b *testing.B) {
 // The nodes are namespaces joined by a veth, routing each other's pod
 // subnet (host-gw's path).
 func BenchmarkDropLoggingRR(b *testing.B) {
-	root, err := testenv.ModuleRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
-	tcprr := filepath.Join(b.TempDir(), "tcprr")
-	if out, err := exec.Command("go", "build", "-o", tcprr, filepath.Join(root, "bench/cmd/tcprr")).CombinedOutput(); err != nil {
-		b.Fatalf("building tcprr: %v: %s", err, out)
-	}
+	tcprr := testenv.BuildTCPRR(b)
 	// node A: the client's (PodLab, 10.9.0.0/24); node B: the server's
 	a := testenv.NewPodLab(b)
 	a.AddPod("client", 2, true)
@@ -296,31 +288,8 @@ func BenchmarkDropLoggingRR(b *testing.B) {
 	logOn()
 	b.Cleanup(func() { _ = testenv.InNS(nb, func() error { return table.Remove(benchNetwork) }) })
 
-	ls := exec.Command("ip", "netns", "exec", filepath.Base(srv.Path()), tcprr, "-listen", "10.9.1.2:5300")
-	out, err := ls.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ls.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = ls.Process.Kill(); _ = ls.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || !strings.Contains(line, "ready") {
-		b.Fatalf("tcprr -listen: %q %v", line, err)
-	}
-	rr := func() float64 {
-		out, err := exec.Command("ip", "netns", "exec", filepath.Base(a.Pods["client"].Path()), tcprr, "-connect", "10.9.1.2:5300", "-t", "5s").Output()
-		if err != nil {
-			b.Fatalf("tcprr -connect: %v: %s", err, out)
-		}
-		var r struct {
-			PerSecond float64 `json:"per_second"`
-		}
-		if err := json.Unmarshal(out, &r); err != nil {
-			b.Fatalf("tcprr: %v: %s", err, out)
-		}
-		return r.PerSecond
-	}
+	testenv.ServeTCPRR(b, srv, tcprr, "10.9.1.2:5300")
+	rr := func() float64 { return testenv.TCPRR(b, a.Pods["client"], tcprr, "10.9.1.2:5300", 5*time.Second) }
 	for b.Loop() {
 		var on, off []float64
 		for range 2 {
