@@ -16,6 +16,7 @@
 #
 #   ./scripts/bench.sh                 # everything, a few minutes on 2 cores
 #   ./scripts/bench.sh -only latency   # one section (latency,backends,burst,scale,memory,overlay,throughput,datapath,runtime)
+#   ./scripts/bench.sh -only masqoff   # only ADD/DEL with ipMasq off, round by round (below)
 #   ./scripts/bench.sh -v              # also every sample series
 #   ./scripts/bench.sh -only kube      # only the kubernetes registry at scale (below)
 #   ./scripts/bench.sh -only kubelet   # only pod start under a real kubelet (below)
@@ -27,6 +28,15 @@
 #   ./scripts/bench.sh -only lansvc-kube # the same through a real kubelet cluster (below)
 #   ./scripts/bench.sh -only wireguard # only the wireguard backend against vxlan (below)
 #   ./scripts/bench.sh -only armvm     # only villaged against flanneld's idle RSS on arm64 (below)
+#
+# The masqoff section (only with -only masqoff, ~3 minutes on 2 cores) is
+# sequential ADD then DEL with ipMasq off, each followed by the exec floor,
+# in 5 rounds (-masqoff-rounds) of 30 pods per suite (-seq) on fresh pods,
+# the first suite swapping every round (A B, B A, ...) and every pod. It
+# prints each round's medians and ratios with the uptime load averages at
+# its start and end, and a row with the median of the rounds' ratios and
+# their spread (min-max): one round on a load spike shows as an outlier,
+# not as the figure.
 #
 # The kube section (also run after the others when no -only is given) is
 # BenchmarkAgentKubeScale in test/e2e: one villaged watching a real

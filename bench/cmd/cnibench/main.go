@@ -28,6 +28,7 @@ type options struct {
 	crictl, moduleRoot             string
 	criPods                        int
 	seq, burst, width, rounds      int
+	masqOffRounds                  int
 	churn                          time.Duration
 	burstConf                      string
 	scale                          int
@@ -50,6 +51,7 @@ func main() {
 	flag.StringVar(&o.moduleRoot, "module-root", ".", "the Village source tree (the pause image for the runtime figures is built from it)")
 	flag.IntVar(&o.criPods, "cri-pods", 15, "pods per suite started and stopped through containerd")
 	flag.IntVar(&o.seq, "seq", 30, "pods in the sequential ADD/DEL runs")
+	flag.IntVar(&o.masqOffRounds, "masqoff-rounds", 5, "rounds of the masqoff section (each o.seq pods per suite, ADD then DEL, ipMasq off)")
 	flag.IntVar(&o.burst, "burst", 30, "pods per burst")
 	flag.IntVar(&o.width, "width", 10, "concurrent operations in a burst")
 	flag.IntVar(&o.rounds, "rounds", 3, "bursts per suite")
@@ -60,7 +62,7 @@ func main() {
 	flag.IntVar(&o.overlayCount, "overlay-count", 5, "runs of pkg/overlay's TestMeasureScale")
 	flag.IntVar(&o.iperfSecs, "iperf-seconds", 3, "length of one iperf3 run")
 	flag.IntVar(&o.iperfRounds, "iperf-rounds", 3, "iperf3 runs per path and mode")
-	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,backends,burst,scale,memory,overlay,throughput,datapath,runtime); empty: all")
+	flag.StringVar(&o.only, "only", "", "comma-separated sections to run (latency,masqoff,backends,burst,scale,memory,overlay,throughput,datapath,runtime); empty: all but masqoff")
 	flag.BoolVar(&o.verbose, "v", false, "print every sample series")
 	flag.StringVar(&o.dataRoot, "data-root", "", "directory for the IPAM data directories (default: the run's temp dir; e.g. /dev/shm to take fsync cost out, for diagnosis)")
 	flag.Parse()
@@ -178,6 +180,13 @@ func benchmark(l *lab, o options) error {
 	if o.want("latency") {
 		t.section()
 		if err := latency(l, o, v, r, s, t); err != nil {
+			return err
+		}
+	}
+	// masqoff takes a few minutes of its own: only when asked for by name.
+	if o.only != "" && o.want("masqoff") {
+		t.section()
+		if err := masqOff(l, o, v, r, t); err != nil {
 			return err
 		}
 	}
@@ -322,6 +331,12 @@ func latency(l *lab, o options, v, r *suite, s samples, t *table) error {
 // .gap.<network>.<verb> (wall minus the floor right after it) and
 // .lo<floorTag>.<verb>.
 func sequential(l *lab, o options, v, r *suite, s samples, networks []string, floorTag string) error {
+	return sequentialFrom(l, o, v, r, s, networks, floorTag, 0)
+}
+
+// sequentialFrom is sequential with pod i's pair in order(first+i), so
+// repeated runs can start with either suite.
+func sequentialFrom(l *lab, o options, v, r *suite, s samples, networks []string, floorTag string, first int) error {
 	// Both networks in one loop, alternating per pod: a phase run after the
 	// other would overlap the kernel's asynchronous teardown of the first
 	// phase's namespaces (RTNL and RCU waits), which made whichever network
@@ -343,7 +358,7 @@ func sequential(l *lab, o options, v, r *suite, s samples, networks []string, fl
 			for k := range networks {
 				network := networks[(i+k)%len(networks)]
 				took := map[*suite]time.Duration{}
-				for _, su := range order(i, v, r) {
+				for _, su := range order(first+i, v, r) {
 					d, cpu, err := su.cnitoolCPU(verb, network, pods[network][su][i])
 					if err != nil {
 						return err
@@ -356,7 +371,7 @@ func sequential(l *lab, o options, v, r *suite, s samples, networks []string, fl
 				// after each operation. The plugins' own cost is the
 				// median of the paired differences, so a change of load
 				// moves both sides of a pair.
-				for _, su := range order(i+1, v, r) {
+				for _, su := range order(first+i+1, v, r) {
 					d, cpu, err := su.cnitoolCPU(verb, "lo", pods[network][su][i])
 					if err != nil {
 						return err

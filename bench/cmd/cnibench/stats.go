@@ -45,7 +45,8 @@ type row struct {
 type table struct {
 	title     string
 	rows      []row
-	sectionAt string // 1-minute load average when the current section began
+	sectionAt string            // 1-minute load average when the current section began
+	after     []func(io.Writer) // sections' own tables, printed after this one
 }
 
 // section marks the start of a section: its rows say the machine's load
@@ -105,6 +106,9 @@ func (t *table) print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", r.metric, fmtNum(r.village, r.unit), fmtNum(r.reference, r.unit),
 			ratio, r.target, r.met, r.load)
+	}
+	for _, f := range t.after {
+		f(w)
 	}
 }
 
