@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,39 +17,66 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/village-cni/village/internal/etcdtest"
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/kubenames"
 	"github.com/village-cni/village/pkg/overlay"
+	"github.com/village-cni/village/pkg/registry"
 	"github.com/village-cni/village/pkg/wireguard"
 )
 
 // newWireGuardLab is the kubernetes lab under backend wireguard with its
-// three agents started. Every node namespace shares this machine's file
-// system, where a real node has its own: each agent runs with its own
-// directory mounted over /var/run/wireguard (its userspace device's UAPI
-// socket, named the same on every node: <node dir>/wgrun, where
-// wgDevice reads it) and over the conflist's key directory (so that each
-// node has its own key, <node dir>/wg/agt.key, kept across restarts), both
-// mounts in the mount namespace `ip netns exec` gives it.
+// three agents started (see wireGuardNodes).
 func newWireGuardLab(t *testing.T) (*kubeLab, []string) {
 	keyDir := t.TempDir()
-	keyFile := filepath.Join(keyDir, "agt.key")
 	lab := newKubeLabWith(t, "wireguard", func(conf string, _ *kubetest.Server) string {
-		return strings.Replace(conf, `"vni":9,`, fmt.Sprintf(`"wireguard":{"keyFile":%q},`, keyFile), 1)
+		return wireGuardConf(conf, keyDir)
 	})
 	for i, n := range lab.nodes {
 		lab.createNode(n, fmt.Sprintf("10.70.%d.0/24", i+1))
+	}
+	wireGuardNodes(lab.agentLab, keyDir)
+	return lab, lab.startAll()
+}
+
+// newWireGuardEtcdLab is newWireGuardLab with the etcd registry.
+func newWireGuardEtcdLab(t *testing.T) (*agentLab, []string) {
+	keyDir := t.TempDir()
+	lan := NewLAN(t)
+	host := testenv.NewNS(t)
+	lan.Attach(t, host, "eth0", agentEtcdIP+"/24")
+	lab := &agentLab{t: t, host: host, etcd: etcdtest.StartIn(t, host, agentEtcdIP)}
+	lab.setup(lan, func(dataDir string) string { return wireGuardConf(agentConflist("wireguard", dataDir), keyDir) }, 3)
+	wireGuardNodes(lab, keyDir)
+	return lab, lab.startAll()
+}
+
+// wireGuardConf is a lab conflist under backend wireguard, the key file in
+// keyDir.
+func wireGuardConf(conf, keyDir string) string {
+	return strings.Replace(conf, `"vni":9,`, fmt.Sprintf(`"wireguard":{"keyFile":%q},`, filepath.Join(keyDir, "agt.key")), 1)
+}
+
+// wireGuardNodes gives the lab's agents their private mounts. Every node
+// namespace shares this machine's file system, where a real node has its
+// own: each agent runs with its own directory mounted over
+// /var/run/wireguard (its userspace device's UAPI socket, named the same
+// on every node: <node dir>/wgrun, where wgDevice reads it) and over the
+// conflist's key directory (so that each node has its own key, <node
+// dir>/wg/agt.key, kept across restarts), both mounts in the mount
+// namespace `ip netns exec` gives it.
+func wireGuardNodes(lab *agentLab, keyDir string) {
+	for _, n := range lab.nodes {
 		own, run := filepath.Join(n.Dir, "wg"), filepath.Join(n.Dir, "wgrun")
-		must(t, os.MkdirAll(own, 0o700), "key directory of %s", n.name)
-		must(t, os.MkdirAll(run, 0o755), "UAPI directory of %s", n.name)
+		must(lab.t, os.MkdirAll(own, 0o700), "key directory of %s", n.name)
+		must(lab.t, os.MkdirAll(run, 0o755), "UAPI directory of %s", n.name)
 		n.wrap = []string{"sh", "-ec", `mkdir -p /var/run/wireguard
 mount --bind "$0" /var/run/wireguard
 mount --bind "$1" "$2"
 shift 2
 exec "$@"`, run, own, keyDir}
 	}
-	return lab, lab.startAll()
 }
 
 // In a capture of a wireguard lab node's underlay (testenv.OnlyCarried):
@@ -75,7 +104,7 @@ func wgDevice(t *testing.T, n *agentNode) *wgtypes.Device {
 
 // peersHave tells whether every node but self has exactly one peer per
 // other node, key among them (and none with a key of gone): no stale peer.
-func peersHave(t *testing.T, lab *kubeLab, self *agentNode, key string, gone ...string) (bool, string) {
+func peersHave(t *testing.T, lab *agentLab, self *agentNode, key string, gone ...string) (bool, string) {
 	var why []string
 	for _, n := range lab.nodes {
 		if n == self {
@@ -105,41 +134,76 @@ func peersHave(t *testing.T, lab *kubeLab, self *agentNode, key string, gone ...
 const pingPattern, pingSecret = "5769726547756172644b6579", "WireGuardKey"
 
 // pingEvery pings dst from n every 100 ms, count times, with pingPattern,
-// and sends the packets sent and answered when ping is done.
-func pingEvery(n ns.NetNS, dst string, count int) <-chan [2]int {
-	done := make(chan [2]int, 1)
+// and sends ping's outcome when it is done.
+func pingEvery(n ns.NetNS, dst string, count int) <-chan pingResult {
+	done := make(chan pingResult, 1)
 	go func() {
 		out, _ := exec.Command("ip", "netns", "exec", filepath.Base(n.Path()), "ping", "-n", "-q", "-i", "0.1", "-W", "2", "-p", pingPattern, "-c", strconv.Itoa(count), dst).CombinedOutput()
-		m := regexp.MustCompile(`(\d+) packets transmitted, (\d+) (packets )?received`).FindStringSubmatch(string(out))
-		if m == nil {
-			done <- [2]int{-1, -1}
-			return
+		r := pingResult{sent: -1, got: -1, out: string(out)}
+		if m := regexp.MustCompile(`(\d+) packets transmitted, (\d+) (packets )?received`).FindStringSubmatch(r.out); m != nil {
+			r.sent, _ = strconv.Atoi(m[1])
+			r.got, _ = strconv.Atoi(m[2])
 		}
-		sent, _ := strconv.Atoi(m[1])
-		got, _ := strconv.Atoi(m[2])
-		done <- [2]int{sent, got}
+		if m := regexp.MustCompile(`= [\d.]+/[\d.]+/([\d.]+)/`).FindStringSubmatch(r.out); m != nil {
+			r.maxRTT = m[1] + " ms"
+		}
+		done <- r
 	}()
 	return done
 }
 
-// The keys of backend wireguard (three villaged nodes, kubernetes registry,
-// userspace devices here): `villaged rotate-key` on node1 under a 100 ms
-// ping loop both ways loses no packet, while a capture of node1's
+// pingResult is what ping said: packets sent and answered, the longest
+// round trip.
+type pingResult struct {
+	sent, got int
+	maxRTT    string
+	out       string
+}
+
+// The keys of backend wireguard (three villaged nodes, userspace devices
+// here), with either registry: `villaged rotate-key` on node1 under a
+// 100 ms ping loop both ways loses no packet, while a capture of node1's
 // underlay holds nothing between the nodes but WireGuard's UDP; the peers'
 // devices (read through wgctrl) then know node1 by the new key only, which
-// is node1's annotation and key file, and stays so across a restart. Then
-// node3 is reinstalled (its key file deleted, its agent restarted): it
-// comes back with a new key, which replaces its old peer entry on every
-// other node, leaving no stale peer, and its pods are reachable again.
+// is what node1 publishes (Node annotation, etcd record) and holds in its
+// key file, and stays so across a restart. Then node3 is reinstalled (its
+// key file deleted, its agent restarted): it comes back with a new key,
+// which replaces its old peer entry on every other node, leaving no stale
+// peer, and its pods are reachable again.
 func TestAgentWireGuardKeys(t *testing.T) {
-	lab, subnets := newWireGuardLab(t)
+	t.Run("kubernetes", func(t *testing.T) {
+		lab, subnets := newWireGuardLab(t)
+		wireGuardKeys(t, lab.agentLab, subnets, func(name string) string {
+			return lab.node(name).Annotations[kubenames.AnnotationWireGuardKey]
+		})
+	})
+	t.Run("etcd", func(t *testing.T) {
+		lab, subnets := newWireGuardEtcdLab(t)
+		cli := lab.etcd.ClientIn(t, lab.host)
+		wireGuardKeys(t, lab, subnets, func(name string) string {
+			resp, err := cli.Get(context.Background(), "/village/nodes/agt/"+name)
+			if err != nil || len(resp.Kvs) != 1 {
+				return fmt.Sprintf("no record (%v)", err)
+			}
+			var rec registry.Node
+			if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+				return err.Error()
+			}
+			return rec.WireGuardKey
+		})
+	})
+}
+
+// wireGuardKeys is TestAgentWireGuardKeys on lab, whose nodes publish
+// their keys where published reads them.
+func wireGuardKeys(t *testing.T, lab *agentLab, subnets []string, published func(node string) string) {
 	n1, n3 := lab.nodes[0], lab.nodes[2]
 	old := map[string]string{}
 	for _, n := range lab.nodes {
 		old[n.name] = wgKey(t, n)
 		waitFor(t, 30*time.Second, n.name+" publishes its WireGuard key", func() (bool, string) {
-			a := lab.node(n.name).Annotations
-			return a[kubenames.AnnotationWireGuardKey] == old[n.name], fmt.Sprint(a)
+			a := published(n.name)
+			return a == old[n.name], a
 		})
 	}
 	pods := lab.podsPing(subnets)
@@ -167,19 +231,19 @@ func TestAgentWireGuardKeys(t *testing.T) {
 		t.Fatalf("the ping loop ended before the peers took node1's new key: the rotation fell outside it")
 	default:
 	}
-	for what, ch := range map[string]<-chan [2]int{"pod on node2 -> pod on node1": to1, "pod on node1 -> pod on node3": from1} {
+	for what, ch := range map[string]<-chan pingResult{"pod on node2 -> pod on node1": to1, "pod on node1 -> pod on node3": from1} {
 		r := <-ch
-		if r[0] != count || r[1] != count {
-			t.Errorf("%s every 100 ms through the rotation: %d sent, %d answered; want %d of %d", what, r[0], r[1], count, count)
+		if r.sent != count || r.got != count {
+			t.Errorf("%s every 100 ms through the rotation: %d sent, %d answered; want %d of %d:\n%s", what, r.sent, r.got, count, count, r.out)
 		} else {
-			t.Logf("%s every 100 ms through the rotation: %d of %d answered", what, r[1], r[0])
+			t.Logf("%s every 100 ms through the rotation: %d of %d answered, longest round trip %s", what, r.got, r.sent, r.maxRTT)
 		}
 	}
 	raw, lines := capt.Stop()
 	n := testenv.OnlyCarried(t, raw, lines, wgLabTunnel, wgLabAllowed, pingSecret)
 	t.Logf("node1's underlay through the rotation: %d WireGuard packets between nodes, no plaintext", n)
-	waitFor(t, 30*time.Second, "node1's annotation carries the new key", func() (bool, string) {
-		a := lab.node(n1.name).Annotations[kubenames.AnnotationWireGuardKey]
+	waitFor(t, 30*time.Second, "node1 publishes the new key", func() (bool, string) {
+		a := published(n1.name)
 		return a == fresh, a
 	})
 
@@ -193,9 +257,10 @@ func TestAgentWireGuardKeys(t *testing.T) {
 	if k := wgKey(t, n1); k != fresh {
 		t.Fatalf("node1's key changed across the restart: %s -> %s", fresh, k)
 	}
-	if a := lab.node(n1.name).Annotations[kubenames.AnnotationWireGuardKey]; a != fresh {
-		t.Fatalf("node1's annotation after the restart: %s, want %s", a, fresh)
-	}
+	waitFor(t, 30*time.Second, "node1 publishes the new key after the restart", func() (bool, string) {
+		a := published(n1.name)
+		return a == fresh, a
+	})
 	if ok, why := peersHave(t, lab, n1, fresh, old[n1.name]); !ok {
 		t.Fatalf("after node1's restart: %s", why)
 	}
