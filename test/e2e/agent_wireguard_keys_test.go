@@ -40,14 +40,17 @@ func newWireGuardLab(t *testing.T) (*kubeLab, []string) {
 	return lab, lab.startAll()
 }
 
-// newWireGuardEtcdLab is newWireGuardLab with the etcd registry.
+// newWireGuardEtcdLab is newWireGuardLab with the etcd registry, and keys
+// rotated when an hour old ("keyRotation").
 func newWireGuardEtcdLab(t *testing.T) (*agentLab, []string) {
 	keyDir := t.TempDir()
 	lan := NewLAN(t)
 	host := testenv.NewNS(t)
 	lan.Attach(t, host, "eth0", agentEtcdIP+"/24")
 	lab := &agentLab{t: t, host: host, etcd: etcdtest.StartIn(t, host, agentEtcdIP)}
-	lab.setup(lan, func(dataDir string) string { return wireGuardConf(agentConflist("wireguard", dataDir), keyDir) }, 3)
+	lab.setup(lan, func(dataDir string) string {
+		return strings.Replace(wireGuardConf(agentConflist("wireguard", dataDir), keyDir), `"wireguard":{`, `"wireguard":{"keyRotation":"1h",`, 1)
+	}, 3)
 	wireGuardNodes(lab, keyDir)
 	return lab, lab.startAll()
 }
@@ -180,7 +183,7 @@ func TestAgentWireGuardKeys(t *testing.T) {
 	t.Run("etcd", func(t *testing.T) {
 		lab, subnets := newWireGuardEtcdLab(t)
 		cli := lab.etcd.ClientIn(t, lab.host)
-		wireGuardKeys(t, lab, subnets, func(name string) string {
+		published := func(name string) string {
 			resp, err := cli.Get(context.Background(), "/village/nodes/agt/"+name)
 			if err != nil || len(resp.Kvs) != 1 {
 				return fmt.Sprintf("no record (%v)", err)
@@ -190,7 +193,31 @@ func TestAgentWireGuardKeys(t *testing.T) {
 				return err.Error()
 			}
 			return rec.WireGuardKey
+		}
+		wireGuardKeys(t, lab, subnets, published)
+
+		// keyRotation: node2's key made two hours ago (its key file's
+		// time) is rotated by its agent on its own, and the peers take
+		// the new key.
+		n2 := lab.nodes[1]
+		before := wgKey(t, n2)
+		must(t, n2.stop(t, syscall.SIGTERM), "stopping node2's agent")
+		old := time.Now().Add(-2 * time.Hour)
+		must(t, os.Chtimes(filepath.Join(n2.Dir, "wg", "agt.key"), old, old), "making node2's key two hours old")
+		lab.start(n2)
+		var rotated string
+		waitFor(t, 60*time.Second, "node2's agent rotates its two-hour-old key (keyRotation 1h) and publishes the new one", func() (bool, string) {
+			rotated = wgKey(t, n2)
+			return rotated != before && published(n2.name) == rotated, published(n2.name)
 		})
+		waitFor(t, 30*time.Second, "the peers know node2 by its rotated key only", func() (bool, string) {
+			return peersHave(t, lab, n2, rotated, before)
+		})
+		fi, err := os.Stat(filepath.Join(n2.Dir, "wg", "agt.key"))
+		must(t, err, "node2's key file")
+		if time.Since(fi.ModTime()) > time.Hour {
+			t.Fatalf("node2's rotated key file is dated %v: the next start would rotate again", fi.ModTime())
+		}
 	})
 }
 
