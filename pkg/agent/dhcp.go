@@ -22,13 +22,18 @@ func (c *Conf) agentSocket(runDir string) string {
 	return agentsock.Path(runDir)
 }
 
-// startDHCP starts the LAN pods' DHCP client (pkg/landhcp) when the
+// dhcpFeature is the LAN pods' DHCP client (pkg/landhcp), on when the
 // network's LAN addresses come from the LAN's DHCP server: it resumes the
 // leases a previous agent left; the agent socket hands it the plugin's
 // DHCP requests (sockHandler). Its leases are not released when the agent
 // stops (a restart resumes them; an agent that stays away lets them
-// lapse). nil without DHCP.
-func startDHCP(ctx context.Context, c *Conf, opts Options, wg *sync.WaitGroup) *landhcp.Manager {
+// lapse). It sets a.dhcp (nil without DHCP).
+type dhcpFeature struct{}
+
+func (dhcpFeature) Name() string { return "dhcp" }
+
+func (dhcpFeature) Start(ctx context.Context, a *agent, wg *sync.WaitGroup) error {
+	c, opts := a.c, a.opts
 	if c.Net.LAN == nil || c.Net.LAN.IPAMType != netconf.LANDHCP {
 		return nil
 	}
@@ -40,8 +45,12 @@ func startDHCP(ctx context.Context, c *Conf, opts Options, wg *sync.WaitGroup) *
 		<-ctx.Done()
 		m.Wait()
 	})
-	return m
+	a.dhcp = m
+	return nil
 }
+
+// Status: the leases are the LAN pods' (their lines say the addresses).
+func (dhcpFeature) Status(context.Context, *Conf, string) ([]string, bool) { return nil, true }
 
 // sockHandler answers the agent socket: the LAN pods' questions from the
 // pkg/lanpods controller, the DHCP requests from the lease manager.

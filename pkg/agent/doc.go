@@ -4,29 +4,61 @@
 //
 // # What run does, in order
 //
-//  1. Reads the village entry of the conflist (Load). The node's pod
-//     subnets are the IPAM ranges written there; when there are none, the
-//     node leases one out of clusterCIDR in etcd (registry.LeaseSubnet:
-//     the subnet it already holds if any, otherwise the first free one,
-//     taken with a compare-and-set) and publishes it, atomically, in
-//     <run dir>/<network>/subnet (/run/village by default, --run-dir or
-//     $VILLAGE_RUN_DIR to move it, ipam.subnetFile to name the file), where
-//     village-ipam reads it. So one conflist serves every node.
-//  2. Resolves its underlay address (the underlay interface's first global
-//     address, IPv4 first) and registers {name, ip, podCIDRs, vtepMAC}
-//     under an etcd lease of the configured TTL.
-//  3. Follows the registry: a list at one revision, then a watch from the
-//     next, through a registry.Feed that hands the loop the whole list
-//     first and then only the records that changed (coalesced while the
-//     loop is busy), so an event costs the same with 10 nodes or 5,000.
-//  4. Reconciles: the first list with overlay.Set(self, peers), every
-//     later batch with overlay.Update and the change overlay.Diff finds
-//     between the old and new records of the names the batch holds (Set
-//     again when Update cannot). The first
-//     Set, made only once the first list has arrived, is also the sweep of
-//     whatever a previous run left that is no longer wanted: nothing is
-//     ever reconciled against a view the agent does not have, so an
+//  1. Reads the village entry of the conflist (Load) and opens the
+//     node's registry (source.go: etcd, or the kubernetes registry
+//     through the Kubernetes side).
+//  2. When the config uses the Kubernetes API (the kubernetes registry, a
+//     LAN section, networkPolicy): makes the one Kubernetes side (kube.go:
+//     one client, one shared informer factory with the informers the
+//     config turns on, one Event recorder) and starts its informers, the
+//     only start; proves the API confinement (confine.go) for the
+//     process's life, every write waiting for the proof. Serves the
+//     metrics and the probes (health.go) when asked to.
+//  3. Starts the early features (feature.go), which need neither the
+//     underlay address nor the pod subnet: the LAN pods' DHCP client
+//     (dhcp.go), the LAN pods' answers and the DHCP requests on the one
+//     agent socket with the LAN pool's host credentials (lanside.go,
+//     hostcreds.go), Services on the LAN (lansvc.go, pkg/lansvc).
+//  4. Waits for the underlay address (the underlay interface's first
+//     global address, IPv4 first) and the pod subnets: the IPAM ranges of
+//     the conflist, else a subnet leased out of clusterCIDR in etcd
+//     (registry.LeaseSubnet: the one it already holds if any, otherwise
+//     the first free one, taken with a compare-and-set) or the Node's
+//     spec.podCIDRs, published atomically in <run dir>/<network>/subnet
+//     (/run/village by default, --run-dir or $VILLAGE_RUN_DIR to move it,
+//     ipam.subnetFile to name the file), where village-ipam reads it. So
+//     one conflist serves every node. Then publishes the conflist when
+//     asked to (the node can network pods).
+//  5. Starts the kernel watch, the nftables watch (nftables.go) and the
+//     late feature: NetworkPolicy (netpol.go, pkg/netpol/controller).
+//  6. Registers {name, ip, podCIDRs, vtepMAC} (under an etcd lease of the
+//     configured TTL, or as annotations on its Node) and follows the
+//     registry: a list at one revision, then a watch from the next,
+//     through a registry.Feed that hands the loop the whole list first and
+//     then only the records that changed (coalesced while the loop is
+//     busy), so an event costs the same with 10 nodes or 5,000.
+//  7. Runs the loop, which owns the overlay and the masquerade rules:
+//     the first list with overlay.Set(self, peers), every later batch with
+//     overlay.Update and the change overlay.Diff finds between the old and
+//     new records of the names the batch holds (Set again when Update
+//     cannot), masq.Keep for the netfilter rules. The first Set, made only
+//     once the first list has arrived, is also the sweep of whatever a
+//     previous run left that is no longer wanted: nothing is ever
+//     reconciled against a view the agent does not have, so an
 //     unreachable etcd at start leaves the kernel as it was.
+//
+// # Features
+//
+// Every feature beside the loop is a feature (feature.go): Name, Start
+// (its goroutines in the run's wait group, until the run's context is
+// done; an error is a configuration that cannot work and stops run) and
+// Status (`villaged status`'s lines, read from the run directory and the
+// agent socket, and whether it is what it should be). A feature the config
+// leaves off starts nothing. A feature is handed the agent and takes only
+// what it uses: the config, the Kubernetes side's informers, client and
+// recorder (never the factory), the metrics, and what the features started
+// before it made (the DHCP client for the agent socket, the LAN pods'
+// controller for NetworkPolicy).
 //
 // # The kubernetes registry
 //
@@ -79,10 +111,8 @@
 //
 // # Who owns what
 //
-// There is no lock in this package, and no shared mutable state but the
-// kernel watcher's atomic counters and flags. Each piece
-// of state has one goroutine that owns it and everything else reaches it
-// through channels:
+// Each piece of the loop's state has one goroutine that owns it, and
+// everything else reaches it through channels:
 //
 //   - the follower (registry.Follow) owns the node map and sends copies;
 //   - the keeper owns the registration (lease id, record): it renews the
@@ -96,6 +126,12 @@
 //     (kernel.go);
 //   - the loop owns self, the peer view and the timers, and is the only
 //     caller of the reconciler (which serializes anyway).
+//
+// Three small values are written by one goroutine and read by another,
+// each behind its own lock: the health the probes report (health.go), the
+// confinement proof the writes wait for (confine.go) and what the keeper
+// knows of this node's lease (outage.go). The features own their own
+// state (their packages).
 //
 // # Stopping
 //

@@ -61,16 +61,17 @@ func (c *Conf) newKubeAPI() (*kubeAPI, error) {
 // kubeSide is the agent's Kubernetes side in `villaged run`, made once
 // (kube-router's pattern): the one client, one shared informer factory
 // and one Event recorder. Every kind is watched once, whoever reads it:
-// Nodes (the kubernetes registry), Pods and Namespaces (the LAN pods and
-// the NetworkPolicy controllers), NetworkPolicies. Each controller is
-// handed only what it uses (its informers, the clientset, the recorder),
-// never the factory; the agent starts the factory once the controllers
-// have taken their informers.
+// Nodes (the kubernetes registry, LAN Services), Pods and Namespaces (the
+// LAN pods and the NetworkPolicy controllers), NetworkPolicies, Services
+// and EndpointSlices (LAN Services). Each controller is handed only what
+// it uses (its informers, the clientset, the recorder), never the
+// factory.
 //
-// Which informers there are is decided once, from the config (take), and
-// the factory is started once (start, by Run before the first feature
-// reads them): a feature asks the side for an informer the config turned
-// on, and finds it running or about to.
+// Which informers there are is decided once, from the config (take, when
+// the side is made), and the factory is started once (start, by Run
+// before the first feature reads them): a feature asks the side for an
+// informer the config turned on, and finds it running or about to; the
+// controllers add their handlers to running informers.
 type kubeSide struct {
 	*kubeAPI
 	node    string

@@ -11,24 +11,27 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/village-cni/village/pkg/agentsock"
-	"github.com/village-cni/village/pkg/landhcp"
 	"github.com/village-cni/village/pkg/lanpods"
 	"github.com/village-cni/village/pkg/netconf"
 	"github.com/village-cni/village/pkg/nodelocal"
 )
 
-// startLANPods serves the agent socket when the network has a LAN section,
-// its LAN questions answered by the pkg/lanpods controller and its DHCP
-// requests by dhcp (nil: the LAN's addresses do not come from DHCP), which with
-// pods "annotated" reads the Kubernetes side's Pod and Namespace
-// informers (started by Run). It also keeps the LAN pool's host credentials
-// (hostcreds.go). It returns once the socket exists; everything stops with
-// ctx (wait returns when it has).
-func (a *agent) startLANPods(ctx context.Context, dhcp *landhcp.Manager) (wait func(), err error) {
-	c, opts := a.c, a.opts
+// lanPodsFeature serves the agent socket when the network has a LAN
+// section, its LAN questions answered by the pkg/lanpods controller (set
+// as a.lan) and its DHCP requests by a.dhcp (nil: the LAN's addresses do
+// not come from DHCP), which with pods "annotated" reads the Kubernetes
+// side's Pod and Namespace informers (started by Run). It also keeps the
+// LAN pool's host credentials (hostcreds.go). Start returns once the
+// socket exists.
+type lanPodsFeature struct{}
+
+func (lanPodsFeature) Name() string { return "LAN pods" }
+
+func (lanPodsFeature) Start(ctx context.Context, a *agent, wg *sync.WaitGroup) error {
+	c, opts, dhcp := a.c, a.opts, a.dhcp
 	lan := c.Net.LAN
 	if lan == nil {
-		return func() {}, nil
+		return nil
 	}
 	runDir := opts.RunDir
 	if runDir == "" {
@@ -48,15 +51,14 @@ func (a *agent) startLANPods(ctx context.Context, dhcp *landhcp.Manager) (wait f
 	}
 	ctl, err := lanpods.New(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	path := c.agentSocket(runDir)
 	ln, err := agentsock.Listen(path)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	a.lan = ctl
-	var wg sync.WaitGroup
 	if side != nil {
 		if cfg.Pods != nil {
 			// A restarted agent has no reports: what its pods hold comes
@@ -81,7 +83,7 @@ func (a *agent) startLANPods(ctx context.Context, dhcp *landhcp.Manager) (wait f
 				}
 			})
 		}
-		if err := startHostCreds(ctx, &wg, c, side.rc, side.cs, runDir, opts.logf); err != nil {
+		if err := startHostCreds(ctx, wg, c, side.rc, side.cs, runDir, opts.logf); err != nil {
 			opts.logf("LAN pods: host credentials: %v", err)
 		}
 	}
@@ -93,7 +95,7 @@ func (a *agent) startLANPods(ctx context.Context, dhcp *landhcp.Manager) (wait f
 	if w := lanAllWarning(c); w != "" {
 		opts.logf("%s", w)
 	}
-	return wg.Wait, nil
+	return nil
 }
 
 // inClusterNamespace is the agent's own namespace (kube-system when it
@@ -106,8 +108,14 @@ func inClusterNamespace() string {
 	return strings.TrimSpace(string(b))
 }
 
-// lanStatus is `villaged status`'s lines about the node's LAN pods, as the
-// running agent knows them (asked on its socket); nil without a LAN section.
+// Status is the node's LAN pods, as the running agent knows them (asked
+// on its socket).
+func (lanPodsFeature) Status(ctx context.Context, c *Conf, runDir string) ([]string, bool) {
+	return lanStatus(ctx, c, runDir), true
+}
+
+// lanStatus is `villaged status`'s lines about the node's LAN pods; nil
+// without a LAN section.
 func lanStatus(ctx context.Context, c *Conf, runDir string) []string {
 	if c.Net.LAN == nil {
 		return nil

@@ -20,20 +20,24 @@ import (
 // shared informers and Event recorder), on the network's LAN interface,
 // allocating in the LAN pool's own store.
 
-// startLANServices starts the feature in wg when the network has it on.
+// lanServicesFeature runs pkg/lansvc in wg when the network has it on.
 // The LAN interface's address and the LAN pool's store may not be there
 // yet (a DHCP address, the host credentials of a kubernetes store): they
 // are retried until ctx is done.
-func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
+type lanServicesFeature struct{}
+
+func (lanServicesFeature) Name() string { return "LAN Services" }
+
+func (lanServicesFeature) Start(ctx context.Context, a *agent, wg *sync.WaitGroup) error {
 	c, logf := a.c, a.opts.logf
 	lan := c.Net.LAN
 	if lan == nil || lan.Services == nil {
-		return
+		return nil
 	}
 	side, err := a.n.kubeSide()
 	if err != nil {
 		logf("LAN Services: no Kubernetes API client (%v): OFF", err)
-		return
+		return nil
 	}
 	wg.Go(func() {
 		cfg := lansvc.Config{Node: c.Node, Network: c.Net.Name, RunDir: a.opts.RunDir, Services: lan.Services,
@@ -56,6 +60,7 @@ func (a *agent) startLANServices(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		lansvc.Run(ctx, cfg)
 	})
+	return nil
 }
 
 // openLANStore opens the LAN pool's store, as its IPAM plugin does.
@@ -83,11 +88,11 @@ func (a *agent) openLANStore() (store.Store, error) {
 	}
 }
 
-// lanServicesStatus is `villaged status`'s lines about the LAN Services;
-// nil when the feature is off.
-func lanServicesStatus(c *Conf, runDir string) []string {
+// Status is what this node answers for, from the status file lansvc.Run
+// writes; nil when the feature is off.
+func (lanServicesFeature) Status(_ context.Context, c *Conf, runDir string) ([]string, bool) {
 	if c.Net.LAN == nil || c.Net.LAN.Services == nil {
-		return nil
+		return nil, true
 	}
-	return lansvc.StatusLines(c.Net.LAN.Services, runDir, c.Net.Name)
+	return lansvc.StatusLines(c.Net.LAN.Services, runDir, c.Net.Name), true
 }

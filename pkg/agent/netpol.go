@@ -19,19 +19,23 @@ import (
 // removes whatever an earlier run with it on installed, so nothing of it
 // is left.
 
-// startPolicy starts the controller in wg when the key is on, and removes
+// policyFeature runs the controller in wg when the key is on, and removes
 // its tables and files when it is off.
-func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
+type policyFeature struct{}
+
+func (policyFeature) Name() string { return "network policy" }
+
+func (policyFeature) Start(ctx context.Context, a *agent, wg *sync.WaitGroup) error {
 	if !a.c.Net.NetworkPolicy {
 		if err := controller.Disable(a.opts.RunDir, a.c.Net.Name); err != nil {
 			a.opts.logf("network policy is off; removing its tables: %v", err)
 		}
-		return
+		return nil
 	}
 	side, err := a.n.kubeSide()
 	if err != nil {
 		a.opts.logf("network policy: no Kubernetes API client: %v: NOT ENFORCED", err)
-		return
+		return nil
 	}
 	// The informers are the Kubernetes side's (the Pod informer lists the
 	// whole cluster's pods when the key is on); Run starts them.
@@ -53,6 +57,12 @@ func (a *agent) startPolicy(ctx context.Context, wg *sync.WaitGroup) {
 		}
 	})
 	a.opts.logf("network policy: enforcing NetworkPolicy of network %q in nftables table inet %s", a.c.Net.Name, table.PolicyTable(a.c.Net.Name))
+	return nil
+}
+
+// Status is the policy tables against the last compile.
+func (policyFeature) Status(_ context.Context, c *Conf, runDir string) ([]string, bool) {
+	return policyStatus(c, runDir)
 }
 
 // startDrops names what the policy tables drop (pkg/netpol/drops: the

@@ -154,10 +154,9 @@ func Status(ctx context.Context, opts Options, w io.Writer) (clean bool, err err
 	var confined bool
 	st.confine, confined = confinementStatus(opts.RunDir, v.c.Net.Name, v.c.usesAPI()) // confine.go
 	st.clean = st.clean && confined
-	st.lan = append(lanStatus(ctx, v.c, opts.RunDir), lanServicesStatus(v.c, opts.RunDir)...)
-	var policyOK bool
-	st.policy, policyOK = policyStatus(v.c, opts.RunDir) // netpol.go
-	st.clean = st.clean && policyOK
+	var featuresOK bool
+	st.features, featuresOK = featuresStatus(ctx, v.c, opts.RunDir) // feature.go
+	st.clean = st.clean && featuresOK
 	st.print(w)
 	return st.clean, nil
 }
@@ -177,8 +176,7 @@ type status struct {
 	bridgeNF     string              // whether bridged pod traffic reaches netfilter
 	orphans      []string
 	foreign      []string
-	lan          []string // the node's LAN pods (lanside.go)
-	policy       []string // NetworkPolicy lines (netpol.go)
+	features     []string // the features' lines (feature.go)
 	clean        bool
 }
 
@@ -293,7 +291,7 @@ func (st *status) print(w io.Writer) {
 		fmt.Fprintln(w, st.masq)
 	}
 	fmt.Fprintln(w, st.bridgeNF)
-	for _, line := range st.lan {
+	for _, line := range st.features {
 		fmt.Fprintln(w, line)
 	}
 	for _, o := range st.orphans {
@@ -301,9 +299,6 @@ func (st *status) print(w io.Writer) {
 	}
 	for _, f := range st.foreign {
 		fmt.Fprintf(w, "not Village's: %s\n", f)
-	}
-	for _, l := range st.policy {
-		fmt.Fprintln(w, l)
 	}
 	if st.clean {
 		fmt.Fprintln(w, "status: in sync")

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/village-cni/village/pkg/landhcp"
 	"github.com/village-cni/village/pkg/lanpods"
 	"github.com/village-cni/village/pkg/macvlan"
 	"github.com/village-cni/village/pkg/masq"
@@ -105,18 +106,13 @@ func Run(ctx context.Context, opts Options) error {
 	if err := nodelocal.PublishNodeName(opts.RunDir, c.Net.Name, c.Node); err != nil {
 		return fmt.Errorf("publishing the node name of network %s: %w", c.Net.Name, err)
 	}
-	dhcp := startDHCP(mctx, c, opts, &mwg)
-	// The plugin's LAN lookups and DHCP requests (lanside.go, pkg/lanpods,
-	// pkg/landhcp) on the one agent socket, answered from the first second.
-	lanWait, err := a.startLANPods(mctx, dhcp)
-	if err != nil {
+	// The early features (feature.go): the plugin's LAN lookups and DHCP
+	// requests on the one agent socket, and the Services on the LAN, from
+	// the first second; they need neither the underlay address nor the
+	// pod subnet.
+	if err := a.start(mctx, &mwg, early); err != nil {
 		return err
 	}
-	defer func() { mcancel(); lanWait() }()
-	// Services on the LAN (lansvc.go) need neither the underlay address
-	// nor the pod subnet: started before the waits for them, an agent
-	// restarted while the API server is down answers from its kept state.
-	a.startLANServices(mctx, &mwg)
 	if err := netsetup.BridgeNetfilterLoaded(); err != nil {
 		opts.logf("warning: %v", err)
 	}
@@ -168,7 +164,9 @@ func Run(ctx context.Context, opts Options) error {
 	wg.Go(func() { a.watch.run(ctx) })
 	a.nft = a.newNftWatch() // nftables.go
 	a.nft.run(ctx, &wg)
-	a.startPolicy(ctx, &wg) // netpol.go
+	if err := a.start(ctx, &wg, late); err != nil {
+		return err
+	}
 
 	var feed *registry.Feed
 	var records chan registry.Node
@@ -227,6 +225,8 @@ type agent struct {
 	// rot rotates the WireGuard key on request and on its period
 	// (wgrotate.go); nil for the other backends.
 	rot *rotator
+	// dhcp is the LAN pods' DHCP client (dhcp.go); nil without DHCP.
+	dhcp *landhcp.Manager
 	// failed is set when the last full pass failed: the next tick runs
 	// one again (see fullDue).
 	failed bool
