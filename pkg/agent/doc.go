@@ -4,9 +4,10 @@
 //
 // # What run does, in order
 //
-//  1. Reads the village entry of the conflist (Load) and opens the
-//     node's registry (source.go: etcd, or the kubernetes registry
-//     through the Kubernetes side).
+//  1. Reads the village entry of the conflist (Load), opens the node's
+//     registry (source.go: etcd, or the kubernetes registry through the
+//     Kubernetes side) and, with the wireguard backend, loads its key and
+//     makes its rotator (wgrotate.go).
 //  2. When the config uses the Kubernetes API (the kubernetes registry, a
 //     LAN section, networkPolicy): makes the one Kubernetes side (kube.go:
 //     one client, one shared informer factory with the informers the
