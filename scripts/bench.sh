@@ -102,7 +102,7 @@
 # kills, then with the API server frozen ($VILLAGE_METALLB_FROZEN_KILLS,
 # default the same; 0 skips). Each FIGURE with the load.
 #
-# The wireguard section (only with -only wireguard, ~2 minutes) is
+# The wireguard section (only with -only wireguard, ~3 minutes) is
 # BenchmarkWireGuardVsVXLAN in pkg/overlay: two lab nodes, the wireguard
 # backend (wireguard-go, the userspace device: a kernel without the
 # WireGuard module) and vxlan alternated round by round
@@ -110,8 +110,8 @@
 # answer, iperf3 pod to pod ($VILLAGE_WGBENCH_IPERF seconds, default 4)
 # with the CPU of each backend's processes, of iperf3 and of the machine,
 # and TCP_RR; then both idle at 1,000 peers ($VILLAGE_WGBENCH_IDLE seconds,
-# default 45). FIGURE lines with medians and ratios, each with the load
-# averages.
+# default 40), WireGuard's peers first silent, then answering. FIGURE lines
+# with medians and ratios, each with the load averages.
 #
 # Extra arguments go to cnibench (see `go run ./bench/cmd/cnibench -h`).
 set -euo pipefail

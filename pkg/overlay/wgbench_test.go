@@ -23,13 +23,15 @@ package overlay_test
 // TCP_RR (bench/cmd/tcprr, one connection, 1-byte request and answer, 3 s).
 // Then both nodes tear the backend down.
 //
-// After the rounds: idle at 1,000 peers. node1's wireguard process holds
-// 1,000 peers (persistentKeepalive 25 s, the agent's default) whose
+// After the rounds: idle at 1,000 peers, persistentKeepalive 25 s (the
+// agent's default), node2's vxlan process holding 1,000 peers in the same
+// windows. First node1's wireguard process with 1,000 peers whose
 // endpoints route out of its underlay to node2, which drops them (they
-// never answer: wireguard-go retries each handshake every 5 s for 90 s);
-// at the same time node2's vxlan process holds 1,000 peers. The CPU of the
-// two processes over the same window ($VILLAGE_WGBENCH_IDLE, default 45 s)
-// is reported per minute.
+// never answer: wireguard-go retries each handshake every 5 s for 90 s),
+// over $VILLAGE_WGBENCH_IDLE (default 40 s). Then 1,000 peers that answer
+// (livePeers: wireguard-go devices in node2's namespace, in this process),
+// over the 30 s after Set (the handshakes) and the next $VILLAGE_WGBENCH_IDLE
+// (keepalives). CPU of each process per minute.
 //
 // Every FIGURE line ends with the load averages of /proc/loadavg (what
 // uptime prints).
@@ -38,6 +40,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,6 +51,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/device"
+	"golang.zx2c4.com/wireguard/tun"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/village-cni/village/internal/testenv"
@@ -193,7 +199,7 @@ type wbSample struct {
 func BenchmarkWireGuardVsVXLAN(b *testing.B) {
 	tcprr := testenv.BuildTCPRR(b)
 	iperfSecs := envInt(b, "VILLAGE_WGBENCH_IPERF", 4)
-	idle := time.Duration(envInt(b, "VILLAGE_WGBENCH_IDLE", 45)) * time.Second
+	idle := time.Duration(envInt(b, "VILLAGE_WGBENCH_IDLE", 40)) * time.Second
 	rounds := envInt(b, "VILLAGE_WGBENCH_ROUNDS", 3)
 
 	segs := newSegments(b, 1)
@@ -324,20 +330,32 @@ func BenchmarkWireGuardVsVXLAN(b *testing.B) {
 			}
 			peers[i].WireGuardKey = k.PublicKey()
 		}
-		wg.do(b, 0, wgCmd{Op: "set", Self: wg.self(0), Peers: peers})
 		vx.do(b, 1, wgCmd{Op: "set", Self: vx.self(1), Peers: peers})
-		w0, v0, l0 := procCPU(b, wg.pid[0]), procCPU(b, vx.pid[1]), wbLoad()
-		time.Sleep(idle) // the measured window itself, not a wait for a condition
-		w1, v1 := procCPU(b, wg.pid[0]), procCPU(b, vx.pid[1])
-		perMin := func(d time.Duration) time.Duration {
-			return time.Duration(float64(d) * float64(time.Minute) / float64(idle)).Round(time.Millisecond)
+		// window measures both processes over d and logs them.
+		window := func(what string, d time.Duration) {
+			w0, v0, l0 := procCPU(b, wg.pid[0]), procCPU(b, vx.pid[1]), wbLoad()
+			time.Sleep(d) // the measured window itself, not a wait for a condition
+			w1, v1 := procCPU(b, wg.pid[0]), procCPU(b, vx.pid[1])
+			perMin := func(c time.Duration) time.Duration {
+				return time.Duration(float64(c) * float64(time.Minute) / float64(d)).Round(time.Millisecond)
+			}
+			ratio := "n/a (vxlan used no measurable CPU)"
+			if v1 > v0 {
+				ratio = fmt.Sprintf("%.1f×", float64(w1-w0)/float64(v1-v0))
+			}
+			b.Logf("FIGURE idle at %d peers (keepalive 25 s), %s, over %v: wireguard process %v (%v per minute), vxlan process %v (%v per minute); wireguard/vxlan %s; load %s at start, %s at end",
+				scalePeers, what, d, w1-w0, perMin(w1-w0), v1-v0, perMin(v1-v0), ratio, l0, wbLoad())
 		}
-		ratio := "n/a (vxlan used no measurable CPU)"
-		if v1 > v0 {
-			ratio = fmt.Sprintf("%.1f×", float64(w1-w0)/float64(v1-v0))
-		}
-		b.Logf("FIGURE idle at %d peers over %v right after Set (keepalive 25 s; peers never answer): wireguard process %v (%v per minute), vxlan process %v (%v per minute); wireguard/vxlan %s; load %s at start, %s at end",
-			scalePeers, idle, w1-w0, perMin(w1-w0), v1-v0, perMin(v1-v0), ratio, l0, wbLoad())
+		wg.do(b, 0, wgCmd{Op: "set", Self: wg.self(0), Peers: peers})
+		window("peers that never answer, right after Set (handshake retries)", idle)
+		wg.do(b, 0, wgCmd{Op: "teardown"})
+
+		// The same with 1,000 peers that answer: wireguard-go devices in
+		// node2's namespace (in this process, so not in node2's figure).
+		live := livePeers(b, n2, scalePeers, 21000, wg.keys[0], fmt.Sprintf("%s:%d", n1.ip4, port))
+		wg.do(b, 0, wgCmd{Op: "set", Self: wg.self(0), Peers: live})
+		window("peers that answer, the first 30 s after Set (1,000 handshakes)", 30*time.Second)
+		window("peers that answer, the next window (keepalives only: no rekey before 2 min)", idle)
 		wg.do(b, 0, wgCmd{Op: "teardown"})
 		vx.do(b, 1, wgCmd{Op: "teardown"})
 	}
@@ -371,4 +389,79 @@ func envInt(tb testing.TB, name string, def int) int {
 		tb.Fatalf("%s=%q: want a positive whole number", name, v)
 	}
 	return n
+}
+
+// nullTUN is a TUN device that has nothing to send and discards what it
+// is given: a WireGuard peer that only keeps its session (keepalives and
+// handshakes), with no interface of its own.
+type nullTUN struct {
+	events chan tun.Event
+	closed chan struct{}
+}
+
+func newNullTUN() *nullTUN {
+	t := &nullTUN{events: make(chan tun.Event, 1), closed: make(chan struct{})}
+	t.events <- tun.EventUp
+	return t
+}
+
+func (t *nullTUN) File() *os.File { return nil }
+func (t *nullTUN) Read([][]byte, []int, int) (int, error) {
+	<-t.closed
+	return 0, os.ErrClosed
+}
+func (t *nullTUN) Write(bufs [][]byte, _ int) (int, error) { return len(bufs), nil }
+func (t *nullTUN) MTU() (int, error)                       { return 1420, nil }
+func (t *nullTUN) Name() (string, error)                   { return "null", nil }
+func (t *nullTUN) Events() <-chan tun.Event                { return t.events }
+func (t *nullTUN) BatchSize() int                          { return 1 }
+func (t *nullTUN) Close() error {
+	select {
+	case <-t.closed:
+	default:
+		close(t.closed)
+		close(t.events)
+	}
+	return nil
+}
+
+// oneAtATime is the standard socket bind receiving one packet per call:
+// wireguard-go keeps BatchSize() 64 KiB buffers per receive function, which
+// for 1,000 devices would be gigabytes.
+type oneAtATime struct{ conn.Bind }
+
+func (oneAtATime) BatchSize() int { return 1 }
+
+// livePeers starts count wireguard-go devices in namespace n, each with its
+// own key and port (from basePort), each with peer as its one peer
+// (keepalive 25 s, as every Village node), and returns them as overlay
+// peers: n's underlay address at their port. They run in this process
+// (their sockets are opened in n) until the test ends.
+func livePeers(tb testing.TB, n *labNode, count, basePort int, peer wgtypes.Key, peerEP string) []overlay.Node {
+	tb.Helper()
+	out := make([]overlay.Node, count)
+	for i := range out {
+		k, err := wgtypes.GeneratePrivateKey()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		dev := device.NewDevice(newNullTUN(), oneAtATime{conn.NewStdNetBind()}, device.NewLogger(device.LogLevelSilent, ""))
+		tb.Cleanup(dev.Close)
+		port := basePort + i
+		cfg := fmt.Sprintf("private_key=%x\nlisten_port=%d\npublic_key=%x\nendpoint=%s\npersistent_keepalive_interval=25\nallowed_ip=%s\n",
+			k[:], port, peer[:], peerEP, "10.244.1.0/24")
+		if err := testenv.InNS(n.ns, func() error {
+			if err := dev.IpcSet(cfg); err != nil {
+				return err
+			}
+			return dev.Up() // opens its sockets in n
+		}); err != nil {
+			tb.Fatalf("responder %d: %v", i, err)
+		}
+		out[i] = fakePeer(i)
+		out[i].IP = n.ip4
+		out[i].WireGuardKey = k.PublicKey()
+		out[i].WireGuardEndpoint = &net.UDPAddr{IP: n.ip4, Port: port}
+	}
+	return out
 }
