@@ -390,6 +390,13 @@ func (a *agent) update(ctx context.Context, why string, change overlay.PeerChang
 // whatever it has to change is drift.
 func (a *agent) pass(ctx context.Context, why string, repair bool) {
 	a.repairLocal(why)
+	// Before anything else: with no seal, an unrouted pod packet would
+	// leave in the clear. The pass goes on (its routes only narrow what
+	// leaves); its health reports the failure.
+	sealErr := a.c.seal()
+	if sealErr != nil {
+		a.opts.logf("%s: %v", why, sealErr)
+	}
 	if !a.haveView {
 		a.health.set(fmt.Errorf("no peer list from the registry yet"))
 		return
@@ -413,8 +420,8 @@ func (a *agent) pass(ctx context.Context, why string, repair bool) {
 		a.failed = true // the next tick tries again
 		return
 	}
-	a.failed = false
-	a.health.set(nil)
+	a.failed = sealErr != nil
+	a.health.set(sealErr)
 }
 
 // repairDrift puts right what the kernel's notifications said drifted:

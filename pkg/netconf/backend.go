@@ -29,6 +29,11 @@ type Backend struct {
 	// WireGuard configures type wireguard (defaults filled in by
 	// ParseBackend; nil for the other types).
 	WireGuard *WireGuard `json:"wireguard,omitempty"`
+	// Encrypt asks that pod traffic between nodes be encrypted: type auto
+	// then means wireguard (and never vxlan or host-gw, whatever happens
+	// to the WireGuard device), and a type that sends it in the clear is
+	// refused.
+	Encrypt bool `json:"encrypt,omitempty"`
 }
 
 // StaticNode is one node of a static peer list.
@@ -109,6 +114,9 @@ func ParseBackend(raw json.RawMessage) (*Backend, error) {
 			return nil, Error("invalid \"backend.underlay\": %v", err)
 		}
 	}
+	if err := b.parseEncrypt(); err != nil {
+		return nil, err
+	}
 	if err := b.parseWireGuard(); err != nil {
 		return nil, err
 	}
@@ -125,6 +133,23 @@ func ParseBackend(raw json.RawMessage) (*Backend, error) {
 		}
 	}
 	return b, nil
+}
+
+// parseEncrypt resolves "encrypt": auto becomes wireguard once and for
+// all (the reconciler never sees auto, so it can never choose vxlan or
+// host-gw), and the types that carry pod traffic in the clear are refused.
+func (b *Backend) parseEncrypt() *types.Error {
+	if !b.Encrypt {
+		return nil
+	}
+	switch b.Type {
+	case string(overlay.ModeAuto):
+		b.Type = BackendWireGuard
+	case BackendWireGuard, BackendNone:
+	default:
+		return Error("invalid \"backend.encrypt\": type %q carries pod traffic between nodes in the clear; use auto or wireguard", b.Type)
+	}
+	return nil
 }
 
 func (b *Backend) parseNodes() *types.Error {

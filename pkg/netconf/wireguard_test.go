@@ -33,6 +33,19 @@ func TestWireGuardBackend(t *testing.T) {
 		{name: "IPv6 endpoint", raw: `{"type":"wireguard",` + reg + `,"wireguard":{"endpoint":"[2001:db8::7]:51820"}}`,
 			want: overlay.Config{Mode: overlay.ModeWireGuard, Port: 51820, Network: "net1",
 				WireGuard: overlay.WireGuardConfig{KeyFile: "/var/lib/village/wireguard/net1.key", PersistentKeepalive: 25 * time.Second, Userspace: "auto"}}},
+		{name: "auto with encrypt is wireguard", raw: `{"type":"auto","encrypt":true,` + reg + `}`, want: overlay.Config{
+			Mode: overlay.ModeWireGuard, Port: 51820, Network: "net1",
+			WireGuard: overlay.WireGuardConfig{KeyFile: "/var/lib/village/wireguard/net1.key", PersistentKeepalive: 25 * time.Second, Userspace: "auto"}}},
+		{name: "auto with encrypt takes the wireguard section", raw: `{"type":"auto","encrypt":true,` + reg + `,"wireguard":{"userspace":"never"}}`, want: overlay.Config{
+			Mode: overlay.ModeWireGuard, Port: 51820, Network: "net1",
+			WireGuard: overlay.WireGuardConfig{KeyFile: "/var/lib/village/wireguard/net1.key", PersistentKeepalive: 25 * time.Second, Userspace: "never"}}},
+		{name: "wireguard with encrypt", raw: `{"type":"wireguard","encrypt":true,` + reg + `}`, want: overlay.Config{
+			Mode: overlay.ModeWireGuard, Port: 51820, Network: "net1",
+			WireGuard: overlay.WireGuardConfig{KeyFile: "/var/lib/village/wireguard/net1.key", PersistentKeepalive: 25 * time.Second, Userspace: "auto"}}},
+		{name: "auto with encrypt and no registry", raw: `{"type":"auto","encrypt":true}`, err: `needs a "registry"`},
+		{name: "auto with encrypt and static nodes", raw: `{"type":"auto","encrypt":true,` + reg + `,"nodes":[{"name":"a","ip":"192.168.1.2","podCIDR":"10.244.2.0/24"}]}`, err: `"backend.nodes"`},
+		{name: "vxlan with encrypt", raw: `{"type":"vxlan","encrypt":true,` + reg + `}`, err: `"backend.encrypt"`},
+		{name: "host-gw with encrypt", raw: `{"type":"host-gw","encrypt":true,` + reg + `}`, err: `"backend.encrypt"`},
 		{name: "no registry", raw: `{"type":"wireguard"}`, err: `needs a "registry"`},
 		{name: "static nodes", raw: `{"type":"wireguard",` + reg + `,"nodes":[{"name":"a","ip":"192.168.1.2","podCIDR":"10.244.2.0/24"}]}`, err: `"backend.nodes"`},
 		{name: "vxlan port", raw: `{"type":"wireguard",` + reg + `,"port":51820}`, err: `"backend.wireguard.port"`},
