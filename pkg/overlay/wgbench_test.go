@@ -41,6 +41,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -352,10 +353,15 @@ func BenchmarkWireGuardVsVXLAN(b *testing.B) {
 
 		// The same with 1,000 peers that answer: wireguard-go devices in
 		// node2's namespace (in this process, so not in node2's figure).
-		live := livePeers(b, n2, scalePeers, 21000, wg.keys[0], fmt.Sprintf("%s:%d", n1.ip4, port))
+		live, devs := livePeers(b, n2, scalePeers, 21000, wg.keys[0], fmt.Sprintf("%s:%d", n1.ip4, port))
 		wg.do(b, 0, wgCmd{Op: "set", Self: wg.self(0), Peers: live})
 		window("peers that answer, the first 30 s after Set (1,000 handshakes)", 30*time.Second)
 		window("peers that answer, the next window (keepalives only: no rekey before 2 min)", idle)
+		got := withSession(b, devs)
+		if got < scalePeers/2 {
+			b.Fatalf("only %d of the %d answering peers have a session with node1", got, scalePeers)
+		}
+		b.Logf("FIGURE %d of the %d answering peers had a session with node1 at the end; load %s", got, scalePeers, wbLoad())
 		wg.do(b, 0, wgCmd{Op: "teardown"})
 		vx.do(b, 1, wgCmd{Op: "teardown"})
 	}
@@ -425,28 +431,85 @@ func (t *nullTUN) Close() error {
 	return nil
 }
 
-// oneAtATime is the standard socket bind receiving one packet per call:
-// wireguard-go keeps BatchSize() 64 KiB buffers per receive function, which
-// for 1,000 devices would be gigabytes.
-type oneAtATime struct{ conn.Bind }
+// udpBind is a conn.Bind over one IPv4 UDP socket that hands wireguard-go
+// one packet per receive call: the standard bind keeps 128 64 KiB buffers
+// per receive function (its batch), which for 1,000 devices would be
+// gigabytes, and cannot be told a smaller batch.
+type udpBind struct{ c *net.UDPConn }
 
-func (oneAtATime) BatchSize() int { return 1 }
+type udpEndpoint struct{ netip.AddrPort }
+
+func (udpEndpoint) ClearSrc()             {}
+func (udpEndpoint) SrcToString() string   { return "" }
+func (e udpEndpoint) DstToString() string { return e.String() }
+func (e udpEndpoint) DstToBytes() []byte  { b, _ := e.MarshalBinary(); return b }
+func (e udpEndpoint) DstIP() netip.Addr   { return e.Addr() }
+func (udpEndpoint) SrcIP() netip.Addr     { return netip.Addr{} }
+
+func (b *udpBind) Open(port uint16) ([]conn.ReceiveFunc, uint16, error) {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: int(port)})
+	if err != nil {
+		return nil, 0, err
+	}
+	b.c = c
+	recv := func(packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
+		n, ap, err := c.ReadFromUDPAddrPort(packets[0])
+		if err != nil {
+			return 0, err
+		}
+		sizes[0], eps[0] = n, udpEndpoint{netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}
+		return 1, nil
+	}
+	return []conn.ReceiveFunc{recv}, uint16(c.LocalAddr().(*net.UDPAddr).Port), nil
+}
+
+func (b *udpBind) Close() error {
+	if b.c == nil {
+		return nil
+	}
+	err := b.c.Close()
+	b.c = nil
+	return err
+}
+
+func (*udpBind) SetMark(uint32) error { return nil }
+func (*udpBind) BatchSize() int       { return 1 }
+
+func (b *udpBind) Send(bufs [][]byte, ep conn.Endpoint) error {
+	e, ok := ep.(udpEndpoint)
+	if !ok {
+		return conn.ErrWrongEndpointType
+	}
+	for _, buf := range bufs {
+		if _, err := b.c.WriteToUDPAddrPort(buf, e.AddrPort); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (*udpBind) ParseEndpoint(s string) (conn.Endpoint, error) {
+	ap, err := netip.ParseAddrPort(s)
+	return udpEndpoint{ap}, err
+}
 
 // livePeers starts count wireguard-go devices in namespace n, each with its
 // own key and port (from basePort), each with peer as its one peer
 // (keepalive 25 s, as every Village node), and returns them as overlay
 // peers: n's underlay address at their port. They run in this process
 // (their sockets are opened in n) until the test ends.
-func livePeers(tb testing.TB, n *labNode, count, basePort int, peer wgtypes.Key, peerEP string) []overlay.Node {
+func livePeers(tb testing.TB, n *labNode, count, basePort int, peer wgtypes.Key, peerEP string) ([]overlay.Node, []*device.Device) {
 	tb.Helper()
 	out := make([]overlay.Node, count)
+	devs := make([]*device.Device, count)
 	for i := range out {
 		k, err := wgtypes.GeneratePrivateKey()
 		if err != nil {
 			tb.Fatal(err)
 		}
-		dev := device.NewDevice(newNullTUN(), oneAtATime{conn.NewStdNetBind()}, device.NewLogger(device.LogLevelSilent, ""))
+		dev := device.NewDevice(newNullTUN(), &udpBind{}, device.NewLogger(device.LogLevelSilent, ""))
 		tb.Cleanup(dev.Close)
+		devs[i] = dev
 		port := basePort + i
 		cfg := fmt.Sprintf("private_key=%x\nlisten_port=%d\npublic_key=%x\nendpoint=%s\npersistent_keepalive_interval=25\nallowed_ip=%s\n",
 			k[:], port, peer[:], peerEP, "10.244.1.0/24")
@@ -463,5 +526,22 @@ func livePeers(tb testing.TB, n *labNode, count, basePort int, peer wgtypes.Key,
 		out[i].WireGuardKey = k.PublicKey()
 		out[i].WireGuardEndpoint = &net.UDPAddr{IP: n.ip4, Port: port}
 	}
-	return out
+	return out, devs
+}
+
+// withSession counts the devices that have completed a handshake with
+// their peer.
+func withSession(tb testing.TB, devs []*device.Device) int {
+	tb.Helper()
+	n := 0
+	for _, d := range devs {
+		st, err := d.IpcGet()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if !strings.Contains(st, "last_handshake_time_sec=0\n") {
+			n++
+		}
+	}
+	return n
 }
