@@ -118,7 +118,7 @@ func TestValuesRejected(t *testing.T) {
 		set  map[string]any
 		want string
 	}{
-		{map[string]any{"backend": "wireguard"}, "backend"},
+		{map[string]any{"backend": "geneve"}, "backend"},
 		{map[string]any{"lan": map[string]any{"enabled": true}}, "lan.subnet"},
 		{map[string]any{"lan": map[string]any{"enabled": true, "subnet": "192.168.50.0/24"}}, "lan.rangeStart"},
 		{map[string]any{"lan": map[string]any{"enabled": true, "addresses": "static", "subnet": "192.168.50.0/24"}}, "lan.addresses"},

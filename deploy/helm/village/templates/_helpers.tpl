@@ -10,8 +10,8 @@ app.kubernetes.io/name: village
 
 {{/* Fails the render on a choice Village does not have. */}}
 {{- define "village.validate" -}}
-{{- if not (has .Values.backend (list "vxlan" "host-gw" "auto")) -}}
-{{- fail (printf "backend %q: one of vxlan, host-gw, auto" .Values.backend) -}}
+{{- if not (has .Values.backend (list "vxlan" "host-gw" "auto" "wireguard")) -}}
+{{- fail (printf "backend %q: one of vxlan, host-gw, auto, wireguard" .Values.backend) -}}
 {{- end -}}
 {{- if .Values.lan.enabled -}}
 {{- if not (has .Values.lan.addresses (list "pool" "dhcp")) -}}
