@@ -19,6 +19,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/netpol"
 	"github.com/village-cni/village/pkg/netpol/table"
@@ -238,18 +240,23 @@ func BenchmarkDropFlood(b *testing.B) {
 	}
 }
 
-// BenchmarkDropLoggingRR: TCP_RR (bench/cmd/tcprr: one connection, 1-byte
-// request and answer) from a pod of one node to a pod of another, which a
-// policy isolates and admits the client to, with drop logging on (the
-// tables as Apply writes them) and off (the same tables with the log rule
-// of each per-pod chain deleted), alternated on off on off, 5 s each.
-// The nodes are namespaces joined by a veth, routing each other's pod
-// subnet (host-gw's path).
-func BenchmarkDropLoggingRR(b *testing.B) {
+// BenchmarkDropLogging: allowed traffic with drop logging on (the tables
+// as Apply writes them, on both nodes) and off (the same tables with the
+// log rule of each per-pod chain deleted), alternated on off on off in one
+// run, from pod client to a server pod a policy isolates and admits the
+// client to: on the same node (pod local) and across nodes (pod server).
+// Each step measures TCP_RR (bench/cmd/tcprr: one connection, 1-byte
+// request and answer, 5 s) then TCP throughput (iperf3, one stream, 5 s).
+// Node A is a PodLab (client, local); node B a namespace with its own
+// bridge (server); the nodes are joined by a veth and route each other's
+// pod subnet (host-gw's path). One FIGURE line per {same node, across
+// nodes} × {TCP_RR, iperf3}, each with the load.
+func BenchmarkDropLogging(b *testing.B) {
 	tcprr := testenv.BuildTCPRR(b)
-	// node A: the client's (PodLab, 10.9.0.0/24); node B: the server's
+	// node A: the client's and local's (PodLab, 10.9.0.0/24); node B: the server's
 	a := testenv.NewPodLab(b)
 	a.AddPod("client", 2, true)
+	a.AddPod("local", 3, true)
 	nb := testenv.NewNS(b)
 	srv := testenv.NewNS(b)
 	testenv.MustIP(b, nb, "link", "add", "br0", "type", "bridge", "nf_call_iptables", "1", "nf_call_ip6tables", "1")
@@ -270,44 +277,83 @@ func BenchmarkDropLoggingRR(b *testing.B) {
 	if out, err := exec.Command("ip", "netns", "exec", filepath.Base(nb.Path()), "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
 		b.Fatalf("sysctl: %v: %s", err, out)
 	}
-	// node B's rules: server isolated for ingress, admitting client
-	in := netpol.Input{Network: benchNetwork, Bridge: "br0", Local: map[string]bool{"ns/server": true}, Namespaces: map[string]map[string]string{"ns": {}},
+	// local and server isolated for ingress, admitting client; each
+	// node's tables hold the chains of its own pods
+	in := netpol.Input{Network: benchNetwork, Bridge: "br0", Namespaces: map[string]map[string]string{"ns": {}},
 		Pods: []*netpol.Pod{
 			{Namespace: "ns", Name: "client", Labels: map[string]string{"app": "client"}, IPs: []netip.Addr{netip.MustParseAddr(a.V4["client"])}},
+			{Namespace: "ns", Name: "local", Labels: map[string]string{"app": "server"}, IPs: []netip.Addr{netip.MustParseAddr(a.V4["local"])}},
 			{Namespace: "ns", Name: "server", Labels: map[string]string{"app": "server"}, IPs: []netip.Addr{netip.MustParseAddr("10.9.1.2")}}},
 		Policies: []*networkingv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "from-client"},
 			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}}}}}}},
 	}
-	rs := netpol.Compile(in)
+	inA, inB := in, in
+	inA.Local = map[string]bool{"ns/client": true, "ns/local": true}
+	inB.Local = map[string]bool{"ns/server": true}
+	nodes := []struct {
+		n  ns.NetNS
+		rs *table.Ruleset
+	}{{a.Node, netpol.Compile(inA)}, {nb, netpol.Compile(inB)}}
 	logOn := func() {
-		if err := testenv.InNS(nb, func() error { return table.Apply(rs) }); err != nil {
-			b.Fatal(err)
+		for _, node := range nodes {
+			if err := testenv.InNS(node.n, func() error { return table.Apply(node.rs) }); err != nil {
+				b.Fatal(err)
+			}
+			if logRules(b, node.n) == 0 {
+				b.Fatalf("no log rule in node %s's tables with logging on", node.n.Path())
+			}
+		}
+	}
+	logOff := func() {
+		for _, node := range nodes {
+			deleteLogRules(b, node.n)
+			if n := logRules(b, node.n); n != 0 {
+				b.Fatalf("%d log rules left in node %s's tables with logging off", n, node.n.Path())
+			}
 		}
 	}
 	logOn()
-	b.Cleanup(func() { _ = testenv.InNS(nb, func() error { return table.Remove(benchNetwork) }) })
-
-	testenv.ServeTCPRR(b, srv, tcprr, "10.9.1.2:5300")
-	rr := func() float64 { return testenv.TCPRR(b, a.Pods["client"], tcprr, "10.9.1.2:5300", 5*time.Second) }
-	for b.Loop() {
-		var on, off []float64
-		for range 2 {
-			logOn()
-			if n := logRules(b, nb); n == 0 {
-				b.Fatal("no log rule in node B's tables with logging on")
-			}
-			on = append(on, rr())
-			deleteLogRules(b, nb)
-			if n := logRules(b, nb); n != 0 {
-				b.Fatalf("%d log rules left in node B's tables with logging off", n)
-			}
-			off = append(off, rr())
+	b.Cleanup(func() {
+		for _, node := range nodes {
+			_ = testenv.InNS(node.n, func() error { return table.Remove(benchNetwork) })
 		}
-		mean := func(v []float64) float64 { return (v[0] + v[1]) / 2 }
-		b.Logf("FIGURE TCP_RR across nodes to a pod a policy admits the client to: drop logging on %.0f, %.0f /s; off %.0f, %.0f /s; on/off %.3f×; load %s",
-			on[0], on[1], off[0], off[1], mean(on)/mean(off), load())
-		b.ReportMetric(mean(on)/mean(off), "on/off")
+	})
+
+	const d = 5 * time.Second
+	for _, c := range []struct {
+		name, where, addr string
+		server            ns.NetNS
+	}{
+		{"same-node", "on one node", a.V4["local"], a.Pods["local"]},
+		{"across-nodes", "across nodes", "10.9.1.2", srv},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			testenv.ServeTCPRR(b, c.server, tcprr, c.addr+":5300")
+			testenv.ServeIperf3(b, c.server, c.addr)
+			for b.Loop() {
+				// [0]: TCP_RR /s, [1]: iperf3 Gbit/s; two steps each
+				var on, off [2][]float64
+				step := func(into *[2][]float64) {
+					into[0] = append(into[0], testenv.TCPRR(b, a.Pods["client"], tcprr, c.addr+":5300", d))
+					into[1] = append(into[1], testenv.Iperf3(b, a.Pods["client"], c.addr, d))
+				}
+				for range 2 {
+					logOn()
+					step(&on)
+					logOff()
+					step(&off)
+				}
+				logOn()
+				mean := func(v []float64) float64 { return (v[0] + v[1]) / 2 }
+				b.Logf("FIGURE TCP_RR %s to a pod a policy admits the client to: drop logging on %.0f, %.0f /s; off %.0f, %.0f /s; on/off %.3f×; load %s",
+					c.where, on[0][0], on[0][1], off[0][0], off[0][1], mean(on[0])/mean(off[0]), load())
+				b.Logf("FIGURE iperf3 %s to a pod a policy admits the client to: drop logging on %.2f, %.2f Gbit/s; off %.2f, %.2f Gbit/s; on/off %.3f×; load %s",
+					c.where, on[1][0], on[1][1], off[1][0], off[1][1], mean(on[1])/mean(off[1]), load())
+				b.ReportMetric(mean(on[0])/mean(off[0]), "rr-on/off")
+				b.ReportMetric(mean(on[1])/mean(off[1]), "iperf3-on/off")
+			}
+		})
 	}
 }
 
