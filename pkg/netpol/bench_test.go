@@ -1,11 +1,9 @@
 package netpol
 
 import (
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -216,49 +214,12 @@ func BenchmarkThroughput(b *testing.B) {
 				}
 				b.Cleanup(func() { _ = testenv.InNS(l.Node, func() error { return table.Remove(rs.Network) }) })
 			}
-			srv := exec.Command("nsenter", "--net="+l.Pods["b"].Path(), "iperf3", "-s", "-B", l.V4["b"])
-			if err := srv.Start(); err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+			testenv.ServeIperf3(b, l.Pods["b"], l.V4["b"])
 			var gbits float64
 			for b.Loop() {
-				var out []byte
-				var err error
-				// the server may not listen yet at the first try
-				for try := 0; try < 50; try++ {
-					if out, err = exec.Command("nsenter", "--net="+l.Pods["a"].Path(), "iperf3", "-c", l.V4["b"], "-t", "5", "-J").Output(); err == nil {
-						break
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
-				if err != nil {
-					b.Fatalf("iperf3: %v: %s", err, out)
-				}
-				bps, err := receivedBits(out)
-				if err != nil {
-					b.Fatal(err)
-				}
-				gbits += bps / 1e9
+				gbits += testenv.Iperf3(b, l.Pods["a"], l.V4["b"], 5*time.Second)
 			}
 			b.ReportMetric(gbits/float64(b.N), "Gbit/s")
 		})
 	}
-}
-
-// receivedBits is end.sum_received.bits_per_second of iperf3 -J's report.
-func receivedBits(report []byte) (float64, error) {
-	var v any
-	if err := json.Unmarshal(report, &v); err != nil {
-		return 0, fmt.Errorf("iperf3 report: %w: %s", err, report)
-	}
-	for _, k := range []string{"end", "sum_received", "bits_per_second"} {
-		m, _ := v.(map[string]any)
-		v = m[k]
-	}
-	bps, _ := v.(float64)
-	if bps <= 0 {
-		return 0, fmt.Errorf("iperf3 report without a received rate: %s", report)
-	}
-	return bps, nil
 }
