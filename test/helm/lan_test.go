@@ -3,6 +3,7 @@ package helm
 import (
 	"encoding/base64"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -22,7 +23,15 @@ import (
 // raw is the entry's JSON object.
 func villageEntry(t *testing.T, docs []map[string]any) (nc *netconf.NetConf, raw map[string]any) {
 	t.Helper()
+	return villageEntryWith(t, docs, nil)
+}
+
+// villageEntryWith is villageEntry with more of the install container's
+// variables set (BACKEND, ...).
+func villageEntryWith(t *testing.T, docs []map[string]any, more map[string]string) (nc *netconf.NetConf, raw map[string]any) {
+	t.Helper()
 	vars := map[string]string{"NODE_NAME": "node-1", "DEFAULT_IFACE": "eth0"}
+	maps.Copy(vars, more)
 	out, err := install.Render([]byte(conflistTemplate(t, docs)), func(k string) (string, bool) { v, ok := vars[k]; return v, ok })
 	if err != nil {
 		t.Fatalf("render the conflist template: %v", err)

@@ -1,10 +1,8 @@
 package helm
 
 import (
-	"encoding/json"
 	"testing"
 
-	"github.com/village-cni/village/pkg/install"
 	"github.com/village-cni/village/pkg/netconf"
 )
 
@@ -19,29 +17,7 @@ func TestWireGuardValues(t *testing.T) {
 	agent := container(t, ds.Spec.Template.Spec.Containers, "agent")
 	// The install container renders the template, with its BACKEND.
 	inst := container(t, ds.Spec.Template.Spec.InitContainers, "install")
-	vars := map[string]string{"NODE_NAME": "node-1", "DEFAULT_IFACE": "eth0", "BACKEND": env(inst, "BACKEND")}
-	out, err := install.Render([]byte(conflistTemplate(t, docs)), func(k string) (string, bool) { v, ok := vars[k]; return v, ok })
-	if err != nil {
-		t.Fatalf("render the conflist template: %v", err)
-	}
-	var list struct {
-		Name       string            `json:"name"`
-		CNIVersion string            `json:"cniVersion"`
-		Plugins    []json.RawMessage `json:"plugins"`
-	}
-	if err := json.Unmarshal(out, &list); err != nil || len(list.Plugins) == 0 {
-		t.Fatalf("conflist (%v):\n%s", err, out)
-	}
-	m := map[string]any{}
-	if err := json.Unmarshal(list.Plugins[0], &m); err != nil {
-		t.Fatal(err)
-	}
-	m["name"], m["cniVersion"] = list.Name, list.CNIVersion
-	b, _ := json.Marshal(m)
-	nc, err := netconf.Parse(b, "")
-	if err != nil {
-		t.Fatalf("the village entry is rejected by netconf.Parse: %v\n%s", err, out)
-	}
+	nc, _ := villageEntryWith(t, docs, map[string]string{"BACKEND": env(inst, "BACKEND")})
 	be, err := netconf.ParseBackend(nc.Backend)
 	if err != nil || be.Type != netconf.BackendWireGuard || be.WireGuard == nil {
 		t.Fatalf("backend %s: %+v (%v), want type wireguard accepted", nc.Backend, be, err)
