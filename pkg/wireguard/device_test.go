@@ -391,32 +391,44 @@ func TestLowerKeySpeaksFirst(t *testing.T) {
 	}
 }
 
-// A peer added quietly gets its keepalive when the quiet time is over, and
-// the next SetPeers keeps it (it does not flip back to quiet).
+// Peers added quietly get their keepalive when their quiet time is over,
+// also one added while another is still quiet (the device's one timer arms
+// itself again), and the next SetPeers keeps it (no flip back to quiet).
 func TestQuietPeerSpeaksUp(t *testing.T) {
 	n := testenv.NewNS(t)
 	nd := startNode(t, n)
-	nd.must(nodeCmd{Op: "quiet", Quiet: 100 * time.Millisecond})
+	nd.must(nodeCmd{Op: "quiet", Quiet: 300 * time.Millisecond})
 	name := devName("q")
 	r := nd.must(nodeCmd{Op: "ensure", Name: name, KeyFile: t.TempDir() + "/k.key", Port: 51820, MTU: 1420, Userspace: UserspaceAlways})
 	self := mustKey(t, r.Public)
-	var peer wgtypes.Key
-	for {
-		k, err := wgtypes.GeneratePrivateKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if peer = k.PublicKey(); bytes.Compare(self[:], peer[:]) > 0 {
-			break // a lower key than this node's: this node stays quiet
+	lower := func() string {
+		for {
+			k, err := wgtypes.GeneratePrivateKey()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := k.PublicKey(); bytes.Compare(self[:], p[:]) > 0 {
+				return p.String() // a lower key than this node's: this node stays quiet
+			}
 		}
 	}
-	set := nodeCmd{Op: "peers", Peers: []nodePeer{{Key: peer.String(), Endpoint: "192.0.2.1:51820", Allowed: []string{"10.244.9.0/24"}, Keepalive: 25 * time.Second}}}
+	one := nodePeer{Key: lower(), Endpoint: "192.0.2.1:51820", Allowed: []string{"10.244.9.0/24"}, Keepalive: 25 * time.Second}
+	two := nodePeer{Key: lower(), Endpoint: "192.0.2.2:51820", Allowed: []string{"10.244.10.0/24"}, Keepalive: 25 * time.Second}
+	if got := nd.must(nodeCmd{Op: "peers", Peers: []nodePeer{one}}).Changed; got != 1 {
+		t.Fatalf("adding the first peer changed %d peers, want 1", got)
+	}
+	// The second one is added during the first one's quiet time, or just
+	// after it: it speaks up on time as well.
+	set := nodeCmd{Op: "peers", Peers: []nodePeer{one, two}}
 	if got := nd.must(set).Changed; got != 1 {
-		t.Fatalf("adding the peer changed %d peers, want 1", got)
+		t.Fatalf("adding the second peer changed %d peers, want 1", got)
 	}
-	testenv.WaitFor(t, "the quiet peer's keepalive turned on", func() error {
-		if p := nd.must(nodeCmd{Op: "show"}).Peers[peer.String()]; p.Keepalive != 25*time.Second {
-			return fmt.Errorf("keepalive %v", p.Keepalive)
+	testenv.WaitFor(t, "the quiet peers' keepalives turned on", func() error {
+		ps := nd.must(nodeCmd{Op: "show"}).Peers
+		for _, p := range []nodePeer{one, two} {
+			if ka := ps[p.Key].Keepalive; ka != 25*time.Second {
+				return fmt.Errorf("peer %s keepalive %v", p.Key, ka)
+			}
 		}
 		return nil
 	})

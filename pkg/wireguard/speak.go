@@ -68,10 +68,12 @@ func quietKeepalive(name string, self wgtypes.Key, p Peer, isNew, record bool, n
 		return 0
 	case isNew:
 		if quiet[name] == nil {
+			// One timer a device: speakUp arms the next one while
+			// quiet peers remain.
 			quiet[name] = map[wgtypes.Key]quietPeer{}
+			time.AfterFunc(quietFor, func() { speakUp(name) })
 		}
 		quiet[name][p.PublicKey] = quietPeer{until: now.Add(quietFor), keepalive: p.PersistentKeepalive}
-		time.AfterFunc(quietFor, func() { speakUp(name) })
 		return 0
 	case ok && now.Before(q.until):
 		if record {
@@ -86,20 +88,27 @@ func quietKeepalive(name string, self wgtypes.Key, p Peer, isNew, record bool, n
 
 // speakUp turns on the keepalive of device name's peers whose quiet time
 // is over, for those still on the device (UpdateOnly: a peer removed
-// meanwhile is not brought back).
+// meanwhile is not brought back), and arms itself again for the first of
+// those still quiet.
 func speakUp(name string) {
 	now := time.Now()
 	var due []wgtypes.PeerConfig
+	var next time.Time
 	quietMu.Lock()
 	for k, q := range quiet[name] {
-		if !now.Before(q.until) {
+		switch {
+		case !now.Before(q.until):
 			ka := q.keepalive
 			due = append(due, wgtypes.PeerConfig{PublicKey: k, UpdateOnly: true, PersistentKeepaliveInterval: &ka})
 			delete(quiet[name], k)
+		case next.IsZero() || q.until.Before(next):
+			next = q.until
 		}
 	}
 	if len(quiet[name]) == 0 {
 		delete(quiet, name)
+	} else {
+		time.AfterFunc(next.Sub(now), func() { speakUp(name) })
 	}
 	quietMu.Unlock()
 	if len(due) == 0 {
