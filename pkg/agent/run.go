@@ -230,6 +230,9 @@ type agent struct {
 	// failed is set when the last full pass failed: the next tick runs
 	// one again (see fullDue).
 	failed bool
+	// sealSwept is set once a pass's seal (seal.go) succeeded: the
+	// first one removes a former wireguard backend's seal routes.
+	sealSwept bool
 	// handedBackAt is the heap's allocation total when the free heap was
 	// last handed back (handBack).
 	handedBackAt uint64
@@ -393,7 +396,8 @@ func (a *agent) pass(ctx context.Context, why string, repair bool) {
 	// Before anything else: with no seal, an unrouted pod packet would
 	// leave in the clear. The pass goes on (its routes only narrow what
 	// leaves); its health reports the failure.
-	sealErr := a.c.seal()
+	sealErr := a.c.seal(!a.sealSwept)
+	a.sealSwept = sealErr == nil
 	if sealErr != nil {
 		a.opts.logf("%s: %v", why, sealErr)
 	}

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,11 +19,14 @@ import (
 // out of the underlay, which a pod packet with no route through WireGuard
 // would follow in the clear; the agent's unreachable route for clusterCIDR
 // refuses it instead. A capture of node1's underlay while its pod pings
-// and dials node2's holds no pod packet.
+// and dials node2's holds no pod packet. Then node1's agent restarts
+// with backend vxlan: its seal goes, and node1 routes to node2's pod
+// subnet through the VXLAN device.
 func TestAgentEncryptFailsClosed(t *testing.T) {
 	keyFile := filepath.Join(t.TempDir(), "agt.key")
+	encrypt := fmt.Sprintf(`"encrypt":true,"wireguard":{"keyFile":%q,"userspace":"never"},`, keyFile)
 	lab := newKubeLabOf(t, "auto", 2, func(conf string, _ *kubetest.Server) string {
-		return strings.Replace(conf, `"vni":9,`, fmt.Sprintf(`"encrypt":true,"wireguard":{"keyFile":%q,"userspace":"never"},`, keyFile), 1)
+		return strings.Replace(conf, `"vni":9,`, encrypt, 1)
 	})
 	var subnets []string
 	for i, n := range lab.nodes {
@@ -70,4 +75,19 @@ func TestAgentEncryptFailsClosed(t *testing.T) {
 		}
 	}
 	t.Logf("node1's underlay: %d packets, none a pod's", len(lines))
+
+	must(t, n1.stop(t, syscall.SIGTERM), "stopping villaged on node1")
+	conf, err := os.ReadFile(lab.conf)
+	must(t, err, "reading the conflist")
+	plain := strings.Replace(strings.Replace(string(conf), `"type":"auto",`, `"type":"vxlan",`, 1), encrypt, `"vni":9,`, 1)
+	if !strings.Contains(plain, `"type":"vxlan",`) || strings.Contains(plain, "encrypt") {
+		t.Fatalf("the conflist is not the lab's auto with encrypt:\n%s", conf)
+	}
+	n1.conf = filepath.Join(t.TempDir(), "10-agt.conflist")
+	must(t, os.WriteFile(n1.conf, []byte(plain), 0o644), "writing node1's vxlan conflist")
+	lab.start(n1)
+	waitFor(t, 60*time.Second, "node1 under vxlan removes its seal and routes node2's pods through VXLAN", func() (bool, string) {
+		r, _ := testenv.IP(n1.NS, "route", "show")
+		return !strings.Contains(r, "unreachable "+agentCluster) && strings.Contains(r, subnets[1]+" via") && strings.Contains(r, "village.9"), r
+	})
 }
