@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -274,5 +275,30 @@ func TestSafetyNet(t *testing.T) {
 	}
 	if lo < 48*time.Second || hi > 72*time.Second || hi-lo < 10*time.Second {
 		t.Fatalf("jittered(1m) ranged over [%s, %s], want within [48s, 72s] and spread", lo, hi)
+	}
+}
+
+// TestEveryFeatureStartsAndReports: every feature `villaged status`
+// reports is started by Run, once (early or late), and none is started
+// that status leaves out.
+func TestEveryFeatureStartsAndReports(t *testing.T) {
+	started := map[string]int{}
+	for _, f := range append(append([]feature{}, early...), late...) {
+		started[f.Name()]++
+	}
+	reported := map[string]int{}
+	for _, f := range features() {
+		reported[f.Name()]++
+	}
+	if !maps.Equal(started, reported) {
+		t.Fatalf("started %v, reported %v", started, reported)
+	}
+	for name, n := range started {
+		if n != 1 {
+			t.Errorf("feature %s started %d times", name, n)
+		}
+	}
+	if last := late[len(late)-1].Name(); last != (overlayFeature{}).Name() {
+		t.Errorf("the last feature started is %s: the overlay's loop asks the features before it (the masquerade keeper) for passes", last)
 	}
 }

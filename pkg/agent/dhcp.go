@@ -50,7 +50,7 @@ func (dhcpFeature) Start(ctx context.Context, a *agent, wg *sync.WaitGroup) erro
 }
 
 // Status: the leases are the LAN pods' (their lines say the addresses).
-func (dhcpFeature) Status(context.Context, *Conf, string) ([]string, bool) { return nil, true }
+func (dhcpFeature) Status(context.Context, *view) ([]string, bool) { return nil, true }
 
 // sockHandler answers the agent socket: the LAN pods' questions from the
 // pkg/lanpods controller, the DHCP requests from the lease manager.

@@ -30,36 +30,60 @@
 //     ipam.subnetFile to name the file), where village-ipam reads it. So
 //     one conflist serves every node. Then publishes the conflist when
 //     asked to (the node can network pods).
-//  5. Starts the kernel watch, the nftables watch (nftables.go) and the
-//     late feature: NetworkPolicy (netpol.go, pkg/netpol/controller).
+//  5. Starts the nftables watch (nftables.go) and the late features:
+//     NetworkPolicy (netpol.go, pkg/netpol/controller), the masquerade
+//     keeper (masquerade.go) and, last, the overlay (overlay.go), whose
+//     Start starts the kernel watch (kernel.go), 6 and 7.
 //  6. Registers {name, ip, podCIDRs, vtepMAC} (under an etcd lease of the
 //     configured TTL, or as annotations on its Node) and follows the
 //     registry: a list at one revision, then a watch from the next,
 //     through a registry.Feed that hands the loop the whole list first and
 //     then only the records that changed (coalesced while the loop is
 //     busy), so an event costs the same with 10 nodes or 5,000.
-//  7. Runs the loop, which owns the overlay and the masquerade rules:
-//     the first list with overlay.Set(self, peers), every later batch with
-//     overlay.Update and the change overlay.Diff finds between the old and
-//     new records of the names the batch holds (Set again when Update
-//     cannot), masq.Keep for the netfilter rules. The first Set, made only
-//     once the first list has arrived, is also the sweep of whatever a
-//     previous run left that is no longer wanted: nothing is ever
-//     reconciled against a view the agent does not have, so an
-//     unreachable etcd at start leaves the kernel as it was.
+//  7. Runs the loop, which owns the overlay: the first list with
+//     overlay.Set(self, peers), every later batch with overlay.Update and
+//     the change overlay.Diff finds between the old and new records of the
+//     names the batch holds (Set again when Update cannot). The first Set,
+//     made only once the first list has arrived, is also the sweep of
+//     whatever a previous run left that is no longer wanted: nothing is
+//     ever reconciled against a view the agent does not have, so an
+//     unreachable etcd at start leaves the kernel as it was. After it the
+//     loop asks the masquerade keeper for a pass. With static peers and no
+//     registry, the overlay's Start makes the first Set itself.
+//
+// Run then waits for its context; the features' goroutines are in its
+// wait groups.
 //
 // # Features
 //
-// Every feature beside the loop is a feature (feature.go): Name, Start
-// (its goroutines in the run's wait group, until the run's context is
-// done; an error is a configuration that cannot work and stops run) and
-// Status (`villaged status`'s lines, read from the run directory and the
-// agent socket, and whether it is what it should be). A feature the config
-// leaves off starts nothing. A feature is handed the agent and takes only
-// what it uses: the config, the Kubernetes side's informers, client and
-// recorder (never the factory), the metrics, and what the features started
-// before it made (the DHCP client for the agent socket, the LAN pods'
-// controller for NetworkPolicy).
+// Everything run runs is a feature (feature.go), started and reported
+// through one small interface: Name, Start (its goroutines in the run's
+// wait group, until the run's context is done; it returns once what it
+// serves exists; an error is a configuration that cannot work and stops
+// run) and Status (`villaged status`'s lines, read from the view status
+// reads, the kernel, the run directory and the agent socket, and whether
+// it is what it should be). The features, in the order status reports
+// them:
+//
+//   - overlay (overlay.go): the routes, neighbour and FDB entries (or
+//     WireGuard peers) toward every peer; its Start starts the kernel
+//     watch, the registry's follower and keeper, and the loop, the
+//     reconciler's one caller; its Status is the device, the node, its
+//     registration and each peer;
+//   - masquerade (masquerade.go): the netfilter rules (masquerade, forward
+//     accept, macspoofchk) through masq.Keep, in one keeper goroutine
+//     woken by the nftables notifications and by the loop (keep);
+//   - DHCP (dhcp.go): the LAN pods' leases;
+//   - LAN pods (lanside.go): the agent socket's answers;
+//   - LAN Services (lansvc.go, pkg/lansvc);
+//   - NetworkPolicy (netpol.go, pkg/netpol/controller).
+//
+// A feature the config leaves off starts nothing. A feature is handed the
+// agent and takes only what it uses: the config, the Kubernetes side's
+// informers, client and recorder (never the factory), the metrics, and
+// what the features started before it made (the DHCP client for the agent
+// socket, the LAN pods' controller for NetworkPolicy, the masquerade
+// keeper for the overlay's loop).
 //
 // # The kubernetes registry
 //
@@ -95,17 +119,18 @@
 // nat and filter tables where the iptables backend's rules live, and with
 // networkPolicy the policy and pending tables) are followed through the
 // kernel's nf_tables notifications (nftables.go, pkg/nftwatch): a change
-// to one runs masq.Keep or the policy controller's repair, which write
-// nothing when the kernel holds what they want.
+// to one wakes the masquerade keeper (masq.Keep) or the policy
+// controller's repair, which write nothing when the kernel holds what
+// they want.
 //
 // Nothing periodic does what notifications cover. The safety net
 // (Options.SafetyNet, 5 min by default, each wait jittered between 0.8
-// and 1.2 of it) is a full pass and masq.Keep, for what no notification
+// and 1.2 of it) is a full pass and a masquerade pass, for what no notification
 // says (one lost by the kernel, a change made silently); it is also the
 // policy controller's repair period and the kubernetes registry's resync.
 // The tick (Period, 10 s) does the time-based work only: held peers,
-// reclaims, metrics, and masq.Keep on a legacy-iptables host (x_tables
-// sends no notification); and a full pass on every tick while the kernel
+// reclaims, metrics, and a masquerade pass on a legacy-iptables host
+// (x_tables sends no notification); and a full pass on every tick while the kernel
 // watch is not whole (a subscription failed, or ended on a full socket
 // buffer and notifications may be lost; it is made again after a pause)
 // or the last pass failed. Set writes nothing when nothing differs.
@@ -126,7 +151,9 @@
 //     seen everything since the last tick are atomics the loop reads
 //     (kernel.go);
 //   - the loop owns self, the peer view and the timers, and is the only
-//     caller of the reconciler (which serializes anyway).
+//     caller of the reconciler (which serializes anyway);
+//   - the masquerade keeper owns the netfilter rules' passes: one
+//     masq.Keep at a time, one request queued behind it.
 //
 // Three small values are written by one goroutine and read by another,
 // each behind its own lock: the health the probes report (health.go), the

@@ -6,18 +6,18 @@ import (
 	"sync"
 )
 
-// feature is one of what `villaged run` runs beside the overlay loop, and
-// `villaged status` reports: the LAN pods' DHCP client (dhcp.go), the LAN
-// pods' answers on the agent socket (lanside.go), Services on the LAN
-// (lansvc.go) and NetworkPolicy (netpol.go). The overlay and the
-// masquerade rules are the loop itself (run.go: pass, repairMasq), not
-// features beside it.
+// feature is one of what `villaged run` runs and `villaged status`
+// reports: the overlay (overlay.go: the kernel watch, the registry and the
+// loop), the masquerade rules (masquerade.go), the LAN pods' DHCP client
+// (dhcp.go), the LAN pods' answers on the agent socket (lanside.go),
+// Services on the LAN (lansvc.go) and NetworkPolicy (netpol.go).
 //
 // A feature the config leaves off starts nothing (NetworkPolicy also
 // removes what an earlier run with it on left). A feature takes from the
 // agent only what it needs: the config, the Kubernetes side (whose
 // informers Run has started), the metrics, and the features started
-// before it (the LAN pods' DHCP client, the LAN pods' controller).
+// before it (the LAN pods' DHCP client, the LAN pods' controller, the
+// masquerade keeper the overlay's loop asks for passes).
 type feature interface {
 	// Name names the feature in the log.
 	Name() string
@@ -26,25 +26,30 @@ type feature interface {
 	// configuration that cannot work: it stops run.
 	Start(ctx context.Context, a *agent, wg *sync.WaitGroup) error
 	// Status is `villaged status`'s lines about the feature, read from
-	// the run directory and the agent's socket (nil when it is off); ok
-	// is false when it is not what it should be.
-	Status(ctx context.Context, c *Conf, runDir string) (lines []string, ok bool)
+	// v (the config, the node, the registry's view), the kernel, the run
+	// directory and the agent's socket (nil when it is off); ok is false
+	// when it is not what it should be. It writes nothing.
+	Status(ctx context.Context, v *view) (lines []string, ok bool)
 }
 
 // early are the features Run starts before it waits for the underlay
 // address and the pod subnets: the LAN pods answer the plugin, and the LAN
 // Services answer on the LAN, from the first second (an agent restarted
 // while the API server is down answers from its kept state). late are
-// started once the overlay's own view of the node is known, beside the
-// nftables watch that repairs them.
+// started once the node's underlay address and pod subnets are known,
+// after the nftables watch that kicks NetworkPolicy's and the masquerade's
+// repairs: the masquerade keeper before the overlay, whose loop asks it
+// for passes.
 var (
 	early = []feature{dhcpFeature{}, lanPodsFeature{}, lanServicesFeature{}}
-	late  = []feature{policyFeature{}}
+	late  = []feature{policyFeature{}, masqFeature{}, overlayFeature{}}
 )
 
 // features are every feature, in the order `villaged status` reports
-// them.
-func features() []feature { return append(append([]feature{}, early...), late...) }
+// them: the overlay and its masquerade first.
+func features() []feature {
+	return []feature{overlayFeature{}, masqFeature{}, dhcpFeature{}, lanPodsFeature{}, lanServicesFeature{}, policyFeature{}}
+}
 
 // start starts fs in order.
 func (a *agent) start(ctx context.Context, wg *sync.WaitGroup, fs []feature) error {
@@ -58,10 +63,10 @@ func (a *agent) start(ctx context.Context, wg *sync.WaitGroup, fs []feature) err
 
 // featuresStatus is every feature's status lines; ok is false when one is
 // not what it should be.
-func featuresStatus(ctx context.Context, c *Conf, runDir string) (lines []string, ok bool) {
+func featuresStatus(ctx context.Context, v *view) (lines []string, ok bool) {
 	ok = true
 	for _, f := range features() {
-		l, fok := f.Status(ctx, c, runDir)
+		l, fok := f.Status(ctx, v)
 		lines = append(lines, l...)
 		ok = ok && fok
 	}

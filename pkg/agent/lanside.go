@@ -110,8 +110,8 @@ func inClusterNamespace() string {
 
 // Status is the node's LAN pods, as the running agent knows them (asked
 // on its socket).
-func (lanPodsFeature) Status(ctx context.Context, c *Conf, runDir string) ([]string, bool) {
-	return lanStatus(ctx, c, runDir), true
+func (lanPodsFeature) Status(ctx context.Context, v *view) ([]string, bool) {
+	return lanStatus(ctx, v.c, v.runDir), true
 }
 
 // lanStatus is `villaged status`'s lines about the node's LAN pods; nil

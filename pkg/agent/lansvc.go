@@ -90,9 +90,10 @@ func (a *agent) openLANStore() (store.Store, error) {
 
 // Status is what this node answers for, from the status file lansvc.Run
 // writes; nil when the feature is off.
-func (lanServicesFeature) Status(_ context.Context, c *Conf, runDir string) ([]string, bool) {
+func (lanServicesFeature) Status(_ context.Context, v *view) ([]string, bool) {
+	c := v.c
 	if c.Net.LAN == nil || c.Net.LAN.Services == nil {
 		return nil, true
 	}
-	return lansvc.StatusLines(c.Net.LAN.Services, runDir, c.Net.Name), true
+	return lansvc.StatusLines(c.Net.LAN.Services, v.runDir, c.Net.Name), true
 }

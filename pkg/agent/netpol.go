@@ -61,8 +61,8 @@ func (policyFeature) Start(ctx context.Context, a *agent, wg *sync.WaitGroup) er
 }
 
 // Status is the policy tables against the last compile.
-func (policyFeature) Status(_ context.Context, c *Conf, runDir string) ([]string, bool) {
-	return policyStatus(c, runDir)
+func (policyFeature) Status(_ context.Context, v *view) ([]string, bool) {
+	return policyStatus(v.c, v.runDir)
 }
 
 // startDrops names what the policy tables drop (pkg/netpol/drops: the

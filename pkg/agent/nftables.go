@@ -16,9 +16,9 @@ import (
 //
 //   - the masquerade tables (inet and bridge, masq.Table), and the nat
 //     and filter tables where iptables-nft keeps the iptables backend's
-//     rules: masq receives, and the loop runs repairMasq (masq.Keep);
-//     legacy iptables sends no notification, so on such a host the tick
-//     runs it too (masqOnTick);
+//     rules: masq receives, and the masquerade keeper (masquerade.go)
+//     runs masq.Keep; legacy iptables sends no notification, so on such a
+//     host the loop's tick asks it for a pass too (masqOnTick);
 //   - with networkPolicy on, the policy table (any change) and the pending
 //     table (any change but its elements: ADD adds the marks, the
 //     controller removes them): policy receives, the controller's Kick,

@@ -158,36 +158,16 @@ func Run(ctx context.Context, opts Options) error {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }() // every goroutine is gone when Run returns
 
-	kernel := make(chan struct{}, 1)
-	a.watch = newKernelWatch(a.r, kernel, opts.logf)
-	a.watch.shim = c.Net.LAN != nil && c.Net.LAN.HostShim
-	wg.Go(func() { a.watch.run(ctx) })
-	a.nft = a.newNftWatch() // nftables.go
+	// The nftables watch before the late features, whose repairs it
+	// kicks (nftables.go).
+	a.nft = a.newNftWatch()
 	a.nft.run(ctx, &wg)
+	// The late features (feature.go): NetworkPolicy, the masquerade
+	// keeper and the overlay, whose loop runs until ctx is done.
 	if err := a.start(ctx, &wg, late); err != nil {
 		return err
 	}
-
-	var feed *registry.Feed
-	var records chan registry.Node
-	a.view = peerMap(c.staticPeers())
-	if src != nil {
-		feed = registry.NewFeed()
-		records = make(chan registry.Node, 1)
-		first := record(c.Node, ip, cidrs, c.wg)
-		wg.Go(func() { src.follow(ctx, first, records, feed, a.m, opts.logf) })
-		opts.logf("node %s: %s, pods %s; registering in %s", c.Node, ip, cidrList(cidrs), src.where())
-		if es, ok := src.(*etcdSource); ok {
-			a.reclaim = newReclaimer(c, es.reg, opts.logf) // the etcd registry's departed nodes
-			a.lease = es.lease
-		}
-	} else {
-		a.haveView = true
-		opts.logf("node %s: %s, pods %s; %d static peers, no registry", c.Node, ip, cidrList(cidrs), len(a.view))
-		a.pass(ctx, "start (sweep)", false)
-		a.repairMasq()
-	}
-	a.loop(ctx, feed, records, kernel)
+	<-ctx.Done()
 	if c.Backend.Type == netconf.BackendWireGuard {
 		opts.logf("stopping: the routes stay, unless the WireGuard device is wireguard-go's: it goes with villaged, and its routes with it; the registration expires after its TTL unless villaged is back")
 	} else {
@@ -196,7 +176,9 @@ func Run(ctx context.Context, opts Options) error {
 	return nil
 }
 
-// agent is the loop's state; only the loop goroutine touches it.
+// agent is the run's state. The features set their fields when they
+// start, before the goroutines that read them; from then on the loop's
+// fields (self, view, the timers' state) are the loop goroutine's alone.
 type agent struct {
 	n        *node
 	c        *Conf
@@ -227,6 +209,9 @@ type agent struct {
 	rot *rotator
 	// dhcp is the LAN pods' DHCP client (dhcp.go); nil without DHCP.
 	dhcp *landhcp.Manager
+	// masq keeps the netfilter rules in its own goroutine
+	// (masquerade.go); the loop asks it for passes.
+	masq *masqKeeper
 	// failed is set when the last full pass failed: the next tick runs
 	// one again (see fullDue).
 	failed bool
@@ -268,7 +253,7 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			why := fmt.Sprintf("registry revision %d", b.Revision)
 			if first {
 				a.pass(ctx, why+" (first list: sweep)", false)
-				a.repairMasq()
+				a.masq.keep()
 				continue
 			}
 			a.update(ctx, why, change)
@@ -279,15 +264,13 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 		case <-settled:
 			settled = nil
 			a.repairDrift(ctx, a.watch.take(), records)
-		case <-a.nft.masqChanged():
-			a.repairMasq()
 		case id := <-rotate:
 			a.rotateKey("villaged rotate-key", id, records)
 		case <-safety.C:
 			safety.Reset(jittered(a.opts.safetyNet()))
 			a.checkSelf(records)
 			a.pass(ctx, "safety net", true)
-			a.repairMasq()
+			a.masq.keep()
 		case <-tick.C:
 			if a.onTick != nil {
 				a.onTick()
@@ -300,7 +283,7 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 				a.pass(ctx, "kernel watch incomplete or last pass failed", true)
 			}
 			if masqOnTick() {
-				a.repairMasq()
+				a.masq.keep()
 			}
 			if a.rot != nil && a.rot.due(time.Now()) {
 				a.rotateKey(fmt.Sprintf("keyRotation %v", a.rot.period), "", records)
@@ -483,10 +466,10 @@ func jittered(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
-// masqOnTick reports whether the tick keeps the netfilter rules: on a
-// host whose iptables is the legacy (x_tables) one, whose rules send no
-// notification. Everywhere else the nf_tables notifications (nftables.go)
-// and the safety net start repairMasq.
+// masqOnTick reports whether the tick asks the masquerade keeper for a
+// pass (masquerade.go): on a host whose iptables is the legacy (x_tables)
+// one, whose rules send no notification. Everywhere else the nf_tables
+// notifications (nftables.go) and the safety net start its passes.
 func masqOnTick() bool { return masq.Detect().Legacy }
 
 // repairLocal is the part of a pass that needs no peer view and reads
@@ -513,34 +496,6 @@ func (a *agent) checkSelf(records chan registry.Node) {
 	a.self.IP = ip
 	if records != nil {
 		latest(records, record(a.self.Name, ip, a.self.PodCIDRs, a.c.wg))
-	}
-}
-
-// repairMasq keeps the network's netfilter rules (masquerade, forward
-// accept, every pod's macspoofchk rule) through masq.Keep, as the plugin's
-// ADD does: on every nftables notification about the tables its rules
-// live in (nftables.go), on the safety net, and on every tick on a legacy
-// iptables host (masqOnTick); it costs one fingerprint read when nothing
-// changed. Rules
-// installed where none were recorded (before the first ADD) are not drift;
-// rules gone behind Village's back are, and count in the drift metrics.
-func (a *agent) repairMasq() {
-	res, err := masq.Keep(a.c.netfilter(a.self.PodCIDRs), masq.Node{Bridge: a.c.Net.Bridge, Agent: true, RunDir: a.opts.RunDir})
-	repaired := res.Drift()
-	if err != nil {
-		repaired = 0
-		a.opts.logf("keeping the netfilter rules of network %q: %v", a.c.Net.Name, err)
-	}
-	a.m.AddDrift(res.Drift(), repaired)
-	a.m.NetfilterKept(err)
-	if res.Repaired != "" {
-		a.opts.logf("netfilter rules of network %q drifted (%s): restored", a.c.Net.Name, res.Repaired)
-	}
-	if len(res.SpoofRestored) > 0 {
-		a.opts.logf("macspoofchk rules of %v (network %q) were gone: restored", res.SpoofRestored, a.c.Net.Name)
-	}
-	if res.Installed {
-		a.opts.logf("netfilter rules of network %q installed", a.c.Net.Name)
 	}
 }
 
