@@ -136,11 +136,14 @@ func applyManifest(t *testing.T, kube *kubetest.Server, rel string, edit func(do
 	}
 }
 
-// createNode makes node n's Node object, with podCIDR when it is not "".
+// createNode makes node n's Node object, with podCIDR when it is not ""
+// (a comma list: one per family, as kube-controller-manager assigns them
+// to a dual-stack node).
 func (lab *kubeLab) createNode(n *agentNode, podCIDR string) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}
 	if podCIDR != "" {
-		node.Spec.PodCIDR, node.Spec.PodCIDRs = podCIDR, []string{podCIDR}
+		cidrs := strings.Split(podCIDR, ",")
+		node.Spec.PodCIDR, node.Spec.PodCIDRs = cidrs[0], cidrs
 	}
 	_, err := lab.kube.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{})
 	must(lab.t, err, "creating Node %s", n.name)
@@ -368,14 +371,20 @@ func (lab *kubeLab) deletedNode(subnets []string) {
 }
 
 // podIPv4 is the IPv4 address of p's eth0.
-func podIPv4(t *testing.T, p *Pod) string {
-	out := testenv.MustIP(t, p.NS, "-4", "-o", "addr", "show", "dev", "eth0")
+func podIPv4(t *testing.T, p *Pod) string { return podAddr(t, p, "-4", "inet") }
+
+// podIPv6 is the pod's global IPv6 address on eth0.
+func podIPv6(t *testing.T, p *Pod) string { return podAddr(t, p, "-6", "inet6") }
+
+func podAddr(t *testing.T, p *Pod, family, word string) string {
+	t.Helper()
+	out := testenv.MustIP(t, p.NS, family, "-o", "addr", "show", "dev", "eth0", "scope", "global")
 	f := strings.Fields(out)
 	for i := range f {
-		if f[i] == "inet" && i+1 < len(f) {
+		if f[i] == word && i+1 < len(f) {
 			return strings.Split(f[i+1], "/")[0]
 		}
 	}
-	t.Fatalf("no IPv4 address on the pod's eth0: %s", out)
+	t.Fatalf("no %s address on the pod's eth0: %s", word, out)
 	return ""
 }

@@ -339,11 +339,11 @@ func (lab *agentLab) startAll() []string {
 }
 
 // podsPing adds one pod per node with the shared conflist and pings every
-// pod from every other.
+// address of every pod (each family it has) from every other.
 func (lab *agentLab) podsPing(subnets []string) []*Pod {
 	t := lab.t
 	var pods []*Pod
-	var addrs []string
+	var addrs [][]string
 	for i, n := range lab.nodes {
 		p := n.NewPod()
 		r := n.MustAdd(lab.list, p)
@@ -352,20 +352,27 @@ func (lab *agentLab) podsPing(subnets []string) []*Pod {
 			t.Fatalf("pod on %s got %s, outside the node's leased %s", n.name, a.String(), subnets[i])
 		}
 		pods = append(pods, p)
-		addrs = append(addrs, a.IP.String())
+		var own []string
+		for _, ip := range r.IPs {
+			own = append(own, ip.Address.IP.String())
+		}
+		addrs = append(addrs, own)
 	}
 	// The first packets between two nodes may meet no session yet (a
 	// WireGuard peer added quietly, see pkg/wireguard): wait for each pair
 	// to connect, then it must answer every ping.
 	for i := range pods {
 		for j := range pods {
-			if i != j {
-				what := fmt.Sprintf("pod on %s -> pod on %s (%s)", lab.nodes[i].name, lab.nodes[j].name, addrs[j])
+			if i == j {
+				continue
+			}
+			for _, to := range addrs[j] {
+				what := fmt.Sprintf("pod on %s -> pod on %s (%s)", lab.nodes[i].name, lab.nodes[j].name, to)
 				waitFor(t, 20*time.Second, what, func() (bool, string) {
-					err := testenv.Ping(pods[i].NS, addrs[j], 1)
+					err := testenv.Ping(pods[i].NS, to, 1)
 					return err == nil, fmt.Sprint(err)
 				})
-				must(t, testenv.Ping(pods[i].NS, addrs[j], 2), "%s", what)
+				must(t, testenv.Ping(pods[i].NS, to, 2), "%s", what)
 			}
 		}
 	}
