@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -40,9 +39,9 @@ func TestAgentWireGuard(t *testing.T) {
 	n1 := lab.nodes[0]
 	capt := testenv.StartPcap(t, n1.NS, "lan0")
 	pods := lab.podsPing(subnets)
-	for _, p := range pods {
-		if out := testenv.MustIP(t, p.NS, "link", "show", "eth0"); !strings.Contains(out, " mtu 1440 ") {
-			t.Errorf("pod MTU is not the underlay's 1500 less WireGuard's 60:\n%s", out)
+	for i, p := range pods {
+		if m := podMTU(t, p); m != 1440 {
+			t.Errorf("pod on node%d: MTU %d, not the underlay's 1500 less WireGuard's 60", i+1, m)
 		}
 	}
 	canary := fmt.Sprintf("village-e2e-wireguard-canary-%d", time.Now().UnixNano())

@@ -44,9 +44,9 @@ func TestAgentWireGuardIPv6Underlay(t *testing.T) {
 	n1 := lab.nodes[0]
 	capt := testenv.StartPcap(t, n1.NS, "ul6")
 	pods := lab.podsPing(subnets)
-	for _, p := range pods {
-		if out := testenv.MustIP(t, p.NS, "link", "show", "eth0"); !strings.Contains(out, " mtu 1420 ") {
-			t.Fatalf("pod MTU is not the underlay's 1500 less WireGuard's 80 over IPv6:\n%s", out)
+	for i, p := range pods {
+		if m := podMTU(t, p); m != 1420 {
+			t.Fatalf("pod on node%d: MTU %d, not the underlay's 1500 less WireGuard's 80 over IPv6", i+1, m)
 		}
 	}
 	canary := fmt.Sprintf("village-e2e-wireguard-v6-canary-%d", time.Now().UnixNano())
