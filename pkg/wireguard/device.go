@@ -69,6 +69,10 @@ type Peer struct {
 	Endpoint            *net.UDPAddr // nil: learnt when the peer sends first
 	AllowedIPs          []net.IPNet  // the peer's pod subnets
 	PersistentKeepalive time.Duration
+	// Hub: the peer relays, between peers that cannot reach each other,
+	// the traffic of those whose subnets this device puts on its entry
+	// (see relay.go).
+	Hub bool
 }
 
 // Device is a WireGuard interface in the current network namespace, made
@@ -319,7 +323,8 @@ func (d *Device) Peers() ([]wgtypes.Peer, error) {
 // configuration, additions and changes before removals, so a pod subnet
 // that moves from a removed peer to another (a node that got a new key)
 // always has one. Two peers with one public key are an error and nothing
-// is written.
+// is written. With a Hub among peers, a peer that cannot be reached
+// directly has its allowed IPs on a hub's entry instead (see relay.go).
 func (d *Device) SetPeers(peers []Peer) (int, error) {
 	changes, err := d.peerChanges(peers, true)
 	if err != nil || len(changes) == 0 {
@@ -361,13 +366,17 @@ func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, er
 	for _, p := range cur {
 		have[p.PublicKey] = p
 	}
-	var changes []wgtypes.PeerConfig
+	now := time.Now()
+	want = d.placeSubnets(dev.PublicKey, want, have, write, now)
+	// Changes that give a peer a subnet it lacks go first (their order by
+	// key among themselves), then the others: a subnet that moves from one
+	// entry to another (relayed, or back) always has one.
+	var changes, losing []wgtypes.PeerConfig
 	keys := make([]wgtypes.Key, 0, len(want))
 	for k := range want {
 		keys = append(keys, k)
 	}
 	slices.SortFunc(keys, func(a, b wgtypes.Key) int { return strings.Compare(a.String(), b.String()) })
-	now := time.Now()
 	for _, k := range keys {
 		p := want[k]
 		h, ok := have[k]
@@ -381,14 +390,20 @@ func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, er
 			ep = nil // keep the endpoint its packets come from
 		}
 		ka := p.PersistentKeepalive
-		changes = append(changes, wgtypes.PeerConfig{
+		c := wgtypes.PeerConfig{
 			PublicKey:                   k,
 			Endpoint:                    ep,
 			PersistentKeepaliveInterval: &ka,
 			ReplaceAllowedIPs:           true,
 			AllowedIPs:                  p.AllowedIPs,
-		})
+		}
+		if ok && !gains(h, p) {
+			losing = append(losing, c)
+			continue
+		}
+		changes = append(changes, c)
 	}
+	changes = append(changes, losing...)
 	for _, h := range cur {
 		if _, ok := want[h.PublicKey]; !ok {
 			changes = append(changes, wgtypes.PeerConfig{PublicKey: h.PublicKey, Remove: true})
@@ -427,6 +442,17 @@ func samePeer(h wgtypes.Peer, p Peer, roamed bool) bool {
 	return slices.Equal(prefixSet(h.AllowedIPs), prefixSet(p.AllowedIPs))
 }
 
+// gains tells whether p has an allowed IP the device's peer h lacks.
+func gains(h wgtypes.Peer, p Peer) bool {
+	had := prefixSet(h.AllowedIPs)
+	for _, n := range prefixSet(p.AllowedIPs) {
+		if _, ok := slices.BinarySearch(had, n); !ok {
+			return true
+		}
+	}
+	return false
+}
+
 func prefixSet(ips []net.IPNet) []string {
 	s := make([]string, 0, len(ips))
 	for _, n := range ips {
@@ -452,6 +478,7 @@ func (d *Device) Close() error {
 func (d *Device) closeLocked() error {
 	if d.us != nil {
 		forgetQuiet(d.name)
+		forgetPaths(d.name)
 		if running[d.name] == d {
 			delete(running, d.name)
 		}

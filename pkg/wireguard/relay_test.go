@@ -1,0 +1,122 @@
+package wireguard
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+func TestChoosePaths(t *testing.T) {
+	now := time.Now()
+	key := func(b byte) wgtypes.Key { var k wgtypes.Key; k[0] = b; return k }
+	self, a, b, h1, h2 := key(1), key(2), key(3), key(10), key(11)
+	fresh := now.Add(-10 * time.Second)        // a live session
+	stale := now.Add(-RoamFresh - time.Second) // a dead one
+	old := now.Add(-RelayGrace - time.Second)  // came before the grace time
+	peer := func(k wgtypes.Key, since, handshake time.Time) pathPeer {
+		return pathPeer{key: k, keepalive: true, since: since, handshake: handshake}
+	}
+	hub := func(k wgtypes.Key, handshake time.Time) pathPeer {
+		return pathPeer{key: k, hub: true, keepalive: true, since: old, handshake: handshake}
+	}
+	via := func(p pathPeer, h wgtypes.Key) pathPeer { p.via = h; return p }
+	noKeepalive := func(p pathPeer) pathPeer { p.keepalive = false; return p }
+	one := pickHub(self, a, []wgtypes.Key{h1, h2})
+	for _, c := range []struct {
+		name    string
+		peers   []pathPeer
+		relay   map[wgtypes.Key]wgtypes.Key
+		pending bool
+	}{
+		{"no hub: all direct, nothing to watch", []pathPeer{peer(a, old, time.Time{}), peer(b, old, stale)}, nil, false},
+		{"direct sessions live", []pathPeer{peer(a, old, fresh), hub(h1, fresh)}, nil, false},
+		{"new peer within the grace time: direct, undecided", []pathPeer{peer(a, now, time.Time{}), hub(h1, fresh)}, nil, true},
+		{"no handshake after the grace time: through the hub", []pathPeer{peer(a, old, time.Time{}), hub(h1, fresh)}, map[wgtypes.Key]wgtypes.Key{a: h1}, true},
+		{"session dead for RoamFresh: through the hub", []pathPeer{peer(a, old, stale), hub(h1, fresh)}, map[wgtypes.Key]wgtypes.Key{a: h1}, true},
+		{"already relayed, new to this process: stays relayed", []pathPeer{via(peer(a, now, time.Time{}), h1), hub(h1, fresh)}, map[wgtypes.Key]wgtypes.Key{a: h1}, true},
+		{"relayed, then a direct handshake: direct again", []pathPeer{via(peer(a, old, fresh), h1), hub(h1, fresh)}, nil, false},
+		{"the hub has no session: direct, waiting", []pathPeer{peer(a, old, time.Time{}), hub(h1, stale)}, nil, true},
+		{"the hub never answered: direct, waiting", []pathPeer{peer(a, old, time.Time{}), hub(h1, time.Time{})}, nil, true},
+		{"no keepalive: never relayed (no direct try would follow)", []pathPeer{noKeepalive(peer(a, old, time.Time{})), hub(h1, fresh)}, nil, false},
+		{"a hub is never relayed", []pathPeer{hub(h1, fresh), hub(h2, stale)}, nil, false},
+		{"two live hubs: the pair's hub", []pathPeer{peer(a, old, time.Time{}), hub(h1, fresh), hub(h2, fresh)}, map[wgtypes.Key]wgtypes.Key{a: one}, true},
+		{"two hubs, one live: the live one", []pathPeer{peer(a, old, time.Time{}), hub(h1, stale), hub(h2, fresh)}, map[wgtypes.Key]wgtypes.Key{a: h2}, true},
+		{"one relayed, one direct", []pathPeer{peer(a, old, time.Time{}), peer(b, old, fresh), hub(h1, fresh)}, map[wgtypes.Key]wgtypes.Key{a: h1}, true},
+	} {
+		relay, pending := choosePaths(self, c.peers, now)
+		if len(relay) != len(c.relay) || pending != c.pending {
+			t.Errorf("%s: relay %v pending %v, want %v %v", c.name, relay, pending, c.relay, c.pending)
+			continue
+		}
+		for k, h := range c.relay {
+			if relay[k] != h {
+				t.Errorf("%s: peer %x through %x, want %x", c.name, k[0], relay[k][0], h[0])
+			}
+		}
+	}
+}
+
+// Both ends of a pair pick the same hub, and pairs spread over the hubs.
+func TestPickHubAgrees(t *testing.T) {
+	hubs := []wgtypes.Key{mustGen(t).PublicKey(), mustGen(t).PublicKey(), mustGen(t).PublicKey()}
+	used := map[wgtypes.Key]int{}
+	for range 60 {
+		a, b := mustGen(t).PublicKey(), mustGen(t).PublicKey()
+		h := pickHub(a, b, hubs)
+		if h != pickHub(b, a, hubs) {
+			t.Fatalf("pair %s %s: the two ends pick different hubs", a, b)
+		}
+		used[h]++
+	}
+	if len(used) != len(hubs) {
+		t.Errorf("60 pairs used %d of %d hubs: %v", len(used), len(hubs), used)
+	}
+}
+
+func mustGen(t *testing.T) wgtypes.Key {
+	k, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// placeSubnets moves a relayed peer's subnets to its hub's entry, leaving
+// the peer's entry (endpoint, keepalive) with none, and the caller's map
+// as it was.
+func TestPlaceSubnets(t *testing.T) {
+	now := time.Now()
+	self, a, h := mustGen(t), mustGen(t).PublicKey(), mustGen(t).PublicKey()
+	_, na, _ := net.ParseCIDR("10.70.2.0/24")
+	_, nh, _ := net.ParseCIDR("10.70.9.0/24")
+	want := map[wgtypes.Key]Peer{
+		a: {PublicKey: a, AllowedIPs: []net.IPNet{*na}, PersistentKeepalive: 25 * time.Second},
+		h: {PublicKey: h, AllowedIPs: []net.IPNet{*nh}, PersistentKeepalive: 25 * time.Second, Hub: true},
+	}
+	// The device has a's subnet on the hub already (relayed before this
+	// process started) and a live session with the hub only.
+	have := map[wgtypes.Key]wgtypes.Peer{
+		a: {PublicKey: a},
+		h: {PublicKey: h, AllowedIPs: []net.IPNet{*nh, *na}, LastHandshakeTime: now},
+	}
+	d := &Device{name: "relaytest"}
+	t.Cleanup(func() { forgetPaths(d.name) })
+	got := d.placeSubnets(self.PublicKey(), want, have, true, now)
+	if len(got[a].AllowedIPs) != 0 || len(got[h].AllowedIPs) != 2 || got[a].PersistentKeepalive != 25*time.Second {
+		t.Fatalf("relayed: a %v, hub %v", got[a], got[h])
+	}
+	if len(want[a].AllowedIPs) != 1 || len(want[h].AllowedIPs) != 1 {
+		t.Fatalf("the caller's peers changed: %v", want)
+	}
+	if !d.PathsPending() {
+		t.Errorf("a relayed peer is not pending")
+	}
+	// A direct handshake: back on its own entry, nothing pending.
+	have[a] = wgtypes.Peer{PublicKey: a, LastHandshakeTime: now}
+	got = d.placeSubnets(self.PublicKey(), want, have, true, now)
+	if len(got[a].AllowedIPs) != 1 || len(got[h].AllowedIPs) != 1 || d.PathsPending() {
+		t.Fatalf("direct again: a %v, hub %v, pending %v", got[a], got[h], d.PathsPending())
+	}
+}
