@@ -22,9 +22,6 @@ import (
 // (nodelocal.WireGuardRotate) is the command's, the status
 // (nodelocal.WireGuardKey) the agent's.
 
-// rotatePoll is how often the agent looks at the request file.
-const rotatePoll = time.Second
-
 // RotateRequest is what `villaged rotate-key` writes: a new ID asks for
 // one rotation.
 type RotateRequest struct {
@@ -67,10 +64,14 @@ func (a *agent) newRotator(ctx context.Context) (*rotator, error) {
 		a.opts.logf("wireguard key status: %v (written anew)", err)
 	}
 	rt.status = KeyStatus{PublicKey: c.wg.key, Since: rt.keyTime(), Served: prev.Served}
-	if err := rt.write(); err != nil {
+	if err := rt.write(); err != nil { // makes the directory watched
 		return nil, err
 	}
-	go rt.follow(ctx, a.opts.logf)
+	changed, err := watchFile(ctx, nodelocal.WireGuardRotate(rt.runDir, c.Net.Name), a.opts.logf)
+	if err != nil {
+		return nil, err
+	}
+	go rt.follow(ctx, changed, a.opts.logf)
 	return rt, nil
 }
 
@@ -91,12 +92,12 @@ func (rt *rotator) write() error {
 	return nodelocal.WriteFile(nodelocal.WireGuardKey(rt.runDir, rt.c.Net.Name), append(b, '\n'), 0o644)
 }
 
-// follow sends the ID of each request the status has not served.
-func (rt *rotator) follow(ctx context.Context, logf func(string, ...any)) {
+// follow sends the ID of each request the status has not served: it
+// reads the request file at start and each time changed says it was
+// written, so an agent nobody asks does nothing.
+func (rt *rotator) follow(ctx context.Context, changed <-chan struct{}, logf func(string, ...any)) {
 	path := nodelocal.WireGuardRotate(rt.runDir, rt.c.Net.Name)
 	seen := rt.status.Served
-	t := time.NewTicker(rotatePoll)
-	defer t.Stop()
 	for {
 		var req RotateRequest
 		if _, err := nodelocal.ReadJSON(path, &req); err != nil {
@@ -108,7 +109,7 @@ func (rt *rotator) follow(ctx context.Context, logf func(string, ...any)) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-changed:
 		}
 	}
 }
@@ -161,6 +162,13 @@ func RotateKey(ctx context.Context, opts Options) (old, new string, err error) {
 	if !found {
 		return "", "", fmt.Errorf("network %q: no %s: is villaged run running on this node?", c.Net.Name, statusPath)
 	}
+	// Watch the status before asking, so that no answer is missed.
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	changed, err := watchFile(wctx, statusPath, func(string, ...any) {})
+	if err != nil {
+		return "", "", err
+	}
 	idb := make([]byte, 8)
 	_, _ = rand.Read(idb)
 	req := RotateRequest{ID: hex.EncodeToString(idb), At: time.Now().UTC()}
@@ -168,8 +176,6 @@ func RotateKey(ctx context.Context, opts Options) (old, new string, err error) {
 	if err := nodelocal.WriteFile(nodelocal.WireGuardRotate(opts.RunDir, c.Net.Name), append(b, '\n'), 0o600); err != nil {
 		return "", "", err
 	}
-	t := time.NewTicker(rotatePoll / 4)
-	defer t.Stop()
 	for {
 		var st KeyStatus
 		if _, err := nodelocal.ReadJSON(statusPath, &st); err != nil {
@@ -185,7 +191,7 @@ func RotateKey(ctx context.Context, opts Options) (old, new string, err error) {
 		case <-ctx.Done():
 			return "", "", fmt.Errorf("network %q: the agent did not rotate the WireGuard key (request %s in %s): %w",
 				c.Net.Name, req.ID, nodelocal.WireGuardRotate(opts.RunDir, c.Net.Name), errors.Join(ctx.Err(), errors.New("is villaged run running?")))
-		case <-t.C:
+		case <-changed:
 		}
 	}
 }

@@ -35,6 +35,14 @@ type Device struct {
 	dev  *device.Device
 	uapi net.Listener
 	done chan struct{} // closed when the UAPI accept loop ends
+	// cleared is the port and the descriptors whose DF fragmentable last
+	// cleared: while they still hold that port with DF clear, Up looks no
+	// further (wireguard-go rebinds, closing them, only when it comes up
+	// again or its port changes).
+	cleared struct {
+		port int
+		fds  []int
+	}
 }
 
 // Start makes a TUN device called name with mtu, runs wireguard-go on it
@@ -87,12 +95,56 @@ func Start(name string, mtu int, logf func(format string, args ...any)) (interfa
 
 // Up brings wireguard-go up (it also comes up on the TUN's up event; this
 // makes it up, and its UDP port bound, at once) and lets its IPv4 packets
-// be fragmented on the path (see fragmentable).
+// be fragmented on the path (see fragmentable). Called on every pass, it
+// costs a few getsockopt calls while the sockets it last cleared are still
+// bound and clear; only a new socket (the device made, brought up again,
+// or given another port) makes it read the device's configuration and
+// look through the process's descriptors again.
 func (d *Device) Up() error {
 	if err := d.dev.Up(); err != nil {
 		return err
 	}
-	return fragmentable(d.listenPort())
+	if d.cleared.port != 0 && stillClear(d.cleared.fds, d.cleared.port) {
+		return nil
+	}
+	port := d.listenPort()
+	fds, err := fragmentable(port)
+	d.cleared.port, d.cleared.fds = port, fds
+	return err
+}
+
+// stillClear tells whether each of fds is still an IPv4 UDP socket bound
+// to port with DF clear. A socket wireguard-go closed fails (the
+// descriptor is gone or is something else now), and so does a new socket
+// that reuses the number (its DF is set): only the sockets fragmentable
+// cleared pass.
+func stillClear(fds []int, port int) bool {
+	if len(fds) == 0 {
+		return false
+	}
+	for _, fd := range fds {
+		if !udp4On(fd, port) {
+			return false
+		}
+		if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER); err != nil || v != unix.IP_PMTUDISC_DONT {
+			return false
+		}
+	}
+	return true
+}
+
+// udp4On tells whether fd is a socket of the IPv4 family, type datagram,
+// protocol UDP, bound to port.
+func udp4On(fd, port int) bool {
+	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_INET {
+		return false
+	}
+	if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != unix.IPPROTO_UDP {
+		return false
+	}
+	sa, err := unix.Getsockname(fd)
+	sa4, ok := sa.(*unix.SockaddrInet4)
+	return err == nil && ok && sa4.Port == port
 }
 
 // listenPort is the UDP port the device is bound to (0: none yet).
@@ -118,15 +170,17 @@ func (d *Device) listenPort() int {
 // would vanish, and with it every inner packet of that size). wireguard-go
 // opens its sockets itself and offers no option for this, so they are
 // found among the process's descriptors: a socket of the IPv4 family,
-// type datagram, protocol UDP, bound to port.
-func fragmentable(port int) error {
+// type datagram, protocol UDP, bound to port. It returns the descriptors
+// it cleared.
+func fragmentable(port int) ([]int, error) {
 	if port == 0 {
-		return nil
+		return nil, nil
 	}
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		return fmt.Errorf("wireguard: listing this process's descriptors: %w", err)
+		return nil, fmt.Errorf("wireguard: listing this process's descriptors: %w", err)
 	}
+	var fds []int
 	for _, e := range ents {
 		fd, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -135,21 +189,15 @@ func fragmentable(port int) error {
 		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || !strings.HasPrefix(l, "socket:") {
 			continue
 		}
-		if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_INET {
-			continue
-		}
-		if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != unix.IPPROTO_UDP {
-			continue
-		}
-		sa, err := unix.Getsockname(fd)
-		if sa4, ok := sa.(*unix.SockaddrInet4); err != nil || !ok || sa4.Port != port {
+		if !udp4On(fd, port) {
 			continue
 		}
 		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DONT); err != nil {
-			return fmt.Errorf("wireguard: clearing DF on the UDP socket of port %d: %w", port, err)
+			return nil, fmt.Errorf("wireguard: clearing DF on the UDP socket of port %d: %w", port, err)
 		}
+		fds = append(fds, fd)
 	}
-	return nil
+	return fds, nil
 }
 
 // Close stops serving the UAPI socket and stops the device: the TUN
