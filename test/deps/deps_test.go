@@ -2,7 +2,9 @@
 // village, village-ipam and loopback for every pod, so they stay lean and do
 // not carry the Kubernetes client (or the etcd client), which only villaged
 // and the separately exec'd store helpers need. It also keeps the package
-// map of docs/architecture.md true (arch_test.go).
+// map of docs/architecture.md true (arch_test.go), and the links of the
+// README and docs/ pointing at files and headings that exist
+// (links_test.go).
 package deps
 
 import (
