@@ -59,9 +59,16 @@
 # BenchmarkControlPlaneVsFlannel in test/e2e: villaged and flanneld
 # (scripts/flannel.sh builds it) watching one kube-apiserver, vxlan then
 # host-gw, while 1,000 Nodes are created ($VILLAGE_BENCH_NODES=1000,5000 for
-# both sizes; $VILLAGE_BENCH_IDLE=60s for a longer idle phase), 100 changed
-# and 100 deleted; per-event latency to the kernel,
-# CPU, RSS and API requests of each.
+# both sizes), 100 changed and 100 deleted; per-event latency to the kernel,
+# CPU, RSS and API requests of each. Then an idle phase ($VILLAGE_BENCH_IDLE,
+# default 6m30s: it holds one of villaged's safety-net passes, which it
+# reports), CPU per minute of each; then objects deleted by hand in each
+# node namespace, one at a time ($VILLAGE_BENCH_REPAIRS samples per kind,
+# default 20): a route, a neighbour, an FDB entry, the masquerade table,
+# and the VTEP, each one's return timed ("never" after 30 s); 1,000 routes
+# deleted at once; the masquerade table deleted ten times a second for
+# $VILLAGE_BENCH_STORM (default 60s), villaged's CPU over it. About 12
+# minutes a round (four rounds at both sizes).
 #
 # The netpol section (only with -only netpol, ~3 minutes) is the pkg/netpol
 # benchmarks at 100 policies / 1,000 pods (a change from compile to kernel,

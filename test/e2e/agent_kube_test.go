@@ -90,7 +90,7 @@ func newKubeLabOf(t *testing.T, mode string, count int, edit func(conf string, k
 
 // applyRBAC creates the roles and bindings of deploy/kubernetes/rbac.yaml
 // and the admission policies of admission.yaml.
-func applyRBAC(t *testing.T, kube *kubetest.Server) {
+func applyRBAC(t testing.TB, kube *kubetest.Server) {
 	applyManifest(t, kube, filepath.Join("deploy", "kubernetes", "rbac.yaml"), nil)
 	applyManifest(t, kube, filepath.Join("deploy", "kubernetes", "admission.yaml"), nil)
 }
@@ -98,7 +98,7 @@ func applyRBAC(t *testing.T, kube *kubetest.Server) {
 // applyManifest creates the objects of the module's file rel (RBAC and
 // admission policies), each document first passed through edit (nil: as
 // it is).
-func applyManifest(t *testing.T, kube *kubetest.Server, rel string, edit func(doc []byte) []byte) {
+func applyManifest(t testing.TB, kube *kubetest.Server, rel string, edit func(doc []byte) []byte) {
 	root, err := testenv.ModuleRoot()
 	must(t, err, "module root")
 	b, err := os.ReadFile(filepath.Join(root, rel))
