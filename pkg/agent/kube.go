@@ -136,7 +136,10 @@ func slimNode(n *corev1.Node) (any, error) {
 		return obj, err
 	}
 	if v, excluded := n.Labels[kubenames.LabelExcludeFromLB]; excluded {
-		s.Labels = map[string]string{kubenames.LabelExcludeFromLB: v}
+		if s.Labels == nil {
+			s.Labels = map[string]string{}
+		}
+		s.Labels[kubenames.LabelExcludeFromLB] = v
 	}
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {

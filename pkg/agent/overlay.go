@@ -76,6 +76,9 @@ func (overlayFeature) Status(ctx context.Context, v *view) ([]string, bool) {
 	lines := []string{header, fmt.Sprintf("node %s: %s, pod subnets %s (%s)", c.Node, v.self.IP, cidrList(v.self.PodCIDRs), v.selfSrc)}
 	if v.src != nil {
 		want := record(c.Node, v.self.IP, v.self.PodCIDRs, c.wg)
+		if v.registered != nil {
+			want.Hub = v.registered.Hub // the admin's label, not the agent's to publish
+		}
 		switch {
 		case v.registered == nil:
 			ok = false

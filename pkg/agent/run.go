@@ -250,10 +250,15 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			}
 			first := !a.haveView
 			change := a.setView(b)
+			hub := a.hubFrom(b)
 			why := fmt.Sprintf("registry revision %d", b.Revision)
 			if first {
 				a.pass(ctx, why+" (first list: sweep)", false)
 				a.masq.keep()
+				continue
+			}
+			if hub {
+				a.pass(ctx, why+" (this node's wireguard-hub label changed)", false)
 				continue
 			}
 			a.update(ctx, why, change)
@@ -292,6 +297,9 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			}
 			if a.rot != nil && a.rot.due(time.Now()) {
 				a.rotateKey(fmt.Sprintf("keyRotation %v", a.rot.period), "", records)
+			}
+			if a.r.WireGuardPathsPending() {
+				a.refreshPaths(ctx)
 			}
 			if a.reclaim != nil {
 				a.reclaim.pass(ctx)
@@ -347,6 +355,37 @@ func (a *agent) setView(b registry.Batch) overlay.PeerChange {
 	}
 	a.haveView = true
 	return change
+}
+
+// hubFrom takes this node's hub mark from its own record in b, when b has
+// it (the registry's other records are peers: setView), and tells whether
+// it changed.
+func (a *agent) hubFrom(b registry.Batch) bool {
+	for _, rec := range b.Nodes {
+		if rec.Name == a.c.Node && rec.Hub != a.self.WireGuardHub {
+			a.self.WireGuardHub = rec.Hub
+			a.opts.logf("node %s: wireguard hub %v", a.c.Node, rec.Hub)
+			return true
+		}
+	}
+	return false
+}
+
+// refreshPaths moves WireGuard peers to or from a hub as their handshakes
+// now say (overlay.Reconciler.RefreshWireGuardPaths: one read of the
+// device, a write only when a path changes). The tick calls it only while
+// some peer's path is pending, so a cluster without hubs, or with every
+// peer reached directly, reads nothing more than before.
+func (a *agent) refreshPaths(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
+	rep, err := a.r.RefreshWireGuardPaths(pctx)
+	for _, ch := range rep.Applied {
+		a.opts.logf("wireguard paths: %s", ch)
+	}
+	if err != nil && ctx.Err() == nil {
+		a.opts.logf("wireguard paths: %v", err)
+	}
 }
 
 // update applies a known change of the peer set without reading the kernel

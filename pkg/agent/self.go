@@ -69,7 +69,7 @@ func record(name string, ip net.IP, cidrs []*net.IPNet, wg wgID) registry.Node {
 
 // overlayNode turns a registry record into a reconciler peer.
 func overlayNode(n registry.Node) (overlay.Node, error) {
-	o := overlay.Node{Name: n.Name, IP: net.ParseIP(n.IP)}
+	o := overlay.Node{Name: n.Name, IP: net.ParseIP(n.IP), WireGuardHub: n.Hub}
 	if o.IP == nil {
 		return o, fmt.Errorf("node %q: ip %q", n.Name, n.IP)
 	}

@@ -32,6 +32,10 @@ const (
 	// WireGuard to, when it is configured ("backend.wireguard.endpoint");
 	// absent: its underlay address at the network's port.
 	AnnotationWireGuardEndpoint = Prefix + "wireguard-endpoint"
+	// LabelWireGuardHub on a Node, with value "true", set by the admin:
+	// the node relays WireGuard traffic between nodes that cannot reach
+	// each other (each behind its own NAT).
+	LabelWireGuardHub = Prefix + "wireguard-hub"
 )
 
 // The LAN pods contract ("macvlan.pods": "annotated"; pkg/lanpods).

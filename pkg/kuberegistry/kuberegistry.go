@@ -17,6 +17,9 @@
 //	village.cni.io/wireguard-key the WireGuard public key (backend wireguard; removed otherwise)
 //	village.cni.io/wireguard-endpoint  where peers send WireGuard, when configured
 //
+// and reads one label the admin sets: village.cni.io/wireguard-hub: "true"
+// makes the node a WireGuard hub (registry.Node.Hub).
+//
 // A Node without the underlay-ip annotation or without spec.podCIDRs is
 // not (yet) a peer. The agent writes only its own Node's annotations, with a
 // JSON merge patch of the Node's status subresource, and writes them again when they differ from what it
@@ -182,7 +185,8 @@ func Record(n *corev1.Node) (rec registry.Node, ok bool, err error) {
 		return rec, false, nil
 	}
 	rec = registry.Node{Name: n.Name, IP: ip, PodCIDRs: slices.Clone(cidrs), VtepMAC: n.Annotations[kubenames.AnnotationVtepMAC],
-		WireGuardKey: n.Annotations[kubenames.AnnotationWireGuardKey], WireGuardEndpoint: n.Annotations[kubenames.AnnotationWireGuardEndpoint]}
+		WireGuardKey: n.Annotations[kubenames.AnnotationWireGuardKey], WireGuardEndpoint: n.Annotations[kubenames.AnnotationWireGuardEndpoint],
+		Hub: n.Labels[kubenames.LabelWireGuardHub] == "true"}
 	if err := rec.Validate(); err != nil {
 		return rec, false, fmt.Errorf("Node %q: %w", n.Name, err)
 	}
@@ -259,7 +263,8 @@ func (r *Registry) Publish(ctx context.Context, rec registry.Node) error {
 	return r.wrap(fmt.Sprintf("annotating Node %q", r.cfg.Node), err)
 }
 
-// Slim keeps of a Node only what the registry reads, so the informer's
+// Slim keeps of a Node only what the registry reads (Village's
+// annotations, the hub label, the pod subnets), so the informer's
 // cache of a large cluster stays small: the transform of a Node informer
 // given in Config.Nodes.
 func Slim(obj any) (any, error) {
@@ -273,8 +278,12 @@ func Slim(obj any) (any, error) {
 			ann[k] = v
 		}
 	}
+	var labels map[string]string
+	if v, ok := n.Labels[kubenames.LabelWireGuardHub]; ok {
+		labels = map[string]string{kubenames.LabelWireGuardHub: v}
+	}
 	return &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Annotations: ann},
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Annotations: ann, Labels: labels},
 		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
 	}, nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/village-cni/village/pkg/overlay"
+	"github.com/village-cni/village/pkg/validate"
 	"github.com/village-cni/village/pkg/wireguard"
 )
 
@@ -55,6 +56,11 @@ type WireGuard struct {
 	// (behind NAT, or another address than the underlay's); "": its
 	// underlay address at Port.
 	Endpoint string `json:"endpoint,omitempty"`
+	// Hubs names the nodes that relay between peers that cannot reach
+	// each other (each behind its own NAT), besides those a kubernetes
+	// registry finds labelled village.cni.io/wireguard-hub: "true": the
+	// way to name them with the etcd registry.
+	Hubs []string `json:"hubs,omitempty"`
 
 	// Parsed.
 	EndpointAddr *net.UDPAddr `json:"-"`
@@ -137,6 +143,11 @@ func (b *Backend) parseWireGuard() *types.Error {
 	default:
 		return Error("invalid \"backend.wireguard.userspace\" %q: auto, never or always", w.Userspace)
 	}
+	for _, h := range w.Hubs {
+		if err := validate.NodeName(h); err != nil {
+			return Error("invalid \"backend.wireguard.hubs\": %v", err)
+		}
+	}
 	if w.Endpoint != "" {
 		host, port, err := net.SplitHostPort(w.Endpoint)
 		ip := net.ParseIP(host)
@@ -175,5 +186,6 @@ func (w *WireGuard) overlayConfig(network string) overlay.WireGuardConfig {
 		KeyFile:             w.KeyPath(network),
 		PersistentKeepalive: time.Duration(*w.PersistentKeepalive),
 		Userspace:           w.Userspace,
+		Hubs:                w.Hubs,
 	}
 }

@@ -70,6 +70,10 @@ type Node struct {
 	// WireGuardEndpoint is where the node receives WireGuard; nil means
 	// IP at this network's port.
 	WireGuardEndpoint *net.UDPAddr
+	// WireGuardHub: the node relays WireGuard traffic between peers that
+	// cannot reach each other (the kubernetes registry's Node label; see
+	// also WireGuardConfig.Hubs and package wireguard's relay.go).
+	WireGuardHub bool
 }
 
 // Config selects the backend and the VXLAN parameters.
@@ -188,6 +192,9 @@ type Reconciler struct {
 
 	wg    *wireguard.Device // ModeWireGuard's device once a Set made it
 	wgKey wgtypes.Key       // this node's private key, loaded on first use
+	// wgWant is the device's peer list of the last Set (for
+	// RefreshWireGuardPaths).
+	wgWant []wireguard.Peer
 }
 
 // New opens a netlink socket in cfg.NetNS (or the current namespace).
@@ -260,6 +267,7 @@ func (r *Reconciler) Close() error {
 		_ = r.wg.Close() // a userspace device stops with it
 		r.wg = nil
 	}
+	r.wgWant = nil
 	r.base = nil
 	return nil
 }

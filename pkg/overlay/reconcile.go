@@ -113,7 +113,7 @@ func (r *Reconciler) reconcile(rc *recorder, mode Mode, self Node, peers []Node)
 	out.problems, out.env, out.d, out.again = problems, e, d, again
 	if mode == ModeWireGuard {
 		// Peers before routes: a new route's traffic finds its peer.
-		r.setWGPeers(rc, e.wg, d, peers)
+		r.setWGPeers(rc, e.wg, d, self, peers)
 	}
 	o, err := r.observe(e.vtep, d, linkRef{index: u.link.Attrs().Index, name: u.name()}, e.wg)
 	if err != nil {

@@ -353,7 +353,7 @@ func (r *Reconciler) keepBaseline(rc *recorder, mode Mode, self Node, peers []No
 func sameNode(a, b Node) bool {
 	return a.Name == b.Name && a.IP.Equal(b.IP) && bytes.Equal(a.VtepMAC, b.VtepMAC) &&
 		slices.EqualFunc(a.PodCIDRs, b.PodCIDRs, sameNetOrNil) &&
-		a.WireGuardKey == b.WireGuardKey && sameUDPAddr(a.WireGuardEndpoint, b.WireGuardEndpoint)
+		a.WireGuardKey == b.WireGuardKey && sameUDPAddr(a.WireGuardEndpoint, b.WireGuardEndpoint) && a.WireGuardHub == b.WireGuardHub
 }
 
 func sameUDPAddr(a, b *net.UDPAddr) bool {

@@ -1,14 +1,17 @@
 package overlay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/village-cni/village/pkg/netsetup"
 	"github.com/village-cni/village/pkg/wireguard"
 )
 
@@ -44,6 +47,9 @@ type WireGuardConfig struct {
 	// Userspace is wireguard.UserspaceAuto ("" too), UserspaceNever or
 	// UserspaceAlways.
 	Userspace string
+	// Hubs names nodes that relay (as Node.WireGuardHub says of a peer):
+	// the etcd registry's way to name them.
+	Hubs []string
 	// Logf receives wireguard-go's error lines; nil drops them.
 	Logf func(format string, args ...any) `json:"-"`
 	// Start runs wireguard-go in this process when the policy asks for
@@ -196,6 +202,18 @@ func (r *Reconciler) ensureWG(rc *recorder, u underlay, self Node) linkRef {
 		c := Change{OpReplace, Object{Kind: KindDevice, Desc: fmt.Sprintf("%s alias %q", name, r.alias())}}
 		_ = rc.do(c, func() error { return r.h.LinkSetAlias(link, r.alias()) })
 	}
+	if r.isHub(self) {
+		// A hub routes relayed pod traffic from its device back into it,
+		// even with no pod of its own (which is what turns forwarding on
+		// elsewhere).
+		var ips []net.IP
+		for _, c := range self.PodCIDRs {
+			ips = append(ips, c.IP)
+		}
+		if err := netsetup.EnableForwarding(ips); err != nil {
+			_ = rc.fail(Change{OpReplace, Object{Kind: KindDevice, Desc: name + " forwarding (wireguard hub)"}}, err)
+		}
+	}
 	s := vtepSpec{name: name}
 	for _, c := range self.PodCIDRs {
 		s.addrs = append(s.addrs, vtepAddr(canonical(c)))
@@ -206,8 +224,10 @@ func (r *Reconciler) ensureWG(rc *recorder, u underlay, self Node) linkRef {
 
 // wgPeers is the device's peer list for plan d: every peer that has a route
 // in it, with the route's destinations as allowed IPs. Its endpoint is the
-// one it published, else its underlay address at this network's port.
-func (r *Reconciler) wgPeers(d desired, peers []Node) []wireguard.Peer {
+// one it published, else its underlay address at this network's port. A
+// hub peer is marked so (the device may relay through it, see package
+// wireguard), unless self is a hub: a hub reaches every peer directly.
+func (r *Reconciler) wgPeers(d desired, self Node, peers []Node) []wireguard.Peer {
 	byName := make(map[string]Node, len(peers))
 	for _, p := range peers {
 		if _, ok := byName[p.Name]; !ok {
@@ -218,6 +238,7 @@ func (r *Reconciler) wgPeers(d desired, peers []Node) []wireguard.Peer {
 	for _, rt := range d.routes {
 		allowed[rt.peer] = append(allowed[rt.peer], *rt.dst)
 	}
+	selfHub := r.isHub(self)
 	out := make([]wireguard.Peer, 0, len(allowed))
 	for name, nets := range allowed {
 		n := byName[name]
@@ -226,28 +247,46 @@ func (r *Reconciler) wgPeers(d desired, peers []Node) []wireguard.Peer {
 			ep = &net.UDPAddr{IP: n.IP, Port: r.cfg.Port}
 		}
 		out = append(out, wireguard.Peer{PublicKey: n.WireGuardKey, Endpoint: ep, AllowedIPs: nets,
-			PersistentKeepalive: r.cfg.WireGuard.PersistentKeepalive})
+			PersistentKeepalive: r.cfg.WireGuard.PersistentKeepalive, Hub: !selfHub && r.isHub(n)})
 	}
 	return out
 }
 
+// isHub tells whether node n relays: its record says so, or the config
+// names it.
+func (r *Reconciler) isHub(n Node) bool {
+	return n.WireGuardHub || slices.Contains(r.cfg.WireGuard.Hubs, n.Name)
+}
+
 // setWGPeers makes the device's peer list the plan's (see wgPeers); dry,
-// it reports whether it differs.
-func (r *Reconciler) setWGPeers(rc *recorder, wg linkRef, d desired, peers []Node) {
+// it reports whether it differs. The list is kept for RefreshWireGuardPaths.
+func (r *Reconciler) setWGPeers(rc *recorder, wg linkRef, d desired, self Node, peers []Node) {
 	if wg.index == 0 {
 		return // no device: its own failure (or dry add) is reported
 	}
-	want := r.wgPeers(d, peers)
-	obj := Object{Kind: KindDevice, Desc: fmt.Sprintf("%s peers (%d)", wg.name, len(want))}
+	want := r.wgPeers(d, self, peers)
 	dev := r.wg
 	if dev == nil { // dry, from a reconciler that never made it: read it
 		var err error
 		if dev, err = wireguard.Open(wg.name); err != nil {
-			_ = rc.fail(Change{OpReplace, obj}, err)
+			_ = rc.fail(Change{OpReplace, r.wgPeersObject(wg.name, want)}, err)
 			return
 		}
 		defer dev.Close()
 	}
+	if !rc.dry {
+		r.wgWant = want
+	}
+	r.writeWGPeers(rc, dev, wg.name, want)
+}
+
+func (r *Reconciler) wgPeersObject(name string, want []wireguard.Peer) Object {
+	return Object{Kind: KindDevice, Desc: fmt.Sprintf("%s peers (%d)", name, len(want))}
+}
+
+// writeWGPeers gives dev the peer list want, when it differs.
+func (r *Reconciler) writeWGPeers(rc *recorder, dev *wireguard.Device, name string, want []wireguard.Peer) {
+	obj := r.wgPeersObject(name, want)
 	n, err := dev.PeerChanges(want)
 	if err != nil {
 		_ = rc.fail(Change{OpReplace, obj}, err)
@@ -259,6 +298,32 @@ func (r *Reconciler) setWGPeers(rc *recorder, wg linkRef, d desired, peers []Nod
 	_ = rc.do(Change{OpReplace, obj}, func() error { _, err := dev.SetPeers(want); return err })
 }
 
+// WireGuardPathsPending tells whether some peer's path through the
+// WireGuard device may change with the clock alone (a peer that has not
+// handshaken yet while a hub could relay it, or one relayed through a
+// hub; see package wireguard): the agent then calls RefreshWireGuardPaths
+// on its tick.
+func (r *Reconciler) WireGuardPathsPending() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.wg != nil && r.wgWant != nil && r.wg.PathsPending()
+}
+
+// RefreshWireGuardPaths writes the last Set's peer list to the device
+// again, so that peers move to or from a hub as their handshakes say,
+// without planning or reading anything else. Nothing happens before a
+// Set made the device.
+func (r *Reconciler) RefreshWireGuardPaths(ctx context.Context) (Report, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.wg == nil || r.wgWant == nil {
+		return Report{}, nil
+	}
+	rc := &recorder{ctx: ctx}
+	r.writeWGPeers(rc, r.wg, r.wg.Name(), r.wgWant)
+	return Report{Applied: rc.applied, Failed: rc.failed}, rc.err()
+}
+
 // removeWG deletes this network's WireGuard device when present (and with
 // it every route through it): the one this reconciler runs, or a link of
 // that name carrying this network's alias.
@@ -268,7 +333,7 @@ func (r *Reconciler) removeWG(rc *recorder) {
 	if r.wg != nil {
 		_ = rc.do(c, func() error {
 			err := r.wg.Delete()
-			r.wg = nil
+			r.wg, r.wgWant = nil, nil
 			return err
 		})
 		return

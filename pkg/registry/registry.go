@@ -78,6 +78,11 @@ type Node struct {
 	// peers to send to, "" for its IP at the network's port.
 	WireGuardKey      string `json:"wireguardKey,omitempty"`
 	WireGuardEndpoint string `json:"wireguardEndpoint,omitempty"`
+	// Hub: the node relays WireGuard traffic between nodes that cannot
+	// reach each other. The kubernetes registry reads it from a Node
+	// label the admin sets; the etcd record does not hold it (the config's
+	// backend.wireguard.hubs names hubs there).
+	Hub bool `json:"-"`
 }
 
 // Validate checks that the record can be used: a name that is one key
@@ -115,7 +120,7 @@ func (n Node) Validate() error {
 // Equal reports whether two records say the same.
 func (n Node) Equal(o Node) bool {
 	return n.Name == o.Name && n.IP == o.IP && n.VtepMAC == o.VtepMAC && slices.Equal(n.PodCIDRs, o.PodCIDRs) &&
-		n.WireGuardKey == o.WireGuardKey && n.WireGuardEndpoint == o.WireGuardEndpoint
+		n.WireGuardKey == o.WireGuardKey && n.WireGuardEndpoint == o.WireGuardEndpoint && n.Hub == o.Hub
 }
 
 // Registry reads and writes one network's node records and subnet leases.
