@@ -81,7 +81,9 @@
 // not restarted; the rest is written in one configuration with additions
 // before removals, so that when a node comes back with a new key the new
 // peer takes the pod subnets over before the old one is removed, and no
-// stale peer stays.
+// stale peer stays. A peer marked [Peer.Hub] may carry the pod subnets of
+// peers this device cannot reach directly (two nodes each behind its own
+// NAT): see relay.go.
 //
 // Routing is not this package's: the caller routes each peer's pod subnets
 // through the device.

@@ -159,12 +159,27 @@ func (lab *kubeLab) node(name string) *corev1.Node {
 // annotate sets one annotation of Node name and fails unless the API
 // server's answer carries it (the value was applied).
 func (lab *kubeLab) annotate(name, key, value string) {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
-	n, err := lab.kube.Client.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, patch, metav1.PatchOptions{})
-	must(lab.t, err, "annotating Node %s", name)
+	n := lab.patchMeta(name, "annotations", key, value)
 	if got := n.Annotations[key]; got != value {
 		lab.t.Fatalf("Node %s after the patch: %s=%q, want %q", name, key, got, value)
 	}
+}
+
+// label sets one label of Node name, as annotate does an annotation.
+func (lab *kubeLab) label(name, key, value string) {
+	n := lab.patchMeta(name, "labels", key, value)
+	if got := n.Labels[key]; got != value {
+		lab.t.Fatalf("Node %s after the patch: label %s=%q, want %q", name, key, got, value)
+	}
+}
+
+// patchMeta sets key to value in Node name's metadata field (labels or
+// annotations) and returns the Node the API server answers with.
+func (lab *kubeLab) patchMeta(name, field, key, value string) *corev1.Node {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{field: map[string]string{key: value}}})
+	n, err := lab.kube.Client.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, patch, metav1.PatchOptions{})
+	must(lab.t, err, "setting %s %s of Node %s", field, key, name)
+	return n
 }
 
 func TestAgentKubernetesCluster(t *testing.T) {

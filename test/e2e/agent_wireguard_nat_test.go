@@ -51,9 +51,27 @@ const (
 )
 
 type natRouter struct {
+	natSite
 	ns, isp ns.NetNS
 	site    *LAN
 }
+
+// natSite is where a home sits: its ISP router's address on the LAN, the
+// /30 of the uplink (ISP .1, home router .2, the home's public address)
+// and its home LAN's /24 prefix.
+type natSite struct {
+	ispLAN, uplink, prefix string
+}
+
+// public is the home's public address.
+func (s natSite) public() string { return s.uplink + "2" }
+
+// home1 is TestAgentWireGuardNAT's home (natPublic, natSitePrefix); home2
+// a second one behind its own ISP router and NAT.
+var (
+	home1 = natSite{ispLAN: natISPLAN, uplink: "10.78.0.", prefix: natSitePrefix}
+	home2 = natSite{ispLAN: "192.168.79.2", uplink: "10.78.1.", prefix: "10.79.1."}
+)
 
 // dropFragNeeded is the nftables table that drops ICMP "fragmentation
 // needed" forwarded or sent.
@@ -64,20 +82,20 @@ table ip filter {
 }
 `
 
-// newNATRouter makes the ISP router on lab's LAN, the home router behind
-// it and the home LAN, and routes the LAN's namespaces to the home's
-// public address.
-func newNATRouter(t *testing.T, lab *agentLab) *natRouter {
-	r := &natRouter{ns: testenv.NewNS(t), isp: testenv.NewNS(t), site: NewLAN(t)}
-	lab.lan.Attach(t, r.isp, "eth0", natISPLAN+"/24")
+// newNATRouter makes the ISP router of site on lab's LAN, the home router
+// behind it and the home LAN, and routes the LAN's namespaces (those made
+// so far) to the home's public address.
+func newNATRouter(t *testing.T, lab *agentLab, site natSite) *natRouter {
+	r := &natRouter{natSite: site, ns: testenv.NewNS(t), isp: testenv.NewNS(t), site: NewLAN(t)}
+	lab.lan.Attach(t, r.isp, "eth0", site.ispLAN+"/24")
 	testenv.MustIP(t, r.isp, "link", "add", "wan0", "mtu", strconv.Itoa(natUplinkMTU), "type", "veth",
 		"peer", "name", "wan0", "mtu", strconv.Itoa(natUplinkMTU), "netns", filepath.Base(r.ns.Path()))
-	testenv.MustIP(t, r.isp, "addr", "add", "10.78.0.1/30", "dev", "wan0")
+	testenv.MustIP(t, r.isp, "addr", "add", site.uplink+"1/30", "dev", "wan0")
 	testenv.MustIP(t, r.isp, "link", "set", "wan0", "up")
-	testenv.MustIP(t, r.ns, "addr", "add", natPublic+"/30", "dev", "wan0")
+	testenv.MustIP(t, r.ns, "addr", "add", site.public()+"/30", "dev", "wan0")
 	testenv.MustIP(t, r.ns, "link", "set", "wan0", "up")
-	testenv.MustIP(t, r.ns, "route", "add", "default", "via", "10.78.0.1")
-	r.site.Attach(t, r.ns, "eth1", natSitePrefix+"1/24")
+	testenv.MustIP(t, r.ns, "route", "add", "default", "via", site.uplink+"1")
+	r.site.Attach(t, r.ns, "eth1", site.prefix+"1/24")
 	for _, n := range []ns.NetNS{r.isp, r.ns} {
 		must(t, testenv.InNS(n, func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }), "router forwarding")
 	}
@@ -92,7 +110,7 @@ table ip nat {
 	chain forward_m { type filter hook forward priority mangle; tcp flags syn tcp option maxseg size set %[3]d; }
 	chain postrouting_n { type nat hook postrouting priority srcnat; oifname "wan0" ip saddr %[2]s0/24 meta l4proto udp masquerade to :20000-29999 random; oifname "wan0" ip saddr %[2]s0/24 masquerade; }
 }
-`, natForward, natSitePrefix, natUplinkMTU-40)), 0o644), "writing the home router's rules")
+`, natForward, site.prefix, natUplinkMTU-40)), 0o644), "writing the home router's rules")
 	testenv.Nft(t, r.ns, "-f", home)
 	// The conntrack sysctls exist once the table above loaded conntrack.
 	must(t, testenv.InNS(r.ns, func() error {
@@ -104,9 +122,9 @@ table ip nat {
 		}
 		return nil
 	}), "home router's UDP conntrack timeouts")
-	testenv.MustIP(t, lab.host, "route", "add", natPublic+"/32", "via", natISPLAN)
+	testenv.MustIP(t, lab.host, "route", "add", site.public()+"/32", "via", site.ispLAN)
 	for _, n := range lab.nodes {
-		testenv.MustIP(t, n.NS, "route", "add", natPublic+"/32", "via", natISPLAN)
+		testenv.MustIP(t, n.NS, "route", "add", site.public()+"/32", "via", site.ispLAN)
 	}
 	return r
 }
@@ -114,8 +132,8 @@ table ip nat {
 // siteNode attaches one more node to the home LAN (default route through
 // the home router).
 func (r *natRouter) siteNode(t *testing.T, lab *agentLab) *agentNode {
-	n := lab.addNodeOn(r.site, natSitePrefix, 24)
-	testenv.MustIP(t, n.NS, "route", "add", "default", "via", natSitePrefix+"1")
+	n := lab.addNodeOn(r.site, r.prefix, 24)
+	testenv.MustIP(t, n.NS, "route", "add", "default", "via", r.prefix+"1")
 	return n
 }
 
@@ -181,7 +199,7 @@ func TestAgentWireGuardNAT(t *testing.T) {
 		return strings.Replace(conf, `"vni":9,`, wg(fmt.Sprintf(`"persistentKeepalive":%d`, natKeepalive/time.Second)), 1)
 	})
 	lab.period = "1s"
-	router := newNATRouter(t, lab.agentLab)
+	router := newNATRouter(t, lab.agentLab, home1)
 	n3 := router.siteNode(t, lab.agentLab)
 	n4 := router.siteNode(t, lab.agentLab)
 	// node4: behind the port-forward, publishing it, never speaking first.
@@ -192,21 +210,7 @@ func TestAgentWireGuardNAT(t *testing.T) {
 		fmt.Sprintf(`"persistentKeepalive":0,"endpoint":"%s:%d"`, natPublic, natForward), 1)
 	must(t, os.WriteFile(n4.conf, []byte(own), 0o644), "writing node4's conflist")
 
-	var subnets []string
-	for i, n := range lab.nodes {
-		subnets = append(subnets, fmt.Sprintf("10.70.%d.0/24", i+1))
-		lab.createNode(n, subnets[i])
-		wireGuardNode(t, n, keyDir)
-	}
-	for _, n := range lab.nodes {
-		lab.start(n)
-	}
-	for i, n := range lab.nodes {
-		others := append(append([]string{}, subnets[:i]...), subnets[i+1:]...)
-		waitFor(t, 60*time.Second, n.name+" routes to the other nodes", func() (bool, string) {
-			return n.hasRoutes(t, others, nil)
-		})
-	}
+	lab.startWireGuard(keyDir, nil)
 	n1 := lab.nodes[0]
 	var pods []*Pod
 	for _, n := range lab.nodes {
@@ -288,6 +292,34 @@ func TestAgentWireGuardNAT(t *testing.T) {
 			t.Fatalf("node1 never sent to node3's new NAT mapping %s:%d:\n%s", natPublic, newPort, strings.Join(lines, "\n"))
 		}
 	}
+}
+
+// startWireGuard makes every node of lab a Node (podCIDR 10.70.<i>.0/24,
+// the i-th node), its agent's key directory and UAPI directory of its own
+// (wireGuardNode over keyDir), calls before (nil: nothing) once the Nodes
+// exist, starts the agents and waits until each routes to every other
+// node's subnet; it returns the subnets in the nodes' order.
+func (lab *kubeLab) startWireGuard(keyDir string, before func()) []string {
+	t := lab.t
+	var subnets []string
+	for i, n := range lab.nodes {
+		subnets = append(subnets, fmt.Sprintf("10.70.%d.0/24", i+1))
+		lab.createNode(n, subnets[i])
+		wireGuardNode(t, n, keyDir)
+	}
+	if before != nil {
+		before()
+	}
+	for _, n := range lab.nodes {
+		lab.start(n)
+	}
+	for i, n := range lab.nodes {
+		others := append(append([]string{}, subnets[:i]...), subnets[i+1:]...)
+		waitFor(t, 60*time.Second, n.name+" routes to the other nodes", func() (bool, string) {
+			return n.hasRoutes(t, others, nil)
+		})
+	}
+	return subnets
 }
 
 // wireGuardNode runs n's agent with its own /var/run/wireguard (n.Dir/wgrun,
