@@ -143,11 +143,18 @@ func agentConflist(mode, dataDir string, extra ...string) string {
 
 func newAgentLab(t *testing.T, mode string, extra ...string) *agentLab {
 	t.Helper()
+	return newEtcdLabOf(t, 3, func(dataDir string) string { return agentConflist(mode, dataDir, extra...) })
+}
+
+// newEtcdLabOf is a lab with the etcd registry on its LAN and count nodes
+// (not started), the conflist made by conflist (see setup).
+func newEtcdLabOf(t *testing.T, count int, conflist func(dataDir string) string) *agentLab {
+	t.Helper()
 	lan := NewLAN(t)
 	host := testenv.NewNS(t)
 	lan.Attach(t, host, "eth0", agentEtcdIP+"/24")
 	lab := &agentLab{t: t, host: host, etcd: etcdtest.StartIn(t, host, agentEtcdIP)}
-	lab.setup(lan, func(dataDir string) string { return agentConflist(mode, dataDir, extra...) }, 3)
+	lab.setup(lan, conflist, count)
 	return lab
 }
 

@@ -17,8 +17,9 @@ import (
 	"github.com/village-cni/village/pkg/kubenames"
 )
 
-// Two nodes each behind its own NAT, through a hub: node1 on the LAN
-// carries the Node label village.cni.io/wireguard-hub: "true"; node2 sits
+// Two nodes each behind its own NAT, through a hub, with either registry:
+// node1 on the LAN carries the Node label village.cni.io/wireguard-hub:
+// "true" (kubernetes) or is named in backend.wireguard.hubs (etcd); node2 sits
 // behind home1's router and node3 behind home2's (newNATRouter), each
 // publishing its home address, which the other cannot reach. node1 has no
 // pod: nothing but its agent turns its forwarding on.
@@ -34,17 +35,49 @@ import (
 //     the other's subnet back to its own entry, the pings cross the link
 //     encrypted, and node1 carries none of them.
 func TestAgentWireGuardHub(t *testing.T) {
-	keyDir := t.TempDir()
-	lab := newKubeLabOf(t, "wireguard", 1, func(conf string, _ *kubetest.Server) string {
-		return strings.Replace(conf, `"vni":9,`, fmt.Sprintf(`"wireguard":{"keyFile":%q,"persistentKeepalive":%d},`,
-			filepath.Join(keyDir, "agt.key"), natKeepalive/time.Second), 1)
+	t.Run("kubernetes", func(t *testing.T) {
+		keyDir := t.TempDir()
+		lab := newKubeLabOf(t, "wireguard", 1, func(conf string, _ *kubetest.Server) string { return hubConf(conf, keyDir, "") })
+		r1, r2 := hubHomes(lab.agentLab)
+		subnets := lab.startWireGuard(keyDir, func() { lab.label(lab.nodes[0].name, kubenames.LabelWireGuardHub, "true") })
+		wireGuardHub(t, lab.agentLab, r1, r2, subnets)
 	})
+	// The etcd registry has no labels: the config names the hub.
+	t.Run("etcd", func(t *testing.T) {
+		keyDir := t.TempDir()
+		lab := newEtcdLabOf(t, 1, func(dataDir string) string {
+			return hubConf(agentConflist("wireguard", dataDir), keyDir, `"hubs":["node1"],`)
+		})
+		r1, r2 := hubHomes(lab)
+		wireGuardNodes(lab, keyDir)
+		wireGuardHub(t, lab, r1, r2, lab.startAll())
+	})
+}
+
+// hubConf is a lab conflist under backend wireguard with the key file in
+// keyDir, persistentKeepalive natKeepalive and extra ("" or keys ending
+// in a comma) in the wireguard section.
+func hubConf(conf, keyDir, extra string) string {
+	return strings.Replace(conf, `"vni":9,`, fmt.Sprintf(`"wireguard":{%s"keyFile":%q,"persistentKeepalive":%d},`,
+		extra, filepath.Join(keyDir, "agt.key"), natKeepalive/time.Second), 1)
+}
+
+// hubHomes gives lab (its one node, node1, the hub, on the LAN; a pass
+// every second) the two homes with a node each: node2 behind home1's
+// router, node3 behind home2's.
+func hubHomes(lab *agentLab) (r1, r2 *natRouter) {
+	t := lab.t
 	lab.period = "1s"
-	r1 := newNATRouter(t, lab.agentLab, home1)
-	r2 := newNATRouter(t, lab.agentLab, home2)
-	hub := lab.nodes[0]
-	a, b := r1.siteNode(t, lab.agentLab), r2.siteNode(t, lab.agentLab)
-	subnets := lab.startWireGuard(keyDir, func() { lab.label(hub.name, kubenames.LabelWireGuardHub, "true") })
+	r1, r2 = newNATRouter(t, lab, home1), newNATRouter(t, lab, home2)
+	r1.siteNode(t, lab)
+	r2.siteNode(t, lab)
+	return r1, r2
+}
+
+// wireGuardHub is TestAgentWireGuardHub on lab, its agents started, with
+// the pod subnets of its nodes in subnets.
+func wireGuardHub(t *testing.T, lab *agentLab, r1, r2 *natRouter, subnets []string) {
+	hub, a, b := lab.nodes[0], lab.nodes[1], lab.nodes[2]
 	pa, pb := a.NewPod(), b.NewPod()
 	a.MustAdd(lab.list, pa)
 	b.MustAdd(lab.list, pb)

@@ -17,7 +17,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
-	"github.com/village-cni/village/internal/etcdtest"
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/kubenames"
@@ -44,13 +43,9 @@ func newWireGuardLab(t *testing.T) (*kubeLab, []string) {
 // rotated when an hour old ("keyRotation").
 func newWireGuardEtcdLab(t *testing.T) (*agentLab, []string) {
 	keyDir := t.TempDir()
-	lan := NewLAN(t)
-	host := testenv.NewNS(t)
-	lan.Attach(t, host, "eth0", agentEtcdIP+"/24")
-	lab := &agentLab{t: t, host: host, etcd: etcdtest.StartIn(t, host, agentEtcdIP)}
-	lab.setup(lan, func(dataDir string) string {
+	lab := newEtcdLabOf(t, 3, func(dataDir string) string {
 		return strings.Replace(wireGuardConf(agentConflist("wireguard", dataDir), keyDir), `"wireguard":{`, `"wireguard":{"keyRotation":"1h",`, 1)
-	}, 3)
+	})
 	wireGuardNodes(lab, keyDir)
 	return lab, lab.startAll()
 }
@@ -71,14 +66,7 @@ func wireGuardConf(conf, keyDir string) string {
 // namespace `ip netns exec` gives it.
 func wireGuardNodes(lab *agentLab, keyDir string) {
 	for _, n := range lab.nodes {
-		own, run := filepath.Join(n.Dir, "wg"), filepath.Join(n.Dir, "wgrun")
-		must(lab.t, os.MkdirAll(own, 0o700), "key directory of %s", n.name)
-		must(lab.t, os.MkdirAll(run, 0o755), "UAPI directory of %s", n.name)
-		n.wrap = []string{"sh", "-ec", `mkdir -p /var/run/wireguard
-mount --bind "$0" /var/run/wireguard
-mount --bind "$1" "$2"
-shift 2
-exec "$@"`, run, own, keyDir}
+		wireGuardNode(lab.t, n, keyDir)
 	}
 }
 
