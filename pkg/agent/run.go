@@ -125,11 +125,27 @@ func Run(ctx context.Context, opts Options) error {
 	}); err != nil {
 		return nil // stopped while waiting
 	}
+	// The kept peers (keptpeers.go): with the pod subnets from the
+	// config, when the registry's first list is late; with leased ones,
+	// only when the registry did not answer for them.
 	cidrs := c.PodCIDRs
+	a.keptWait = keptAfter
 	if len(cidrs) == 0 {
+		a.keptWait = -1
+		tried := false
 		if err := retry(ctx, opts, "taking the pod subnets of node "+c.Node, func() error {
 			var err error
 			cidrs, err = src.podCIDRs(ctx, true)
+			if err != nil && !tried {
+				// The registry cannot answer: the subnets this agent
+				// published on this boot, and its kept peers at once.
+				tried = true
+				if p, perr := c.publishedCIDRs(); perr == nil && len(p) > 0 {
+					opts.logf("taking the pod subnets of node %s: %v; using %s, published in %s on this boot", c.Node, err, cidrList(p), c.SubnetFile)
+					cidrs, a.keptWait = p, 0
+					return nil
+				}
+			}
 			return err
 		}); err != nil {
 			return nil
@@ -186,8 +202,14 @@ type agent struct {
 	r        *overlay.Reconciler
 	self     overlay.Node
 	view     map[string]overlay.Node // the peers by name: static, then the registry's
-	haveView bool                    // a registry list has arrived (or the peers are static)
-	m        *metrics.Metrics        // nil: metrics off (its methods do nothing)
+	haveView bool                    // a registry list has arrived (or the peers are static, or kept)
+	// fromKept says the view is the kept peers (keptpeers.go): the
+	// registry's first list is still to come. keptWait is how long the
+	// loop waits for that list before it programs them (negative: it
+	// does not).
+	fromKept bool
+	keptWait time.Duration
+	m        *metrics.Metrics // nil: metrics off (its methods do nothing)
 	health   *health
 	// confine is the API confinement proof (confine.go); nil when the
 	// agent does not use the Kubernetes API. Set before the probes serve.
@@ -230,8 +252,14 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 	defer safety.Stop()
 	var settled <-chan time.Time
 	var ready <-chan struct{}
+	// kept fires once, when the registry's first list is late
+	// (keptpeers.go); keep while the kept file lags the view.
+	var kept, keep <-chan time.Time
 	if feed != nil {
 		ready = feed.Ready()
+		if a.keptWait >= 0 {
+			kept = time.After(a.keptWait)
+		}
 	}
 	bound := liveBound(a.opts.Period)
 	var rotate <-chan string
@@ -248,9 +276,13 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			if !ok {
 				continue
 			}
-			first := !a.haveView
+			first := !a.haveView || a.fromKept
+			a.fromKept, kept = false, nil
 			change := a.setView(b)
 			hub := a.hubFrom(b)
+			if keep == nil {
+				keep = time.After(keepEvery)
+			}
 			why := fmt.Sprintf("registry revision %d", b.Revision)
 			if first {
 				a.pass(ctx, why+" (first list: sweep)", false)
@@ -266,6 +298,14 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			if settled == nil {
 				settled = time.After(settle)
 			}
+		case <-kept:
+			kept = nil
+			if !a.haveView {
+				a.seedKept(ctx)
+			}
+		case <-keep:
+			keep = nil
+			a.writeKept()
 		case <-settled:
 			settled = nil
 			a.repairDrift(ctx, a.watch.take(), records)

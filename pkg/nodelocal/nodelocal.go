@@ -17,6 +17,7 @@
 //	<run dir>/<network>/policy-drops.json  the latest packets NetworkPolicy dropped, named, for `villaged drops` (pkg/netpol/drops; root-only)
 //	<run dir>/<network>/wireguard-rotate.json a request for a new WireGuard key, written by `villaged rotate-key` (root-only)
 //	<run dir>/<network>/wireguard-key.json    the agent's WireGuard public key, since when, and the last request it served
+//	<run dir>/<network>/overlay-peers.json    the overlay's last view of the registry, for a restart while it cannot be reached (pkg/agent)
 //	<run dir>/macspoofchk/<network>/<veth> a pod port's MAC for macspoofchk (pkg/masq)
 //	<run dir>/kube/{kubeconfig,token,ca.crt} the host-side credentials of a kubernetes LAN pool
 //
@@ -78,6 +79,10 @@ const (
 	// WireGuardKeyName is the agent's WireGuard key status: written by
 	// the agent only, read by `villaged rotate-key`.
 	WireGuardKeyName = "wireguard-key.json"
+	// OverlayPeersName is the overlay's peers as the registry last gave
+	// them, kept across the agent's restarts on this boot so that a
+	// restart while the registry cannot be reached programs them again.
+	OverlayPeersName = "overlay-peers.json"
 	// AgentSocketName is the agent's socket.
 	AgentSocketName = "agent.sock"
 	// SpoofDirName holds macspoofchk's per-port MAC records.
@@ -167,6 +172,11 @@ func WireGuardRotate(runDir, network string) string {
 // WireGuardKey is network's WireGuard key status file.
 func WireGuardKey(runDir, network string) string {
 	return filepath.Join(NetworkDir(runDir, network), WireGuardKeyName)
+}
+
+// OverlayPeers is network's kept overlay peers.
+func OverlayPeers(runDir, network string) string {
+	return filepath.Join(NetworkDir(runDir, network), OverlayPeersName)
 }
 
 // AgentSocket is the agent's socket.
