@@ -32,6 +32,16 @@ const (
 	// long enough for a flush's notifications to arrive together, short
 	// against the repair itself.
 	settle = 10 * time.Millisecond
+	// pathsEvery is how often the agent reads the WireGuard device's
+	// handshakes while a peer's path is pending (undecided, or relayed
+	// through a hub; see package wireguard's relay.go), and only then.
+	// When a direct path starts to work, both ends of the pair see the
+	// handshake at once but each moves the pair's subnets at its own next
+	// look; meanwhile the end still relaying drops what the other sends
+	// it directly (its entry for the peer holds no subnet yet). One second
+	// keeps that window short at the price of one device read a second,
+	// and none at all without hubs or with every peer direct.
+	pathsEvery = time.Second
 	// retryEvery is the pause between attempts at what must succeed before
 	// the agent can work (underlay address, subnet lease, registration).
 	retryEvery = 2 * time.Second
@@ -266,11 +276,18 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 	if a.rot != nil {
 		rotate = a.rot.request
 	}
+	var paths <-chan time.Time // armed only while a WireGuard path is pending
 	for {
 		a.health.beatNow(bound) // liveness: the loop comes round
+		if paths == nil && a.r != nil && a.r.WireGuardPathsPending() {
+			paths = time.After(pathsEvery)
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-paths:
+			paths = nil
+			a.refreshPaths(ctx)
 		case <-ready:
 			b, ok := feed.Take()
 			if !ok {
@@ -337,9 +354,6 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			}
 			if a.rot != nil && a.rot.due(time.Now()) {
 				a.rotateKey(fmt.Sprintf("keyRotation %v", a.rot.period), "", records)
-			}
-			if a.r.WireGuardPathsPending() {
-				a.refreshPaths(ctx)
 			}
 			if a.reclaim != nil {
 				a.reclaim.pass(ctx)
@@ -413,9 +427,10 @@ func (a *agent) hubFrom(b registry.Batch) bool {
 
 // refreshPaths moves WireGuard peers to or from a hub as their handshakes
 // now say (overlay.Reconciler.RefreshWireGuardPaths: one read of the
-// device, a write only when a path changes). The tick calls it only while
-// some peer's path is pending, so a cluster without hubs, or with every
-// peer reached directly, reads nothing more than before.
+// device, a write only when a path changes). The loop calls it every
+// pathsEvery only while some peer's path is pending, so a cluster without
+// hubs, or with every peer reached directly, reads nothing more than
+// before.
 func (a *agent) refreshPaths(ctx context.Context) {
 	pctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()

@@ -30,10 +30,12 @@ import (
 //     way round. node1's underlay carries WireGuard UDP from both homes,
 //     the relayed pings among it, and no underlay (node1's, node2's,
 //     node3's) carries a pod address or the pings' payload in the clear.
+//     villaged status on node2 finds no drift.
 //   - The two home routers are then linked (a site-to-site link, routed
 //     and not masqueraded): node2 and node3 handshake directly, each moves
 //     the other's subnet back to its own entry, the pings cross the link
-//     encrypted, and node1 carries none of them.
+//     encrypted, and node1 carries none of them; node2's and node3's
+//     underlays hold no pod packet in the clear through the move.
 func TestAgentWireGuardHub(t *testing.T) {
 	t.Run("kubernetes", func(t *testing.T) {
 		keyDir := t.TempDir()
@@ -95,6 +97,12 @@ func wireGuardHub(t *testing.T, lab *agentLab, r1, r2 *natRouter, subnets []stri
 			t.Fatalf("%s relays %s through the hub: %s", c.self.name, c.peer.name, why)
 		}
 	}
+	// villaged status, reading the device from another process, finds the
+	// relayed peer where the agent put it: no drift.
+	waitFor(t, 30*time.Second, "villaged status on node2 is clean while it relays", func() (bool, string) {
+		out, err := a.villaged(t, "status", "--conf", lab.conf, "--node-name", a.name, "--run-dir", a.runDir).CombinedOutput()
+		return err == nil && strings.Contains(string(out), "status: in sync"), string(out)
+	})
 	relayed := pingBoth(t, pa, pb, toA, toB)
 	for i, p := range underlays {
 		raw, lines := p.Stop()
@@ -115,9 +123,9 @@ func wireGuardHub(t *testing.T, lab *agentLab, r1, r2 *natRouter, subnets []stri
 		}
 	}
 
-	// A direct path: the homes linked, their conntrack flushed (the
-	// masqueraded flows of node2's and node3's failed tries to each other
-	// would keep their NAT).
+	// A direct path: the homes linked, and the routers' flows to the other
+	// home's node forgotten (node2's and node3's failed tries to each
+	// other would keep their NAT).
 	testenv.MustIP(t, r1.ns, "link", "add", "s2s", "type", "veth", "peer", "name", "s2s", "netns", filepath.Base(r2.ns.Path()))
 	for _, c := range []struct {
 		r         *natRouter
@@ -128,8 +136,11 @@ func wireGuardHub(t *testing.T, lab *agentLab, r1, r2 *natRouter, subnets []stri
 		testenv.MustIP(t, c.r.ns, "link", "set", "s2s", "up")
 		testenv.MustIP(t, c.r.ns, "route", "add", c.other.prefix+"0/24", "via", c.via)
 	}
-	r1.flush(t)
-	r2.flush(t)
+	// Through the move: captures on both homes' nodes and 10 s of pings.
+	homes := []*testenv.Pcap{testenv.StartPcap(t, a.NS, "lan0"), testenv.StartPcap(t, b.NS, "lan0")}
+	moving := pingEvery(pa.NS, toB, 100)
+	r1.forget(t, b.ip)
+	r2.forget(t, a.ip)
 	took = waitFor(t, 60*time.Second, "node2 and node3 reach each other directly", func() (bool, string) {
 		var why []string
 		for _, c := range []struct{ self, peer *agentNode }{{a, b}, {b, a}} {
@@ -146,6 +157,12 @@ func wireGuardHub(t *testing.T, lab *agentLab, r1, r2 *natRouter, subnets []stri
 	noCleartext(t, "the homes' link", raw, lines)
 	if n := pingPackets(lines); n < 2*direct {
 		t.Errorf("the homes' link carried %d WireGuard packets of a ping's size, want %d pings both ways:\n%s", n, direct, strings.Join(lines, "\n"))
+	}
+	r := <-moving
+	t.Logf("pings every 100 ms through the move to the direct path: %d of %d answered", r.got, r.sent)
+	for i, p := range homes {
+		raw, lines := p.Stop()
+		noCleartext(t, []string{"node2", "node3"}[i]+"'s underlay through the move to the direct path", raw, lines)
 	}
 	raw, lines = atHub.Stop()
 	noCleartext(t, "node1's underlay", raw, lines)

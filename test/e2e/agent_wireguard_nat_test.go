@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -160,6 +161,19 @@ func (r *natRouter) mapping(t *testing.T, node, peer string) int {
 // flush is `conntrack -F` in the router: it forgets every mapping.
 func (r *natRouter) flush(t *testing.T) {
 	must(t, testenv.InNS(r.ns, func() error { return netlink.ConntrackTableFlush(netlink.ConntrackTable) }), "flushing the router's conntrack table")
+}
+
+// forget deletes the router's conntrack flows to dst (their NAT with
+// them), leaving the others.
+func (r *natRouter) forget(t *testing.T, dst string) {
+	must(t, testenv.InNS(r.ns, func() error {
+		f := &netlink.ConntrackFilter{}
+		if err := f.AddIP(netlink.ConntrackOrigDstIP, net.ParseIP(dst)); err != nil {
+			return err
+		}
+		_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f)
+		return err
+	}), "deleting the router's conntrack flows to %s", dst)
 }
 
 // dfSweep pings dst from pod with DF set at every size from the smallest
