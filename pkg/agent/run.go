@@ -42,6 +42,10 @@ const (
 	// keeps that window short at the price of one device read a second,
 	// and none at all without hubs or with every peer direct.
 	pathsEvery = time.Second
+	// pathsWatchEvery is how often it reads them with hubs but every path
+	// direct: a direct session that dies goes through a hub within
+	// wireguard.RoamFresh (3 min) and this.
+	pathsWatchEvery = 30 * time.Second
 	// retryEvery is the pause between attempts at what must succeed before
 	// the agent can work (underlay address, subnet lease, registration).
 	retryEvery = 2 * time.Second
@@ -279,8 +283,13 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 	var paths <-chan time.Time // armed only while a WireGuard path is pending
 	for {
 		a.health.beatNow(bound) // liveness: the loop comes round
-		if paths == nil && a.r != nil && a.r.WireGuardPathsPending() {
-			paths = time.After(pathsEvery)
+		if paths == nil && a.r != nil {
+			switch pending, watched := a.r.WireGuardPaths(); {
+			case pending:
+				paths = time.After(pathsEvery)
+			case watched:
+				paths = time.After(pathsWatchEvery)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -428,9 +437,8 @@ func (a *agent) hubFrom(b registry.Batch) bool {
 // refreshPaths moves WireGuard peers to or from a hub as their handshakes
 // now say (overlay.Reconciler.RefreshWireGuardPaths: one read of the
 // device, a write only when a path changes). The loop calls it every
-// pathsEvery only while some peer's path is pending, so a cluster without
-// hubs, or with every peer reached directly, reads nothing more than
-// before.
+// pathsEvery while some peer's path is pending, every pathsWatchEvery
+// while there are hubs, and never in a cluster without hubs.
 func (a *agent) refreshPaths(ctx context.Context) {
 	pctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()

@@ -298,15 +298,19 @@ func (r *Reconciler) writeWGPeers(rc *recorder, dev *wireguard.Device, name stri
 	_ = rc.do(Change{OpReplace, obj}, func() error { _, err := dev.SetPeers(want); return err })
 }
 
-// WireGuardPathsPending tells whether some peer's path through the
-// WireGuard device may change with the clock alone (a peer that has not
+// WireGuardPaths tells whether some peer's path through the WireGuard
+// device may change with the clock alone (pending: a peer that has not
 // handshaken yet while a hub could relay it, or one relayed through a
-// hub; see package wireguard): the agent then calls RefreshWireGuardPaths
-// on its tick.
-func (r *Reconciler) WireGuardPathsPending() bool {
+// hub; see package wireguard), and whether there are hubs at all
+// (watched: a direct session that dies would be relayed). The agent calls
+// RefreshWireGuardPaths often while pending, now and then while watched.
+func (r *Reconciler) WireGuardPaths() (pending, watched bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.wg != nil && r.wgWant != nil && r.wg.PathsPending()
+	if r.wg == nil || r.wgWant == nil {
+		return false, false
+	}
+	return r.wg.PathsPending()
 }
 
 // RefreshWireGuardPaths writes the last Set's peer list to the device

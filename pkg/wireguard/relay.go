@@ -79,8 +79,9 @@ func (p pathPeer) live(now time.Time) bool {
 // pending tells whether the answer may change with the clock alone, so
 // the caller looks again: some non-hub peer has no live session while
 // there are hubs (undecided, waiting for a hub, or relayed and still tried
-// directly). With no hub, or every peer direct and live, it is false: a
-// live direct session that dies is seen at the caller's next full pass.
+// directly). With no hub, or every peer direct and live, it is false (a
+// live direct session that dies is seen at the caller's next, slower,
+// look: see PathsPending).
 func choosePaths(self wgtypes.Key, peers []pathPeer, now time.Time) (relay map[wgtypes.Key]wgtypes.Key, pending bool) {
 	var hubs, live []wgtypes.Key
 	for _, p := range peers {
@@ -148,12 +149,16 @@ var (
 
 // PathsPending tells whether the last SetPeers left a peer whose path may
 // change with the clock alone (see choosePaths): the caller then calls
-// SetPeers again a little later (villaged, on its periodic tick).
-func (d *Device) PathsPending() bool {
+// SetPeers again soon (villaged: every second). watched tells whether the
+// last SetPeers had a hub at all: then a direct session that dies is
+// relayed at the first SetPeers after it has been dead RoamFresh, so the
+// caller calls it now and then even with nothing pending (villaged:
+// every 30 s).
+func (d *Device) PathsPending() (pending, watched bool) {
 	pathsMu.Lock()
 	defer pathsMu.Unlock()
 	s := paths[d.name]
-	return s != nil && s.pending
+	return s != nil && s.pending, s != nil
 }
 
 // forgetPaths drops device name's path state (the device closed).

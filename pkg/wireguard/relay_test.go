@@ -110,13 +110,20 @@ func TestPlaceSubnets(t *testing.T) {
 	if len(want[a].AllowedIPs) != 1 || len(want[h].AllowedIPs) != 1 {
 		t.Fatalf("the caller's peers changed: %v", want)
 	}
-	if !d.PathsPending() {
-		t.Errorf("a relayed peer is not pending")
+	if pending, watched := d.PathsPending(); !pending || !watched {
+		t.Errorf("a relayed peer: pending %v, watched %v", pending, watched)
 	}
 	// A direct handshake: back on its own entry, nothing pending.
 	have[a] = wgtypes.Peer{PublicKey: a, LastHandshakeTime: now}
 	got = d.placeSubnets(self.PublicKey(), want, have, true, now)
-	if len(got[a].AllowedIPs) != 1 || len(got[h].AllowedIPs) != 1 || d.PathsPending() {
-		t.Fatalf("direct again: a %v, hub %v, pending %v", got[a], got[h], d.PathsPending())
+	pending, watched := d.PathsPending()
+	if len(got[a].AllowedIPs) != 1 || len(got[h].AllowedIPs) != 1 || pending || !watched {
+		t.Fatalf("direct again: a %v, hub %v, pending %v watched %v", got[a], got[h], pending, watched)
+	}
+	// No hub any more: nothing to watch.
+	delete(want, h)
+	d.placeSubnets(self.PublicKey(), want, have, true, now)
+	if pending, watched := d.PathsPending(); pending || watched {
+		t.Fatalf("no hub: pending %v, watched %v", pending, watched)
 	}
 }
