@@ -127,3 +127,60 @@ func TestPlaceSubnets(t *testing.T) {
 		t.Fatalf("no hub: pending %v, watched %v", pending, watched)
 	}
 }
+
+// FuzzChoosePaths: whatever the peers, their handshakes and ages, a hub
+// is never relayed, a peer with a live session or without keepalive never
+// is, every relay goes through a hub with a live session, pending holds
+// whenever something is relayed, and the other end of each relayed pair,
+// seeing the same live hubs, picks the same hub.
+func FuzzChoosePaths(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, uint8(3))
+	f.Add([]byte{255, 0, 17, 3, 200, 9, 1, 1, 1, 2, 2, 2, 3, 3, 3}, uint8(1))
+	f.Fuzz(func(t *testing.T, data []byte, selfByte uint8) {
+		now := time.Unix(1_000_000, 0)
+		var self wgtypes.Key
+		self[0], self[1] = selfByte, 0xee
+		var peers []pathPeer
+		seen := map[wgtypes.Key]bool{self: true}
+		for i := 0; i+2 < len(data) && len(peers) < 16; i += 3 {
+			var k wgtypes.Key
+			k[0], k[1] = data[i], byte(i)
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			p := pathPeer{key: k, hub: data[i+1]&1 != 0, keepalive: data[i+1]&2 != 0,
+				since: now.Add(-time.Duration(data[i+2]%40) * time.Second)}
+			if age := data[i+1] >> 2; age != 0 {
+				p.handshake = now.Add(-time.Duration(age) * 5 * time.Second) // 5 s to 5 min 15 s ago
+			}
+			if data[i+2]&0x80 != 0 && len(peers) > 0 {
+				p.via = peers[0].key
+			}
+			peers = append(peers, p)
+		}
+		relay, pending := choosePaths(self, peers, now)
+		byKey := map[wgtypes.Key]pathPeer{}
+		var live []wgtypes.Key
+		for _, p := range peers {
+			byKey[p.key] = p
+			if p.hub && p.live(now) {
+				live = append(live, p.key)
+			}
+		}
+		if len(relay) > 0 && !pending {
+			t.Fatalf("relayed %v but not pending", relay)
+		}
+		for k, h := range relay {
+			p, hub := byKey[k], byKey[h]
+			switch {
+			case p.hub, p.live(now), !p.keepalive:
+				t.Fatalf("relayed peer %+v (a hub, live or without keepalive)", p)
+			case !hub.hub || !hub.live(now):
+				t.Fatalf("relayed through %+v, not a live hub", hub)
+			case pickHub(k, self, live) != h:
+				t.Fatalf("the two ends of %x-%x pick different hubs", self[0], k[0])
+			}
+		}
+	})
+}

@@ -34,6 +34,7 @@ var fuzzTargets = map[string][]string{
 	"./pkg/ipam/plugin":     {"FuzzParseResolvConf"},
 	"./pkg/landhcp":         {"FuzzReadRequest"},
 	"./internal/mdnsdemo":   {"FuzzAnswer"},
+	"./pkg/wireguard":       {"FuzzChoosePaths"},
 	"./pkg/validate": {"FuzzLinkName", "FuzzMAC", "FuzzMTU", "FuzzNodeName", "FuzzNamespaceName",
 		"FuzzNetworkName", "FuzzContainerID", "FuzzLogLevel"},
 }
