@@ -67,8 +67,8 @@
 # default 20): a route, a neighbour, an FDB entry, the masquerade table,
 # and the VTEP, each one's return timed ("never" after 30 s); 1,000 routes
 # deleted at once; the masquerade table deleted ten times a second for
-# $VILLAGE_BENCH_STORM (default 60s), villaged's CPU over it. About 12
-# minutes a round (four rounds at both sizes).
+# $VILLAGE_BENCH_STORM (default 60s), villaged's CPU over it. About 10
+# minutes a round with a 30 s storm (40 minutes for both sizes on 2 cores).
 #
 # The netpol section (only with -only netpol, ~3 minutes) is the pkg/netpol
 # benchmarks at 100 policies / 1,000 pods (a change from compile to kernel,

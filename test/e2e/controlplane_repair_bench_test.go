@@ -247,13 +247,10 @@ func cpRepairPhase(b *testing.B, hands []*cpHands, mode string, nodes int) {
 	}
 }
 
-// cpVTEPPhase deletes the VTEP (vxlan) in each namespace, up to 5 times,
+// cpVTEPPhase deletes the VTEP (vxlan only) in each namespace, up to 5 times,
 // and reports when the device is back and when every peer's route
 // through it is back.
 func cpVTEPPhase(b *testing.B, hands []*cpHands, mode string, nodes int) {
-	if mode != "vxlan" {
-		return
-	}
 	peers := make([]int, 0, nodes)
 	for i := cpChanged; i < nodes-cpChanged; i++ {
 		peers = append(peers, i)
