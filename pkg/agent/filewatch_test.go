@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/village-cni/village/internal/testenv"
 	"github.com/village-cni/village/pkg/nodelocal"
 )
 
@@ -67,16 +68,10 @@ func TestWatchFile(t *testing.T) {
 	}
 	woke("the directory's removal")
 	// The watcher makes the directory again and watches it.
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if _, err := os.Stat(dir); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the watcher did not make the directory again")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "the watcher makes the directory again", func() error {
+		_, err := os.Stat(dir)
+		return err
+	})
 	for len(changed) > 0 {
 		<-changed
 	}
