@@ -306,8 +306,8 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			a.fromKept, kept = false, nil
 			change := a.setView(b)
 			hub := a.hubFrom(b)
-			if keep == nil {
-				keep = time.After(keepEvery)
+			if keep == nil && (first || !change.Empty()) {
+				keep = time.After(keepEvery) // the kept peers follow the view
 			}
 			why := fmt.Sprintf("registry revision %d", b.Revision)
 			if first {
