@@ -326,40 +326,42 @@ func (d *Device) Peers() ([]wgtypes.Peer, error) {
 // is written. With a Hub among peers, a peer that cannot be reached
 // directly has its allowed IPs on a hub's entry instead (see relay.go).
 func (d *Device) SetPeers(peers []Peer) (int, error) {
-	changes, err := d.peerChanges(peers, true)
+	changes, hushed, err := d.peerChanges(peers, true)
 	if err != nil || len(changes) == 0 {
 		return 0, err
 	}
 	if err := d.client.ConfigureDevice(d.name, wgtypes.Config{Peers: changes}); err != nil {
 		return 0, fmt.Errorf("wireguard: setting the peers of %s: %w", d.name, err)
 	}
+	keepQuiet(d.name, hushed, time.Now())
 	return len(changes), nil
 }
 
 // PeerChanges is how many peers SetPeers(peers) would add, change or
 // remove now, without writing anything.
 func (d *Device) PeerChanges(peers []Peer) (int, error) {
-	changes, err := d.peerChanges(peers, false)
+	changes, _, err := d.peerChanges(peers, false)
 	return len(changes), err
 }
 
 // peerChanges is the configuration that makes peers the device's peer
-// list; write tells that it will be written (a new peer that must stay
-// quiet is then recorded as such, see speak.go).
-func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, error) {
+// list, and the new peers it adds without their keepalive (see speak.go:
+// the writer starts their quiet time once they are written); write tells
+// that it will be written.
+func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, []Peer, error) {
 	want := make(map[wgtypes.Key]Peer, len(peers))
 	for _, p := range peers {
 		if _, dup := want[p.PublicKey]; dup {
-			return nil, fmt.Errorf("wireguard: %s: public key %s is listed twice", d.name, p.PublicKey)
+			return nil, nil, fmt.Errorf("wireguard: %s: public key %s is listed twice", d.name, p.PublicKey)
 		}
 		if p.PublicKey == (wgtypes.Key{}) {
-			return nil, fmt.Errorf("wireguard: %s: a peer has no public key", d.name)
+			return nil, nil, fmt.Errorf("wireguard: %s: a peer has no public key", d.name)
 		}
 		want[p.PublicKey] = p
 	}
 	dev, err := d.client.Device(d.name)
 	if err != nil {
-		return nil, fmt.Errorf("wireguard: reading %s: %w", d.name, err)
+		return nil, nil, fmt.Errorf("wireguard: reading %s: %w", d.name, err)
 	}
 	cur := dev.Peers
 	have := make(map[wgtypes.Key]wgtypes.Peer, len(cur))
@@ -372,6 +374,7 @@ func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, er
 	// key among themselves), then the others: a subnet that moves from one
 	// entry to another (relayed, or back) always has one.
 	var changes, losing []wgtypes.PeerConfig
+	var hushed []Peer
 	keys := make([]wgtypes.Key, 0, len(want))
 	for k := range want {
 		keys = append(keys, k)
@@ -380,7 +383,11 @@ func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, er
 	for _, k := range keys {
 		p := want[k]
 		h, ok := have[k]
-		p.PersistentKeepalive = quietKeepalive(d.name, dev.PublicKey, p, !ok, write, now)
+		ka, hush := quietKeepalive(d.name, dev.PublicKey, p, !ok, write, now)
+		if hush {
+			hushed = append(hushed, p)
+		}
+		p.PersistentKeepalive = ka
 		roamed := ok && heardFrom(h, now)
 		if ok && samePeer(h, p, roamed) {
 			continue
@@ -389,7 +396,6 @@ func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, er
 		if roamed {
 			ep = nil // keep the endpoint its packets come from
 		}
-		ka := p.PersistentKeepalive
 		c := wgtypes.PeerConfig{
 			PublicKey:                   k,
 			Endpoint:                    ep,
@@ -409,7 +415,7 @@ func (d *Device) peerChanges(peers []Peer, write bool) ([]wgtypes.PeerConfig, er
 			changes = append(changes, wgtypes.PeerConfig{PublicKey: h.PublicKey, Remove: true})
 		}
 	}
-	return changes, nil
+	return changes, hushed, nil
 }
 
 // RoamFresh is how long after a peer's last handshake the device keeps

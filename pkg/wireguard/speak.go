@@ -52,38 +52,52 @@ func speaksFirst(self, peer wgtypes.Key) bool {
 	return bytes.Compare(self[:], peer[:]) < 0
 }
 
-// quietKeepalive is the keepalive to write for wanted peer p now: 0 while
-// p stays quiet on device name (added in this write or within quietFor),
-// p's own otherwise. isNew tells whether the device lacks p; record,
-// whether this write happens (and so starts p's quiet time).
-func quietKeepalive(name string, self wgtypes.Key, p Peer, isNew, record bool, now time.Time) time.Duration {
+// quietKeepalive is the keepalive to write for wanted peer p now, and
+// whether p is a new peer to keep quiet: 0 while p stays quiet on device
+// name (new in this write, or added within quietFor), p's own otherwise.
+// isNew tells whether the device lacks p; record, whether this write
+// happens. A new peer's quiet time is started by keepQuiet once the write
+// that adds it is done, never before: speakUp must not come first and
+// find no peer to turn the keepalive on for, leaving it off for good.
+func quietKeepalive(name string, self wgtypes.Key, p Peer, isNew, record bool, now time.Time) (time.Duration, bool) {
 	if p.PersistentKeepalive <= 0 || quietFor <= 0 || speaksFirst(self, p.PublicKey) {
-		return p.PersistentKeepalive
+		return p.PersistentKeepalive, false
+	}
+	if isNew {
+		return 0, true
 	}
 	quietMu.Lock()
 	defer quietMu.Unlock()
 	q, ok := quiet[name][p.PublicKey]
 	switch {
-	case isNew && !record:
-		return 0
-	case isNew:
-		if quiet[name] == nil {
-			// One timer a device: speakUp arms the next one while
-			// quiet peers remain.
-			quiet[name] = map[wgtypes.Key]quietPeer{}
-			time.AfterFunc(quietFor, func() { speakUp(name) })
-		}
-		quiet[name][p.PublicKey] = quietPeer{until: now.Add(quietFor), keepalive: p.PersistentKeepalive}
-		return 0
 	case ok && now.Before(q.until):
 		if record {
 			quiet[name][p.PublicKey] = quietPeer{until: q.until, keepalive: p.PersistentKeepalive}
 		}
-		return 0
+		return 0, false
 	case ok && record:
 		delete(quiet[name], p.PublicKey)
 	}
-	return p.PersistentKeepalive
+	return p.PersistentKeepalive, false
+}
+
+// keepQuiet starts the quiet time of peers, just added to device name
+// without their keepalive, at now: speakUp turns it on quietFor later.
+func keepQuiet(name string, peers []Peer, now time.Time) {
+	if len(peers) == 0 {
+		return
+	}
+	quietMu.Lock()
+	defer quietMu.Unlock()
+	if quiet[name] == nil {
+		// One timer a device: speakUp arms the next one while quiet
+		// peers remain.
+		quiet[name] = map[wgtypes.Key]quietPeer{}
+		time.AfterFunc(quietFor, func() { speakUp(name) })
+	}
+	for _, p := range peers {
+		quiet[name][p.PublicKey] = quietPeer{until: now.Add(quietFor), keepalive: p.PersistentKeepalive}
+	}
 }
 
 // speakUp turns on the keepalive of device name's peers whose quiet time

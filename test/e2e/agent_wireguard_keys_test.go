@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -91,6 +92,20 @@ func wgKey(t *testing.T, n *agentNode) string {
 func wgDevice(t *testing.T, n *agentNode) *wgtypes.Device {
 	t.Helper()
 	return testenv.WireGuardDevice(t, n.NS.Path(), filepath.Join(n.Dir, "wgrun"), overlay.WireGuardDeviceName(overlay.DefaultWireGuardPort))
+}
+
+// handshakeSince says when n's device last completed a handshake with
+// the peer of key, from t0.
+func handshakeSince(t *testing.T, n *agentNode, key string, t0 time.Time) string {
+	for _, p := range wgDevice(t, n).Peers {
+		if p.PublicKey.String() == key {
+			if p.LastHandshakeTime.IsZero() {
+				return "never"
+			}
+			return fmt.Sprintf("%v after it", p.LastHandshakeTime.Sub(t0).Round(time.Millisecond))
+		}
+	}
+	return "none: no such peer"
 }
 
 // peersHave tells whether every node but self has exactly one peer per
@@ -238,7 +253,17 @@ func wireGuardKeys(t *testing.T, lab *agentLab, subnets []string, published func
 	if fresh == old[n1.name] || !strings.Contains(string(out), fresh) {
 		t.Fatalf("after rotate-key the key file holds %s (was %s); the command said %q", fresh, old[n1.name], out)
 	}
+	// When each peer took the new key, and when node1 last completed a
+	// handshake with node3 (the one way whose packets only node1 starts),
+	// both from rotate-key's return: the figures that tell a lost ping's
+	// cause.
+	rotated, took := time.Now(), map[string]time.Duration{}
 	waitFor(t, 30*time.Second, "the peers know node1 by its new key only", func() (bool, string) {
+		for _, n := range lab.nodes[1:] {
+			if _, ok := took[n.name]; !ok && slices.ContainsFunc(wgDevice(t, n).Peers, func(p wgtypes.Peer) bool { return p.PublicKey.String() == fresh }) {
+				took[n.name] = time.Since(rotated).Round(time.Millisecond)
+			}
+		}
 		return peersHave(t, lab, n1, fresh, old[n1.name])
 	})
 	select {
@@ -246,12 +271,14 @@ func wireGuardKeys(t *testing.T, lab *agentLab, subnets []string, published func
 		t.Fatalf("the ping loop ended before the peers took node1's new key: the rotation fell outside it")
 	default:
 	}
+	when := fmt.Sprintf("after rotate-key: node2 took the new key in %v, node3 in %v; node1's last handshake with node3 %s",
+		took[lab.nodes[1].name], took[n3.name], handshakeSince(t, n1, wgKey(t, n3), rotated))
 	for what, ch := range map[string]<-chan pingResult{"pod on node2 -> pod on node1": to1, "pod on node1 -> pod on node3": from1} {
 		r := <-ch
 		if r.sent != count || r.got != count {
-			t.Errorf("%s every 100 ms through the rotation: %d sent, %d answered; want %d of %d:\n%s", what, r.sent, r.got, count, count, r.out)
+			t.Errorf("%s every 100 ms through the rotation: %d sent, %d answered; want %d of %d (%s):\n%s", what, r.sent, r.got, count, count, when, r.out)
 		} else {
-			t.Logf("%s every 100 ms through the rotation: %d of %d answered, longest round trip %s", what, r.got, r.sent, r.maxRTT)
+			t.Logf("%s every 100 ms through the rotation: %d of %d answered, longest round trip %s (%s)", what, r.got, r.sent, r.maxRTT, when)
 		}
 	}
 	raw, lines := capt.Stop()
