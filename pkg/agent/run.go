@@ -552,6 +552,18 @@ func (a *agent) repairDrift(ctx context.Context, d drift, records chan registry.
 	if ctx.Err() == nil {
 		a.opts.logf("%s: a full pass: %s", why, reason)
 	}
+	if d.wide && a.r != nil {
+		// The VXLAN device first, on its own: deleted, it took every
+		// peer's entries with it, and the full pass that puts them back
+		// takes a while at thousands of peers.
+		rep, err := a.r.RepairDevice(ctx)
+		for _, ch := range rep.Applied {
+			a.opts.logf("%s (the VXLAN device first): %s", why, ch)
+		}
+		if err != nil {
+			a.opts.logf("%s (the VXLAN device first): %v", why, err)
+		}
+	}
 	a.checkSelf(records)
 	a.pass(ctx, why+" (full pass)", true)
 }

@@ -153,3 +153,37 @@ func (s seenState) restrict(b *baseline) (desired, current) {
 	cur.index()
 	return d, cur
 }
+
+// RepairDevice makes the last successful pass's VXLAN device again, first
+// and alone, when it is gone or other than that pass left it (deleted,
+// set down): the device a full Set would make first too, without waiting
+// for the plan and the dumps of every peer, which the Set that must follow
+// (Repair cannot put back what went with the device) then does. Any change
+// drops the baseline: its plan names the old device, or believes in routes
+// the kernel dropped with the device's state, so Repair and Update answer
+// ErrNeedSet until that Set. Nothing is done without a baseline, or one
+// without the device.
+func (r *Reconciler) RepairDevice(ctx context.Context) (Report, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.base
+	if r.h == nil || b == nil || b.e.vtep.index == 0 || b.e.u.link == nil {
+		return Report{}, nil
+	}
+	s := r.vtepSpecFor(b.e.u, b.self)
+	rc := &recorder{ctx: ctx}
+	ref := r.ensureVTEP(rc, s)
+	if len(rc.failed) > 0 {
+		// The first notification of a deletion is the device going down,
+		// while the kernel is still removing it: the fix found it there
+		// and failed once it was gone. Now it is gone: make it.
+		if _, err := r.h.LinkByName(s.name); linkNotFound(err) {
+			again := &recorder{ctx: ctx, applied: rc.applied}
+			ref, rc = r.ensureVTEP(again, s), again
+		}
+	}
+	if ref.index != b.e.vtep.index || len(rc.applied) > 0 || len(rc.failed) > 0 {
+		r.base = nil
+	}
+	return Report{Applied: rc.applied, Failed: rc.failed, Device: b.out.device}, rc.err()
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -98,12 +99,8 @@ func (k *kernelEvents) take(t *testing.T, marker net.IP) []overlay.KernelEvent {
 // after it finds nothing to do. What one object cannot say (the device
 // set down) is ErrNeedSet, and Set repairs it.
 func TestRepairMatchesSet(t *testing.T) {
-	_, nodes := threeNodes(t)
-	c := newCluster(t, nodes, overlay.Config{Mode: overlay.ModeVXLAN, Network: "rp"}, false)
-	c.setAll(t)
+	c, nodes, n, r, self, all := repairLab(t, "rp")
 	ctx := context.Background()
-	n, r := nodes[0], c.recs[0]
-	self, all := n.node(false), c.all()
 	full := readState(t, n.ns, "village.1")
 	k := followKernel(t, n.ns)
 	metric := fmt.Sprint(overlay.Metric("rp"))
@@ -175,4 +172,80 @@ func TestRepairMatchesSet(t *testing.T) {
 	if got := readState(t, n.ns, "village.1"); fmt.Sprint(got) != fmt.Sprint(full) {
 		t.Fatalf("after the device came back the kernel has\n%+v\nwant\n%+v", got, full)
 	}
+}
+
+// TestRepairDevice: the VXLAN device deleted (every peer's entries go with
+// it) or set down is made again by RepairDevice alone, as the full pass
+// leaves it (up, its MTU, MAC and addresses), without the peers' entries;
+// the baseline is dropped, so Repair asks for a Set, and the Set puts the
+// rest back to what a full pass left, pods reaching each other again. With
+// the device as the pass left it, RepairDevice changes nothing.
+func TestRepairDevice(t *testing.T) {
+	c, _, n, r, self, all := repairLab(t, "rd")
+	ctx := context.Background()
+	full, dev := readState(t, n.ns, "village.1"), deviceState(t, n.ns, "village.1")
+	if rep, err := r.RepairDevice(ctx); err != nil || len(rep.Applied) != 0 {
+		t.Fatalf("RepairDevice with the device as the pass left it: %v, %v", rep.Applied, err)
+	}
+	for _, gone := range [][]string{{"link", "del", "village.1"}, {"link", "set", "village.1", "down"}} {
+		testenv.MustIP(t, n.ns, gone...)
+		rep, err := r.RepairDevice(ctx)
+		if err != nil || len(rep.Applied) == 0 {
+			t.Fatalf("RepairDevice after ip %v: %v, %v", gone, rep.Applied, err)
+		}
+		if got := deviceState(t, n.ns, "village.1"); got != dev {
+			t.Fatalf("after ip %v and RepairDevice the device is\n%s\nthe pass left\n%s", gone, got, dev)
+		}
+		if st := readState(t, n.ns, "village.1"); fmt.Sprint(st) == fmt.Sprint(full) {
+			t.Fatalf("after ip %v and RepairDevice alone the peers' entries are all there: the test deleted nothing", gone)
+		}
+		if _, err := r.Repair(ctx, nil); !errors.Is(err, overlay.ErrNeedSet) {
+			t.Fatalf("Repair after RepairDevice made a change: %v, want ErrNeedSet", err)
+		}
+		if _, err := r.Set(ctx, self, all); err != nil {
+			t.Fatal(err)
+		}
+		if got := readState(t, n.ns, "village.1"); fmt.Sprint(got) != fmt.Sprint(full) {
+			t.Fatalf("after ip %v, RepairDevice and Set the kernel has\n%+v\nwant\n%+v", gone, got, full)
+		}
+		c.pingAll(t)
+	}
+}
+
+// deviceState is dev's state, MTU, MAC and global addresses, as ip shows
+// them.
+func deviceState(t *testing.T, n ns.NetNS, dev string) string {
+	t.Helper()
+	var links []struct {
+		Flags    []string `json:"flags"`
+		MTU      int      `json:"mtu"`
+		Address  string   `json:"address"`
+		AddrInfo []struct {
+			Local     string `json:"local"`
+			PrefixLen int    `json:"prefixlen"`
+			Scope     string `json:"scope"`
+		} `json:"addr_info"`
+	}
+	decode(t, testenv.MustIP(t, n, "-j", "addr", "show", "dev", dev), &links)
+	if len(links) != 1 {
+		t.Fatalf("ip addr show dev %s: %d links", dev, len(links))
+	}
+	l := links[0]
+	s := fmt.Sprintf("up %v mtu %d mac %s", slices.Contains(l.Flags, "UP"), l.MTU, l.Address)
+	for _, a := range l.AddrInfo {
+		if a.Scope == "global" {
+			s += fmt.Sprintf(" %s/%d", a.Local, a.PrefixLen)
+		}
+	}
+	return s
+}
+
+// repairLab is three nodes joined over VXLAN in network name, each set
+// once: the cluster, its nodes, and node 1 with its reconciler, its own
+// record and every node's.
+func repairLab(t *testing.T, name string) (*cluster, []*labNode, *labNode, *overlay.Reconciler, overlay.Node, []overlay.Node) {
+	_, nodes := threeNodes(t)
+	c := newCluster(t, nodes, overlay.Config{Mode: overlay.ModeVXLAN, Network: name}, false)
+	c.setAll(t)
+	return c, nodes, nodes[0], c.recs[0], nodes[0].node(false), c.all()
 }

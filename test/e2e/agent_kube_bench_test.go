@@ -20,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/village-cni/village/internal/kubetest"
 	"github.com/village-cni/village/internal/testenv"
@@ -46,7 +45,9 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 	kube := kubetest.Start(b, kubetest.Options{NetNS: host, IP: agentEtcdIP, Audit: true})
 	ctx := context.Background()
 	nodesAPI := kube.Client.CoreV1().Nodes()
-	// The agent's own identity: admin here (RBAC is the cluster test's job).
+	// The agent as the DaemonSet runs it: bound by the shipped RBAC and
+	// confined by its admission policies (it writes nothing until it is).
+	applyRBAC(b, kube)
 	self := NewNode(b)
 	lan.Attach(b, self.NS, "lan0", agentLANPrefix+"11/24")
 	_, err := nodesAPI.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "watcher"},
@@ -55,7 +56,7 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 		b.Fatal(err)
 	}
 	conf := filepath.Join(b.TempDir(), "agt.conflist")
-	if err := os.WriteFile(conf, []byte(kubeConflist("vxlan", filepath.Join(self.Dir, "ipam"), kube.AdminKubeconfig)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(kubeConflist("vxlan", filepath.Join(self.Dir, "ipam"), kube.NodeAgentKubeconfig)), 0o644); err != nil {
 		b.Fatal(err)
 	}
 
@@ -84,7 +85,7 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 		}
 	}()
 
-	pid, log := startWatcher(ctx, b, self, conf, nodesAPI)
+	pid, log := startWatcher(ctx, b, kube, self, conf)
 
 	cidr := func(i int) string { return fmt.Sprintf("10.%d.%d.0/24", 80+i/256, i%256) }
 	underlay := func(i, gen int) string { return fmt.Sprintf("172.%d.%d.%d", 20+gen, i/250, 1+i%250) }
@@ -187,11 +188,16 @@ func BenchmarkAgentKubeScale(b *testing.B) {
 }
 
 // startWatcher runs villaged as node "watcher" in self's namespace (its run
-// directory under self.Dir) and returns once the agent has annotated its
-// Node; the agent is stopped when the benchmark ends.
-func startWatcher(ctx context.Context, b *testing.B, self *Node, conf string, nodes typedcorev1.NodeInterface) (int, *lockedBuffer) {
+// directory under self.Dir), with the identity of the DaemonSet's pod on
+// that node (kube.AgentOn: the conflist names kube.NodeAgentKubeconfig,
+// and the caller applied the shipped RBAC and admission policies, without
+// which the agent writes nothing), and returns once the agent has
+// annotated its Node; the agent is stopped when the benchmark ends.
+func startWatcher(ctx context.Context, b *testing.B, kube *kubetest.Server, self *Node, conf string) (int, *lockedBuffer) {
+	nodes := kube.Client.CoreV1().Nodes()
 	cmd := exec.Command("ip", "netns", "exec", filepath.Base(self.NS.Path()), filepath.Join(testenv.Bins(b), "villaged"),
 		"run", "--conf", conf, "--node-name", "watcher", "--run-dir", filepath.Join(self.Dir, "run"))
+	cmd.Env = append(os.Environ(), kube.AgentOn(b, "watcher"))
 	log := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
@@ -286,6 +292,7 @@ func BenchmarkAgentKubeWatches(b *testing.B) {
 	kube := kubetest.Start(b, kubetest.Options{NetNS: host, IP: agentEtcdIP, Audit: true})
 	ctx := context.Background()
 	api := kube.Client
+	applyRBAC(b, kube) // the agent as the DaemonSet runs it (see startWatcher)
 	self := NewNode(b)
 	lan.Attach(b, self.NS, "lan0", agentLANPrefix+"11/24")
 	if _, err := api.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "watcher"},
@@ -320,11 +327,11 @@ func BenchmarkAgentKubeWatches(b *testing.B) {
 	lanBlock := fmt.Sprintf(`"networkPolicy":true,"macvlan":{"master":"lan0","mode":"bridge","ifName":"net1","pods":"annotated",
 		"ipam":{"type":"village-ipam","dataDir":%q,"ranges":[[{"subnet":"192.168.77.0/24","rangeStart":"192.168.77.200","rangeEnd":"192.168.77.210"}]]}},`,
 		filepath.Join(self.Dir, "lan"))
-	text := strings.Replace(kubeConflist("vxlan", filepath.Join(self.Dir, "ipam"), kube.AdminKubeconfig), `"ipMasq":true,`, `"ipMasq":true,`+lanBlock, 1)
+	text := strings.Replace(kubeConflist("vxlan", filepath.Join(self.Dir, "ipam"), kube.NodeAgentKubeconfig), `"ipMasq":true,`, `"ipMasq":true,`+lanBlock, 1)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	_, log := startWatcher(ctx, b, self, conf, api.CoreV1().Nodes())
+	_, log := startWatcher(ctx, b, kube, self, conf)
 	waitUntil(b, 2*time.Minute, "routes to the 50 Nodes and the policy compiled", func() bool {
 		routes := 0
 		for _, l := range strings.Split(testenv.MustIP(b, self.NS, "route", "show", "dev", "village.9"), "\n") {

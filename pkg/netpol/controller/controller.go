@@ -351,10 +351,11 @@ func (c *ctl) repair() {
 		c.cfg.Logf("network policy: reading the kernel: %v", err)
 		return
 	}
-	diff := "table missing"
+	policy := "table missing"
 	if ok {
-		diff = table.Diff(table.Summarize(c.last), have)
+		policy = table.Diff(table.Summarize(c.last), have)
 	}
+	diff := policy
 	if !pending {
 		c.release()
 		diff = strings.TrimPrefix(diff+"; pending table missing (not ready until it is back)", "; ")
@@ -362,7 +363,22 @@ func (c *ctl) repair() {
 	if diff == "" {
 		return
 	}
-	c.cfg.Logf("network policy: the kernel drifted (%s): applying again", diff)
+	if policy == "" {
+		// Only the pending table is gone: it alone is made again (the
+		// difference of the last compile with itself is nothing to the
+		// policy table), not the whole policy table rewritten.
+		c.cfg.Logf("network policy: the kernel drifted (%s): making it again", diff)
+		err := c.cfg.InNS(func() error { return table.Update(c.last, c.last) })
+		if err == nil {
+			err = c.holdReady()
+		}
+		if err == nil {
+			return
+		}
+		c.cfg.Logf("network policy: making the pending table again: %v", err)
+	} else {
+		c.cfg.Logf("network policy: the kernel drifted (%s): applying again", diff)
+	}
 	c.failed = true
 	c.sync("repair")
 }
