@@ -111,7 +111,10 @@
 // (overlay.Reconciler.Repair: compared with the plan the reconciler holds,
 // no planning, no dump); one about a link or an address, someone else's
 // route, or more objects than the watcher queues starts a full pass (Set),
-// as does anything Repair cannot judge alone. Notifications about the
+// as does anything Repair cannot judge alone; the VXLAN device is made
+// right first, on its own (overlay.Reconciler.RepairDevice), since the
+// full pass that puts its peers' entries back takes a while at thousands
+// of peers. Notifications about the
 // node's own objects (a host-shim route, an address while there is a host
 // shim, a host veth's MAC) run repairLocal.
 //
