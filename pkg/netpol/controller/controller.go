@@ -363,22 +363,26 @@ func (c *ctl) repair() {
 	if diff == "" {
 		return
 	}
+	// The last compile is what the kernel held: it goes back as it was,
+	// with no compile again (a change since then is its own sync). Only
+	// the pending table gone: it alone is made again (the difference of
+	// the last compile with itself is nothing to the policy table), not
+	// the whole policy table rewritten.
+	what, write := "applying the last compile again", func() error { return table.Apply(c.last) }
 	if policy == "" {
-		// Only the pending table is gone: it alone is made again (the
-		// difference of the last compile with itself is nothing to the
-		// policy table), not the whole policy table rewritten.
-		c.cfg.Logf("network policy: the kernel drifted (%s): making it again", diff)
-		err := c.cfg.InNS(func() error { return table.Update(c.last, c.last) })
-		if err == nil {
-			err = c.holdReady()
-		}
-		if err == nil {
-			return
-		}
-		c.cfg.Logf("network policy: making the pending table again: %v", err)
-	} else {
-		c.cfg.Logf("network policy: the kernel drifted (%s): applying again", diff)
+		what, write = "making it again", func() error { return table.Update(c.last, c.last) }
 	}
+	c.cfg.Logf("network policy: the kernel drifted (%s): %s", diff, what)
+	start := time.Now()
+	err = c.cfg.InNS(write)
+	if err == nil {
+		err = c.holdReady()
+	}
+	if err == nil {
+		c.cfg.Logf("network policy (repair): in the kernel after %s", time.Since(start).Round(time.Microsecond))
+		return
+	}
+	c.cfg.Logf("network policy (repair): %v; compiling again", err)
 	c.failed = true
 	c.sync("repair")
 }
