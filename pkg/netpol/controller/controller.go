@@ -274,13 +274,18 @@ func podOf(p *corev1.Pod) *netpol.Pod {
 // sync compiles and, when the result differs from the last one applied,
 // updates the kernel by the difference (rewrites it whole when the last
 // apply failed).
-func (c *ctl) sync(why string) {
+func (c *ctl) sync(why string) { c.write(why, false) }
+
+// write compiles and writes what the compile changed; force writes even
+// when the compile equals the last one (the repair of a missing pending
+// table, which the difference makes again).
+func (c *ctl) write(why string, force bool) {
 	start := time.Now()
 	in := c.input()
 	rs := netpol.Compile(in)
 	// the counts too: the status file reports them
 	counts := [2]int{len(in.Policies), len(in.Local)}
-	if !c.failed && c.last != nil && counts == c.lastCounts && table.Equal(rs, c.last) {
+	if !force && !c.failed && c.last != nil && counts == c.lastCounts && table.Equal(rs, c.last) {
 		// The kernel holds it already; the model may still change (a
 		// policy that selects only other nodes' pods, a rule's place).
 		c.queueModel(in)
@@ -363,23 +368,28 @@ func (c *ctl) repair() {
 	if diff == "" {
 		return
 	}
-	// The last compile is what the kernel held: it goes back as it was,
-	// with no compile again (a change since then is its own sync). Only
-	// the pending table gone: it alone is made again (the difference of
-	// the last compile with itself is nothing to the policy table), not
-	// the whole policy table rewritten.
-	what, write := "applying the last compile again", func() error { return table.Apply(c.last) }
-	if policy == "" {
-		what, write = "making it again", func() error { return table.Update(c.last, c.last) }
+	if !pending {
+		// The pending table went with its marks: a pod added since the
+		// last compile lost its mark, so the repair compiles again from
+		// what the informers hold now and writes that: the policy table
+		// whole when it drifted too, else only its difference, which
+		// makes the pending table again.
+		c.cfg.Logf("network policy: the kernel drifted (%s): compiling again", diff)
+		c.failed = policy != ""
+		c.write("repair", true)
+		return
 	}
-	c.cfg.Logf("network policy: the kernel drifted (%s): %s", diff, what)
+	// Only the policy table drifted and every pending mark is there: the
+	// last compile, which the kernel held, goes back as it was, with no
+	// compile again. A pod added since keeps its mark until its own
+	// compile (a change is its own sync).
+	c.cfg.Logf("network policy: the kernel drifted (%s): applying the last compile again", diff)
 	start := time.Now()
-	err = c.cfg.InNS(write)
+	err = c.cfg.InNS(func() error { return table.Apply(c.last) })
 	if err == nil {
-		err = c.holdReady()
-	}
-	if err == nil {
-		c.cfg.Logf("network policy (repair): in the kernel after %s", time.Since(start).Round(time.Microsecond))
+		d := time.Since(start)
+		c.cfg.Metrics.ObservePolicy(c.cfg.Network, d, nil, len(c.last.Pods), len(c.last.Problems))
+		c.cfg.Logf("network policy (repair): in the kernel after %s", d.Round(time.Microsecond))
 		return
 	}
 	c.cfg.Logf("network policy (repair): %v; compiling again", err)
