@@ -114,7 +114,11 @@
 // as does anything Repair cannot judge alone; the VXLAN device is made
 // right first, on its own (overlay.Reconciler.RepairDevice), since the
 // full pass that puts its peers' entries back takes a while at thousands
-// of peers. Notifications about the
+// of peers. The device deleted or set down is not coalesced: every peer's
+// traffic stops with it, so its notification starts that repair at once.
+// A deleted device's entries are announced before the device itself (the
+// kernel flushes them first); a repair of them that finds the device gone
+// (overlay.ErrDeviceGone) makes the device first too. Notifications about the
 // node's own objects (a host-shim route, an address while there is a host
 // shim, a host veth's MAC) run repairLocal.
 //

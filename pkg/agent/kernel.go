@@ -71,6 +71,10 @@ type kernelWatch struct {
 	objects chan overlay.KernelEvent
 	wide    atomic.Bool
 	local   atomic.Bool
+	// urgent is set with wide for the VXLAN device deleted or set down:
+	// every peer's traffic stops with it, so the loop makes it again at
+	// once rather than after settle.
+	urgent atomic.Bool
 	// judge is the reconciler's Drifts (a test's stand-in may hold the
 	// watcher up).
 	judge func(overlay.KernelEvent) bool
@@ -136,6 +140,9 @@ func (w *kernelWatch) run(ctx context.Context) {
 				w.flag(&w.local)
 			}
 			if w.judge(overlay.KernelEvent{Deleted: del, LinkIndex: int(u.Index), Link: u.Link}) {
+				if (del || u.Flags&unix.IFF_UP == 0) && w.r != nil && u.Attrs().Name == w.r.Device() {
+					w.urgent.Store(true) // before wide: the loop asks after the signal
+				}
 				w.flag(&w.wide)
 			}
 		})

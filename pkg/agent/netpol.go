@@ -43,7 +43,7 @@ func (policyFeature) Start(ctx context.Context, a *agent, wg *sync.WaitGroup) er
 		Policies: side.policies(), Events: side.rec, RunDir: a.opts.RunDir, Metrics: a.m, Logf: a.opts.logf,
 		Repair: a.opts.safetyNet(), Retry: a.opts.Period}
 	if a.nft != nil {
-		cfg.Kick = a.nft.policy
+		cfg.Kick, cfg.Marks = a.nft.policy, a.nft.marks
 	}
 	if a.lan != nil {
 		cfg.LAN, cfg.LANChanged = a.lan.HasLAN, a.lan.LANChanged()

@@ -22,7 +22,9 @@ import (
 //   - with networkPolicy on, the policy table (any change) and the pending
 //     table (any change but its elements: ADD adds the marks, the
 //     controller removes them): policy receives, the controller's Kick,
-//     and the controller runs its repair (pkg/netpol/controller).
+//     and the controller runs its repair (pkg/netpol/controller). The
+//     pending sets' elements are followed too (table.Marks), so the
+//     repair of a deleted pending table writes back the marks it held.
 //
 // Both repairs compare the kernel with what they want and write nothing
 // when they are equal, so the notifications of the agent's own writes cost
@@ -32,6 +34,10 @@ type nftWatch struct {
 	w      *nftwatch.Watcher
 	masq   <-chan struct{}
 	policy <-chan struct{} // nil without networkPolicy
+	// marks follows the pending sets' elements (nil without
+	// networkPolicy): the controller's repair writes them back with a
+	// deleted pending table.
+	marks *table.Marks
 }
 
 // The tables iptables-nft writes the iptables backend's rules to (in the
@@ -50,6 +56,19 @@ func (a *agent) newNftWatch() *nftWatch {
 		n.policy = w.Register(func(c nftwatch.Change) bool {
 			return c.Table == policy || (c.Table == pending && c.Object != nftwatch.Element)
 		})
+		n.marks = table.NewMarks(name)
+		tb, sets := n.marks.Sets()
+		for i, set := range sets {
+			reset := func() {
+				if err := n.marks.Reset(); err != nil {
+					a.opts.logf("network policy: reading the pending marks: %v", err)
+				}
+			}
+			if i > 0 {
+				reset = func() {} // one read covers both sets
+			}
+			w.FollowElements(tb, set, n.marks.Update, reset)
+		}
 	}
 	return n
 }

@@ -321,7 +321,11 @@ func (a *agent) loop(ctx context.Context, feed *registry.Feed, records chan regi
 			}
 			a.update(ctx, why, change)
 		case <-kernel:
-			if settled == nil {
+			switch {
+			case a.watch != nil && a.watch.urgent.Swap(false):
+				settled = nil
+				a.repairDrift(ctx, a.watch.take(), records)
+			case settled == nil:
 				settled = time.After(settle)
 			}
 		case <-kept:
@@ -547,6 +551,9 @@ func (a *agent) repairDrift(ctx context.Context, d drift, records chan registry.
 			a.health.set(nil)
 			return
 		}
+		// The entries' notifications of a deleted device come before the
+		// device's own: the device first, as for those.
+		d.wide = d.wide || errors.Is(err, overlay.ErrDeviceGone)
 		reason = err.Error()
 	}
 	if ctx.Err() == nil {

@@ -163,13 +163,7 @@ func TestPending(t *testing.T) {
 	if err := mark(); !errors.Is(err, table.ErrNoController) {
 		t.Fatalf("marking with no controller: %v", err)
 	}
-	in := l.input()
-	in.Local = map[string]bool{"ns/a": true, "ns/c": true} // b not seen yet
-	l.apply(t, in)
-	if err := mark(); err != nil {
-		t.Fatal(err)
-	}
-	l.reach(t, "a", "b", 80, false)
+	in := l.markB(t, mark)
 	l.reach(t, "b", "c", 80, false)
 	// the network's masquerade with forwardAccept (nftables) leaves the
 	// pending chain alone: its accept at the top would let b through
@@ -196,6 +190,66 @@ func TestPending(t *testing.T) {
 	if len(left) != 0 {
 		t.Fatalf("pending after compiling b: %v", left)
 	}
+}
+
+// TestEnsurePending: the pending table deleted (its marks with it) is
+// made again alone by EnsurePending, empty, and marks hold from then on;
+// EnsurePending of a table that is there keeps its marks.
+func TestEnsurePending(t *testing.T) {
+	l := newLab(t)
+	b := []netip.Addr{netip.MustParseAddr(l.V4["b"]), netip.MustParseAddr(l.V6["b"])}
+	mark := func() error { return testenv.InNS(l.Node, func() error { return table.MarkPending("t", b) }) }
+	ensure := func() {
+		t.Helper()
+		if err := testenv.InNS(l.Node, func() error { return table.EnsurePending("t", l.last.Bridge, nil) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pending := func() []netip.Addr {
+		t.Helper()
+		var left []netip.Addr
+		if err := testenv.InNS(l.Node, func() (err error) { left, err = table.Pending("t"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return left
+	}
+	l.markB(t, mark)
+	nft(t, l.Node, "delete", "table", "inet", table.PendingTable("t"))
+	l.reach(t, "a", "b", 80, true) // the mark went with the table
+	if err := mark(); !errors.Is(err, table.ErrNoController) {
+		t.Fatalf("marking with the pending table gone: %v", err)
+	}
+	ensure()
+	if left := pending(); len(left) != 0 {
+		t.Fatalf("pending after EnsurePending of a deleted table: %v, want none", left)
+	}
+	if err := mark(); err != nil {
+		t.Fatal(err)
+	}
+	l.reach(t, "a", "b", 80, false)
+	l.reach(t, "b", "c", 80, false)
+	ensure()
+	if left := pending(); len(left) != 2 {
+		t.Fatalf("pending after EnsurePending of a table that was there: %v, want b's two addresses", left)
+	}
+	l.reach(t, "a", "b", 80, false)
+	l.apply(t, l.input())
+	l.reach(t, "a", "b", 80, true)
+}
+
+// markB applies the lab's input without pod b (not seen yet), marks b
+// pending with mark, and checks that a cannot reach it; it returns that
+// input.
+func (l *lab) markB(t *testing.T, mark func() error) Input {
+	t.Helper()
+	in := l.input()
+	in.Local = map[string]bool{"ns/a": true, "ns/c": true} // b not seen yet
+	l.apply(t, in)
+	if err := mark(); err != nil {
+		t.Fatal(err)
+	}
+	l.reach(t, "a", "b", 80, false)
+	return in
 }
 
 type corev1Protocol = corev1.Protocol

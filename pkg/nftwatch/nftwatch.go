@@ -130,9 +130,10 @@ const (
 
 // Watcher follows one namespace's nf_tables notifications.
 type Watcher struct {
-	opts Options
-	mu   sync.Mutex
-	subs []sub
+	opts  Options
+	mu    sync.Mutex
+	subs  []sub
+	elems []elems
 	// overflows counts the ENOBUFS the socket reported; up says the
 	// socket is joined to the group now.
 	overflows atomic.Int64
@@ -142,6 +143,13 @@ type Watcher struct {
 type sub struct {
 	match func(Change) bool
 	out   chan struct{}
+}
+
+// elems is a follower of one set's elements (FollowElements).
+type elems struct {
+	table, set string
+	update     func(keys [][]byte, deleted bool)
+	reset      func()
 }
 
 // New returns a Watcher; Register the tables, then Run it.
@@ -167,6 +175,19 @@ func (w *Watcher) Register(match func(Change) bool) <-chan struct{} {
 	out := make(chan struct{}, 1)
 	w.subs = append(w.subs, sub{match: match, out: out})
 	return out
+}
+
+// FollowElements has update called, in the watcher's goroutine, with the
+// keys of the elements each notification adds to (or deletes from) the
+// named set of the named table (any family), in the kernel's order, and
+// reset whenever some may have been missed: when the socket is joined
+// (after a failure too) and when it overflowed, reset reading the set
+// whole. A table deleted whole announces no element of its sets, so what
+// update kept is what the sets held then. Register before Run.
+func (w *Watcher) FollowElements(table, set string, update func(keys [][]byte, deleted bool), reset func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.elems = append(w.elems, elems{table: table, set: set, update: update, reset: reset})
 }
 
 // Overflows is how many times the socket reported lost notifications.
@@ -236,6 +257,7 @@ func (w *Watcher) follow(ctx context.Context) error {
 		}
 	}()
 	w.up.Store(true)
+	w.resetElems() // joined now: what came before went unseen
 	for {
 		msgs, err := c.Receive()
 		if err != nil {
@@ -245,6 +267,7 @@ func (w *Watcher) follow(ctx context.Context) error {
 			if errors.Is(err, unix.ENOBUFS) {
 				// The kernel dropped notifications; the socket goes on.
 				w.overflows.Add(1)
+				w.resetElems()
 				w.signalAll()
 				continue
 			}
@@ -252,10 +275,101 @@ func (w *Watcher) follow(ctx context.Context) error {
 		}
 		for _, m := range msgs {
 			if ch, ok := Parse(m); ok {
+				if ch.Object == Element {
+					w.followElems(ch, m)
+				}
 				w.dispatch(ch)
 			}
 		}
 	}
+}
+
+func (w *Watcher) resetElems() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, e := range w.elems {
+		e.reset()
+	}
+}
+
+// followElems hands the keys of an element notification to the followers
+// of its set.
+func (w *Watcher) followElems(ch Change, m netlink.Message) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var set string
+	var keys [][]byte
+	parsed := false
+	for _, e := range w.elems {
+		if e.table != ch.Table {
+			continue
+		}
+		if !parsed {
+			set, keys = ElementKeys(m)
+			parsed = true
+		}
+		if e.set == set {
+			e.update(keys, ch.Deleted)
+		}
+	}
+}
+
+// Attributes of an element list (NFTA_SET_ELEM_LIST_*), of one element
+// (NFTA_SET_ELEM_*) and of a data value (NFTA_DATA_VALUE).
+const (
+	elemListSet      = 2 // NFTA_SET_ELEM_LIST_SET
+	elemListElements = 3 // NFTA_SET_ELEM_LIST_ELEMENTS
+	listElem         = 1 // NFTA_LIST_ELEM
+	elemKey          = 1 // NFTA_SET_ELEM_KEY
+	dataValue        = 1 // NFTA_DATA_VALUE
+)
+
+// ElementKeys reads the set name and the elements' keys of one
+// NEWSETELEM or DELSETELEM notification (nil keys for another message,
+// or one it cannot read).
+func ElementKeys(m netlink.Message) (set string, keys [][]byte) {
+	if len(m.Data) < 4 {
+		return "", nil
+	}
+	ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+	if err != nil {
+		return "", nil
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case elemListSet:
+			set = ad.String()
+		case elemListElements:
+			ad.Nested(func(list *netlink.AttributeDecoder) error {
+				for list.Next() {
+					if list.Type() != listElem {
+						continue
+					}
+					list.Nested(func(el *netlink.AttributeDecoder) error {
+						for el.Next() {
+							if el.Type() != elemKey {
+								continue
+							}
+							el.Nested(func(k *netlink.AttributeDecoder) error {
+								for k.Next() {
+									if k.Type() == dataValue {
+										keys = append(keys, k.Bytes())
+									}
+								}
+								return nil
+							})
+						}
+						return nil
+					})
+				}
+				return nil
+			})
+		}
+	}
+	if ad.Err() != nil {
+		return "", nil
+	}
+	return set, keys
 }
 
 func (w *Watcher) dispatch(ch Change) {

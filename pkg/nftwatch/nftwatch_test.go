@@ -3,6 +3,8 @@ package nftwatch_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -202,4 +204,68 @@ func TestWatcherOverflowSignals(t *testing.T) {
 	l.waitFor("the deletion after the overflow", func() bool {
 		return l.saw(nftwatch.Change{Family: unix.NFPROTO_INET, Table: "watched", Object: nftwatch.Table, Deleted: true})
 	})
+}
+
+// TestFollowElements: the followers of a set get the keys of the elements
+// added to and deleted from it, each only its own set's; reset runs when
+// the socket is joined; and a table deleted whole announces none of its
+// elements, so what a follower kept is what the set held then.
+func TestFollowElements(t *testing.T) {
+	n := testenv.NewNS(t)
+	l := &lab{t: t, name: filepath.Base(n.Path())}
+	l.w = nftwatch.New(nftwatch.Options{NetNS: int(n.Fd()), Logf: t.Logf})
+	var mu sync.Mutex
+	sets := map[string]map[string]bool{"s": {}, "other": {}}
+	resets := 0
+	for set, have := range sets {
+		l.w.FollowElements("watched", set, func(keys [][]byte, deleted bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, k := range keys {
+				if deleted {
+					delete(have, net.IP(k).String())
+				} else {
+					have[net.IP(k).String()] = true
+				}
+			}
+		}, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			resets++
+		})
+	}
+	marker := l.w.Register(nftwatch.Tables("marker"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	l.waitFor("the watcher is subscribed", func() bool { return l.w.Up() })
+	state := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("s %v other %v resets %d", slices.Sorted(maps.Keys(sets["s"])), slices.Sorted(maps.Keys(sets["other"])), resets)
+	}
+	l.nft("add", "table", "inet", "watched")
+	l.nft("add", "set", "inet", "watched", "s", "{ type ipv4_addr; }")
+	l.nft("add", "set", "inet", "watched", "other", "{ type ipv6_addr; }")
+	l.nft("add", "element", "inet", "watched", "s", "{ 10.0.0.1, 10.0.0.2 }")
+	l.nft("add", "element", "inet", "watched", "other", "{ fd00::9 }")
+	want := "s [10.0.0.1 10.0.0.2] other [fd00::9] resets 2"
+	l.waitFor(want, func() bool { return state() == want })
+	l.nft("delete", "element", "inet", "watched", "s", "{ 10.0.0.1 }")
+	want = "s [10.0.0.2] other [fd00::9] resets 2"
+	l.waitFor(want, func() bool { return state() == want })
+	l.nft("delete", "table", "inet", "watched")
+	l.nft("add", "table", "inet", "marker") // seen after the deletion
+	l.waitFor("table marker seen", func() bool {
+		select {
+		case <-marker:
+			return true
+		default:
+			return false
+		}
+	})
+	if got := state(); got != want {
+		t.Fatalf("after the table's deletion the followers have %s, want %s (a deleted table announces no element)", got, want)
+	}
 }

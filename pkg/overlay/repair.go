@@ -2,7 +2,9 @@ package overlay
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -25,8 +27,11 @@ import (
 // link or an address (the VXLAN device deleted or set down, the underlay
 // changed); a default route; a route of someone else (in front of a
 // planned one, or deleted while a peer was held) or of before the metrics;
-// an entry on another device. The caller runs Set then. After a failed
-// write the baseline is dropped, as after a failed Update.
+// an entry on another device. The caller runs Set then. The first failed
+// write stops the rest (the Set that must follow writes them) and drops
+// the baseline, as after a failed Update; when it failed because the
+// VXLAN device is gone, the answer is ErrDeviceGone and the baseline
+// stays for RepairDevice.
 func (r *Reconciler) Repair(ctx context.Context, evs []KernelEvent) (Report, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -42,13 +47,38 @@ func (r *Reconciler) Repair(ctx context.Context, evs []KernelEvent) (Report, err
 		return Report{}, err
 	}
 	d, cur := seen.restrict(b)
-	rc := &recorder{ctx: ctx}
+	rc := &recorder{ctx: ctx, once: true}
 	r.apply(rc, d, cur)
 	rep := Report{Applied: rc.applied, Failed: rc.failed, Device: b.out.device, Underlay: b.out.underlay, MTU: b.out.mtu}
-	if len(rc.failed) > 0 || rc.stopped != nil {
-		r.base = nil
+	if len(rc.failed) == 0 && rc.stopped == nil {
+		return rep, nil
 	}
+	if r.vtepGone(b, rc.failed) {
+		// The baseline stays for RepairDevice, which drops it.
+		return rep, fmt.Errorf("%w: %w", ErrDeviceGone, rc.err())
+	}
+	r.base = nil
 	return rep, rc.err()
+}
+
+// ErrDeviceGone is Repair's answer when its writes failed because the
+// VXLAN device is gone: a notification of one of the device's entries
+// comes first when the device is deleted (the kernel flushes its FDB, one
+// notification an entry, before it closes and removes it), and a repair
+// of those entries waits for the removal to finish and then finds no
+// device. It wraps ErrNeedSet; the caller makes the device first
+// (RepairDevice, for which the baseline is kept), then runs Set.
+var ErrDeviceGone = fmt.Errorf("%w: the VXLAN device is gone", ErrNeedSet)
+
+// vtepGone reports whether a failed write of Repair's found the plan's
+// VXLAN device gone: it failed for want of a device (ENODEV), and the
+// kernel has no link at the device's index now, or another one there.
+func (r *Reconciler) vtepGone(b *baseline, failed []Failure) bool {
+	if b.e.vtep.index == 0 || !slices.ContainsFunc(failed, func(f Failure) bool { return errors.Is(f.Err, unix.ENODEV) }) {
+		return false
+	}
+	l, err := r.h.LinkByIndex(b.e.vtep.index)
+	return linkNotFound(err) || (err == nil && l.Attrs().Name != b.e.vtep.name)
 }
 
 // seenState is what a batch of events says the kernel has under each key

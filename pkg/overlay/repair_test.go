@@ -212,6 +212,57 @@ func TestRepairDevice(t *testing.T) {
 	}
 }
 
+// TestRepairDeviceGone: the VXLAN device deleted announces its peers'
+// entries gone before itself, so an agent may repair those first. Repair
+// stops at the first write, which finds no device, and answers
+// ErrDeviceGone (an ErrNeedSet) keeping the baseline, so that
+// RepairDevice can make the device at once; Set then puts the rest back
+// to what a full pass left, and pods reach each other again.
+func TestRepairDeviceGone(t *testing.T) {
+	c, _, n, r, self, all := repairLab(t, "rg")
+	ctx := context.Background()
+	full, dev := readState(t, n.ns, "village.1"), deviceState(t, n.ns, "village.1")
+	k := followKernel(t, n.ns)
+	testenv.MustIP(t, n.ns, "link", "del", "village.1")
+	marker := net.ParseIP("192.168.77.251")
+	testenv.MustIP(t, n.ns, "route", "add", marker.String()+"/32", "dev", "eth0")
+	testenv.MustIP(t, n.ns, "neigh", "add", marker.String(), "lladdr", "02:00:00:00:00:fb", "dev", "eth0")
+	var evs []overlay.KernelEvent
+	for _, ev := range k.take(t, marker) {
+		if r.Drifts(ev) {
+			evs = append(evs, ev)
+		}
+	}
+	if len(evs) < 2 {
+		t.Fatalf("the device's deletion announced %d planned objects gone, want its peers' entries", len(evs))
+	}
+	rep, err := r.Repair(ctx, evs)
+	if !errors.Is(err, overlay.ErrDeviceGone) || !errors.Is(err, overlay.ErrNeedSet) {
+		t.Fatalf("Repair of %d objects of a deleted device: %v, want ErrDeviceGone", len(evs), err)
+	}
+	if len(rep.Failed) != 1 || len(rep.Applied) != 0 {
+		t.Fatalf("Repair of %d objects of a deleted device: applied %v, failed %v; want one failure, then nothing more tried", len(evs), rep.Applied, rep.Failed)
+	}
+	if rep, err := r.RepairDevice(ctx); err != nil || len(rep.Applied) == 0 {
+		t.Fatalf("RepairDevice after ErrDeviceGone: %v, %v", rep.Applied, err)
+	}
+	if got := deviceState(t, n.ns, "village.1"); got != dev {
+		t.Fatalf("after RepairDevice the device is\n%s\nthe pass left\n%s", got, dev)
+	}
+	if _, err := r.Repair(ctx, nil); !errors.Is(err, overlay.ErrNeedSet) {
+		t.Fatalf("Repair after RepairDevice: %v, want ErrNeedSet", err)
+	}
+	if _, err := r.Set(ctx, self, all); err != nil {
+		t.Fatal(err)
+	}
+	testenv.MustIP(t, n.ns, "route", "del", marker.String()+"/32", "dev", "eth0")
+	testenv.MustIP(t, n.ns, "neigh", "del", marker.String(), "dev", "eth0")
+	if got := readState(t, n.ns, "village.1"); fmt.Sprint(got) != fmt.Sprint(full) {
+		t.Fatalf("after RepairDevice and Set the kernel has\n%+v\nwant\n%+v", got, full)
+	}
+	c.pingAll(t)
+}
+
 // deviceState is dev's state, MTU, MAC and global addresses, as ip shows
 // them.
 func deviceState(t *testing.T, n ns.NetNS, dev string) string {

@@ -102,6 +102,9 @@ type recorder struct {
 	applied []Change
 	failed  []Failure
 	stopped error
+	// once: the first failed write stops the rest (Repair: the Set that
+	// must follow a failure writes them anyway).
+	once bool
 }
 
 // do applies c with f. A failed change is recorded and its error returned;
@@ -132,6 +135,9 @@ func (rc *recorder) doAs(c Change, f func(*Change) error) error {
 // fail records a change that was not applied; err must name the object.
 func (rc *recorder) fail(c Change, err error) error {
 	rc.failed = append(rc.failed, Failure{Change: c, Err: err})
+	if rc.once && rc.stopped == nil {
+		rc.stopped = fmt.Errorf("stopped after the first failure (%s)", c)
+	}
 	return err
 }
 

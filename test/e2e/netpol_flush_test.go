@@ -27,6 +27,10 @@ import (
 //     isolated again (a prober from far never gets through once the
 //     tables are back, while its control, local, answers) and `villaged
 //     status` says the kernel matches.
+//   - a pod added before a flush and not compiled (its Pod unpublished):
+//     its pending mark, which went with the table, is written back by the
+//     repair, so no probe from far reaches it after the tables are back;
+//     published, it is reachable.
 //   - a pod added right after a flush, while n's agent is frozen (SIGSTOP:
 //     alive, its ready lock held, its repair not yet run), in a namespace
 //     with policies: the ADD marks it pending although the pending table
@@ -41,6 +45,7 @@ func (l *npLab) flushRuleset(n *agentNode, far, web, local *npPod) {
 		}
 	}()
 	want := l.tables(n)
+	var pending []netip.Addr
 	for _, tb := range []string{table.PolicyTable("agt"), table.PendingTable("agt")} {
 		if !slices.Contains(want, "table inet "+tb) {
 			t.Fatalf("%s has no table inet %s before the flush: %v", n.name, tb, want)
@@ -69,13 +74,36 @@ func (l *npLab) flushRuleset(n *agentNode, far, web, local *npPod) {
 		l.statusLine(n, "kernel matches")
 	}
 
+	// a pod added before a flush and not compiled yet (its Pod is not
+	// published, so the informers never see it): its pending mark goes
+	// with the table, and the repair writes it back with the table (the
+	// agent followed the mark's notification), so it stays unreachable
+	// through the reload until its own compile
+	early := l.pod(n, "early", false)
+	l.reach(far, early, 80, false)
+	inNS(t, n.NS, "nft", "flush", "ruleset")
+	l.waitTables(n, want, "nft flush ruleset with a pod pending")
+	must(t, testenv.InNS(n.NS, func() (err error) { pending, err = table.Pending("agt"); return err }), "listing pending")
+	if !slices.Contains(pending, netip.MustParseAddr(early.ip)) {
+		t.Fatalf("after nft flush ruleset and the repair, the pending pod %s is not marked (marks %v)", early.ip, pending)
+	}
+	pr := startProber(far.pod.NS, early.ip, target{local.ip, 80})
+	pr.waitTries(t, 2*probeWorkers)
+	if tries, through := pr.stop(); through != 0 {
+		t.Fatalf("after nft flush ruleset: %d of %d probes reached the pending pod early: %s", through, tries, pr)
+	}
+	l.publishPod(n, early)
+	waitFor(t, 60*time.Second, "the published pod pending through the flush is reachable", func() (bool, string) {
+		err := dialFrom(far.pod.NS, early.ip, 80)
+		return err == nil, fmt.Sprint(err)
+	})
+
 	// a pod added in the moment between a flush and the agent's repair
 	agent := n.cmd.Process
 	must(t, agent.Signal(syscall.SIGSTOP), "freezing villaged on %s", n.name)
 	defer agent.Signal(syscall.SIGCONT) // also when the test fails, so it can stop
 	inNS(t, n.NS, "nft", "flush", "ruleset")
 	p := l.pod(n, "flushed", false)
-	var pending []netip.Addr
 	must(t, testenv.InNS(n.NS, func() (err error) { pending, err = table.Pending("agt"); return err }), "listing pending")
 	must(t, dialFrom(far.pod.NS, local.ip, 80), "control: far -> local with the ruleset flushed")
 	if err := dialFrom(far.pod.NS, p.ip, 80); err == nil || !isTimeout(err) {

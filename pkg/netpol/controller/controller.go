@@ -85,6 +85,10 @@ type Config struct {
 	// at once, as on its Repair tick, which writes nothing when the kernel
 	// holds what it compiled.
 	Kick <-chan struct{}
+	// Marks is what the pending sets held as their notifications told
+	// (villaged: pkg/nftwatch; nil: nothing known): a repair that finds
+	// the pending table deleted writes these marks back with it.
+	Marks *table.Marks
 }
 
 // StatusName is the status file under <run dir>/<network>/.
@@ -336,24 +340,48 @@ func countLocal(in netpol.Input) int {
 // they differ (a flushed table, a hand edit) or the last apply failed. A
 // missing pending table means new pods would go unmarked: the ready file
 // is let go first (ADD marks every new pod pending again, making the
-// table itself if need be) and taken again once the whole apply, which
-// makes the pending table, is in the kernel.
+// table itself if need be), the table is made again at once, alone, with
+// the marks it held (Config.Marks), before the policy table is even read,
+// and the ready file is taken again once the compile that follows is in
+// the kernel; that compile's write takes the marks of the pods it covers
+// out again.
 func (c *ctl) repair() {
 	if c.failed || c.last == nil {
 		c.sync("retry")
 		return
 	}
-	var have table.Summary
-	var ok, pending bool
+	var pending bool
 	err := c.cfg.InNS(func() (err error) {
-		if have, ok, err = table.Observe(c.cfg.Network); err != nil {
-			return err
-		}
 		pending, err = table.PendingPresent(c.cfg.Network)
 		return err
 	})
 	if err != nil {
 		c.cfg.Logf("network policy: reading the kernel: %v", err)
+		return
+	}
+	if !pending {
+		c.release()
+		start := time.Now()
+		marks := c.cfg.Marks.Addrs()
+		err := c.cfg.InNS(func() error { return table.EnsurePending(c.cfg.Network, c.last.Bridge, marks) })
+		if err != nil {
+			c.cfg.Logf("network policy (repair): %v", err)
+		} else {
+			c.cfg.Logf("network policy (repair): the pending table made again after %s, with the %d marks it held", time.Since(start).Round(time.Microsecond), len(marks))
+		}
+	}
+	var have table.Summary
+	var ok bool
+	err = c.cfg.InNS(func() (err error) {
+		have, ok, err = table.Observe(c.cfg.Network)
+		return err
+	})
+	if err != nil {
+		c.cfg.Logf("network policy: reading the kernel: %v", err)
+		if !pending {
+			c.failed = true
+			c.sync("repair")
+		}
 		return
 	}
 	policy := "table missing"
@@ -362,7 +390,6 @@ func (c *ctl) repair() {
 	}
 	diff := policy
 	if !pending {
-		c.release()
 		diff = strings.TrimPrefix(diff+"; pending table missing (not ready until it is back)", "; ")
 	}
 	if diff == "" {
@@ -372,8 +399,8 @@ func (c *ctl) repair() {
 		// The pending table went with its marks: a pod added since the
 		// last compile lost its mark, so the repair compiles again from
 		// what the informers hold now and writes that: the policy table
-		// whole when it drifted too, else only its difference, which
-		// makes the pending table again.
+		// whole when it drifted too, else only its difference (and the
+		// pending table, had making it above failed).
 		c.cfg.Logf("network policy: the kernel drifted (%s): compiling again", diff)
 		c.failed = policy != ""
 		c.write("repair", true)

@@ -535,6 +535,31 @@ func pending(network string) ([]netip.Addr, bool, error) {
 	return out, true, nil
 }
 
+// EnsurePending makes the network's pending table when it is missing
+// (its chain's rules are written again when it is there; the marks it
+// holds are kept) and marks ips pending in the same transaction. The
+// policy controller's repair of a deleted pending table writes it first,
+// on its own, with the marks the deletion took (Marks): a transaction of
+// a few objects, after which a pod marked before is marked again and ADD
+// marks new pods, while the compile of the pods added since the last one
+// follows.
+func EnsurePending(network, bridge string, ips []netip.Addr) error {
+	c, err := open()
+	if err != nil {
+		return fmt.Errorf("failed to open nftables: %w", err)
+	}
+	if err := ensurePending(c, network, bridge); err != nil {
+		return fmt.Errorf("pending table of network %q: %w", network, err)
+	}
+	if err := queueMarks(c, network, ips); err != nil {
+		return fmt.Errorf("pending table of network %q: %w", network, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("failed to write table inet %s (and %d pending marks): %w", PendingTable(network), len(ips), err)
+	}
+	return nil
+}
+
 // ErrNoController says the network has no pending table: its policy
 // controller is off or has not started, so there is nothing to wait for.
 var ErrNoController = errors.New("no policy controller on this node")
