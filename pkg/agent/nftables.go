@@ -58,17 +58,11 @@ func (a *agent) newNftWatch() *nftWatch {
 		})
 		n.marks = table.NewMarks(name)
 		tb, sets := n.marks.Sets()
-		for i, set := range sets {
-			reset := func() {
-				if err := n.marks.Reset(); err != nil {
-					a.opts.logf("network policy: reading the pending marks: %v", err)
-				}
+		w.FollowElements(tb, sets, n.marks.Update, func() {
+			if err := n.marks.Reset(); err != nil {
+				a.opts.logf("network policy: reading the pending marks: %v", err)
 			}
-			if i > 0 {
-				reset = func() {} // one read covers both sets
-			}
-			w.FollowElements(tb, set, n.marks.Update, reset)
-		}
+		})
 	}
 	return n
 }

@@ -36,6 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -145,11 +146,12 @@ type sub struct {
 	out   chan struct{}
 }
 
-// elems is a follower of one set's elements (FollowElements).
+// elems is a follower of some sets' elements (FollowElements).
 type elems struct {
-	table, set string
-	update     func(keys [][]byte, deleted bool)
-	reset      func()
+	table  string
+	sets   []string
+	update func(keys [][]byte, deleted bool)
+	reset  func()
 }
 
 // New returns a Watcher; Register the tables, then Run it.
@@ -178,16 +180,16 @@ func (w *Watcher) Register(match func(Change) bool) <-chan struct{} {
 }
 
 // FollowElements has update called, in the watcher's goroutine, with the
-// keys of the elements each notification adds to (or deletes from) the
-// named set of the named table (any family), in the kernel's order, and
-// reset whenever some may have been missed: when the socket is joined
-// (after a failure too) and when it overflowed, reset reading the set
+// keys of the elements each notification adds to (or deletes from) one of
+// the named sets of the named table (any family), in the kernel's order,
+// and reset whenever some may have been missed: when the socket is joined
+// (after a failure too) and when it overflowed, reset reading the sets
 // whole. A table deleted whole announces no element of its sets, so what
 // update kept is what the sets held then. Register before Run.
-func (w *Watcher) FollowElements(table, set string, update func(keys [][]byte, deleted bool), reset func()) {
+func (w *Watcher) FollowElements(table string, sets []string, update func(keys [][]byte, deleted bool), reset func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.elems = append(w.elems, elems{table: table, set: set, update: update, reset: reset})
+	w.elems = append(w.elems, elems{table: table, sets: sets, update: update, reset: reset})
 }
 
 // Overflows is how many times the socket reported lost notifications.
@@ -308,7 +310,7 @@ func (w *Watcher) followElems(ch Change, m netlink.Message) {
 			set, keys = ElementKeys(m)
 			parsed = true
 		}
-		if e.set == set {
+		if slices.Contains(e.sets, set) {
 			e.update(keys, ch.Deleted)
 		}
 	}
@@ -341,27 +343,15 @@ func ElementKeys(m netlink.Message) (set string, keys [][]byte) {
 			set = ad.String()
 		case elemListElements:
 			ad.Nested(func(list *netlink.AttributeDecoder) error {
-				for list.Next() {
-					if list.Type() != listElem {
-						continue
-					}
-					list.Nested(func(el *netlink.AttributeDecoder) error {
-						for el.Next() {
-							if el.Type() != elemKey {
-								continue
+				eachNested(list, listElem, func(el *netlink.AttributeDecoder) {
+					eachNested(el, elemKey, func(k *netlink.AttributeDecoder) {
+						for k.Next() {
+							if k.Type() == dataValue {
+								keys = append(keys, k.Bytes())
 							}
-							el.Nested(func(k *netlink.AttributeDecoder) error {
-								for k.Next() {
-									if k.Type() == dataValue {
-										keys = append(keys, k.Bytes())
-									}
-								}
-								return nil
-							})
 						}
-						return nil
 					})
-				}
+				})
 				return nil
 			})
 		}
@@ -370,6 +360,16 @@ func ElementKeys(m netlink.Message) (set string, keys [][]byte) {
 		return "", nil
 	}
 	return set, keys
+}
+
+// eachNested calls f with the decoder of each attribute of type typ that
+// ad has left.
+func eachNested(ad *netlink.AttributeDecoder, typ uint16, f func(*netlink.AttributeDecoder)) {
+	for ad.Next() {
+		if ad.Type() == typ {
+			ad.Nested(func(n *netlink.AttributeDecoder) error { f(n); return nil })
+		}
+	}
 }
 
 func (w *Watcher) dispatch(ch Change) {

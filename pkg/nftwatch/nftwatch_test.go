@@ -218,7 +218,7 @@ func TestFollowElements(t *testing.T) {
 	sets := map[string]map[string]bool{"s": {}, "other": {}}
 	resets := 0
 	for set, have := range sets {
-		l.w.FollowElements("watched", set, func(keys [][]byte, deleted bool) {
+		l.w.FollowElements("watched", []string{set}, func(keys [][]byte, deleted bool) {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, k := range keys {
